@@ -1,0 +1,79 @@
+"""API keys: each key belongs to a tenant; only sha256 digests of keys are ever kept.
+
+Keys come from `AUTOFUSION_API_KEYS` (`tenant:key` or `tenant:sha256:<hex>`) and from a key file in
+the data dir that `autofusion serve` creates when no key is configured. Lookup hashes the presented
+key and compares digests, so neither the process nor the disk holds a usable key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from .settings import Settings
+
+KEY_FILE = "api_keys.json"
+DEFAULT_TENANT = "default"
+_TENANT = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_HEX = re.compile(r"^[0-9a-f]{64}$")
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def parse_api_keys(spec: str) -> dict[str, str]:
+    """`tenant:key,tenant:sha256:<hex>` → {key digest: tenant}. Raises ValueError on a bad entry."""
+    table: dict[str, str] = {}
+    for entry in filter(None, (part.strip() for part in spec.split(","))):
+        tenant, sep, key = entry.partition(":")
+        if not sep or not key or not _TENANT.match(tenant):
+            raise ValueError(f"AUTOFUSION_API_KEYS entries must be 'tenant:key', got {entry[:24]!r}…")
+        digest = key.removeprefix("sha256:") if key.startswith("sha256:") else hash_key(key)
+        if not _HEX.match(digest):
+            raise ValueError(f"tenant {tenant!r}: 'sha256:' must be followed by 64 lowercase hex digits")
+        table[digest] = tenant
+    return table
+
+
+@dataclass(frozen=True)
+class KeyRing:
+    """Key digests → tenants."""
+
+    tenants_by_digest: dict[str, str]
+
+    def tenant_for(self, key: str) -> str | None:
+        presented = hash_key(key)
+        for digest, tenant in self.tenants_by_digest.items():
+            if hmac.compare_digest(presented, digest):
+                return tenant
+        return None
+
+
+def load_keyring(settings: Settings) -> KeyRing:
+    table = parse_api_keys(settings.api_keys)
+    key_file = settings.data_dir / KEY_FILE
+    if key_file.is_file():
+        for item in json.loads(key_file.read_text()):
+            table.setdefault(item["sha256"], item["tenant"])
+    return KeyRing(table)
+
+
+def ensure_key(settings: Settings) -> str | None:
+    """With no configured key and no key file, create one key, store its hash, and return the key
+    (the caller prints it once). Returns None when keys already exist."""
+    key_file: Path = settings.data_dir / KEY_FILE
+    if settings.api_keys.strip() or key_file.is_file():
+        return None
+    key = "af_" + secrets.token_urlsafe(32)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    tmp = key_file.with_suffix(".tmp")
+    tmp.write_text(json.dumps([{"tenant": DEFAULT_TENANT, "sha256": hash_key(key)}], indent=2))
+    tmp.chmod(0o600)
+    tmp.replace(key_file)
+    return key

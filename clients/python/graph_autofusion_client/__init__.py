@@ -1,0 +1,92 @@
+"""Client SDK for the graph-autofusion service.
+
+Depends on httpx and pydantic only, so a deployment pipeline can submit models for fusion, wait for
+them, and fetch the fused model without installing the compiler::
+
+    from graph_autofusion_client import Client
+
+    with Client("http://fusion.internal:8000", api_key="...") as client:
+        job = client.fuse("model.onnx", "fused.onnx", config={"max_fusion_size": 32})
+        print(job.id, job.report().kernels)
+
+Everything public is importable from here; the underscored modules are private.
+"""
+
+from ._client import AsyncClient, Client
+from ._config import FusionConfig
+from ._exceptions import (
+    AuthenticationError,
+    AutofusionError,
+    IntegrityError,
+    InvalidConfigError,
+    InvalidModelError,
+    InvalidRequestError,
+    JobCancelledError,
+    JobFailedError,
+    JobNotReadyError,
+    NotFoundError,
+    PayloadTooLargeError,
+    ServiceUnavailableError,
+    UnexpectedResponseError,
+    UnknownTargetError,
+    WaitTimeoutError,
+)
+from ._job import AsyncJob, Job
+from ._models import (
+    ArtifactRef,
+    Artifacts,
+    FusedGroup,
+    JobPage,
+    JobState,
+    JobStatus,
+    Links,
+    ModelInfo,
+    PatternInfo,
+    Problem,
+    Progress,
+    RefusedCandidate,
+    Report,
+    Target,
+)
+from ._retry import RetryPolicy
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ArtifactRef",
+    "Artifacts",
+    "AsyncClient",
+    "AsyncJob",
+    "AuthenticationError",
+    "AutofusionError",
+    "Client",
+    "FusedGroup",
+    "FusionConfig",
+    "IntegrityError",
+    "InvalidConfigError",
+    "InvalidModelError",
+    "InvalidRequestError",
+    "Job",
+    "JobCancelledError",
+    "JobFailedError",
+    "JobNotReadyError",
+    "JobPage",
+    "JobState",
+    "JobStatus",
+    "Links",
+    "ModelInfo",
+    "NotFoundError",
+    "PatternInfo",
+    "PayloadTooLargeError",
+    "Problem",
+    "Progress",
+    "RefusedCandidate",
+    "Report",
+    "RetryPolicy",
+    "ServiceUnavailableError",
+    "Target",
+    "UnexpectedResponseError",
+    "UnknownTargetError",
+    "WaitTimeoutError",
+    "__version__",
+]

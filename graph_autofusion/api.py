@@ -1,0 +1,199 @@
+"""The library surface: `fuse(model)`, `Fuser` and the `FusedGraph` they return."""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from .canonicalize import canonicalize
+from .config import FusionConfig, PatternSpec
+from .errors import InvalidConfigError, VerificationError
+from .export import DOMAIN, export
+from .hardware import get_profile
+from .ir import Graph
+from .loader import load_model
+from .plan import DeclarativePattern, Pattern, Plan, plan
+from .report import build_report
+from .verify import VerificationResult, run_onnxruntime, verify
+
+Progress = Callable[[str, int | None, int | None], None]
+ModelSource = str | os.PathLike[str] | bytes | onnx.ModelProto
+
+
+class FusedGraph:
+    """A fused model plus everything known about how it was made.
+
+    `model` is plain ONNX (fused groups are `ai.graph_autofusion` nodes defined by model-local
+    functions), so it can be saved and run anywhere; calling the object compiles its kernels for
+    the host CPU on first use and runs them.
+    """
+
+    def __init__(self, *, model: onnx.ModelProto, source: onnx.ModelProto, canonical: onnx.ModelProto,
+                 plan: Plan, report: dict[str, Any]) -> None:
+        self.model = model
+        self.source = source
+        self.canonical = canonical
+        self.plan = plan
+        self._report = report
+        self._compiled: Any = None
+
+    # -- statistics ------------------------------------------------------------------------
+    def report(self) -> dict[str, Any]:
+        return copy.deepcopy(self._report)
+
+    def get_fusion_count(self) -> int:
+        """Fused groups: nodes of domain ai.graph_autofusion (each stands for several ops)."""
+        return sum(1 for n in self.model.graph.node if n.domain == DOMAIN)
+
+    def get_kernel_count(self) -> int:
+        """Kernels the fused model runs; view ops (Reshape, Squeeze, ...) are not kernels."""
+        return self._report["kernels"]["after"]
+
+    def get_operator_count(self) -> int:
+        """ONNX operators of the canonical graph that the kernels execute."""
+        return self._report["operators"]["canonical"]
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        path = Path(path)
+        onnx.save_model(self.model, path)
+        return path
+
+    # -- running ---------------------------------------------------------------------------
+    def compile(self, *, cache_dir: str | os.PathLike[str] | None = None, threads: int | None = None,
+                progress: Callable[[int, int], None] | None = None) -> Any:
+        """Generate and compile the kernels for the host CPU; cached by content, so cheap when repeated."""
+        from .backend.cpu.cache import KernelCache
+        from .backend.cpu.runtime import compile_model
+
+        cache = KernelCache(Path(cache_dir)) if cache_dir is not None else None
+        self._compiled = compile_model(self.model, cache=cache, threads=threads, progress=progress)
+        return self._compiled
+
+    def __call__(self, inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+        if self._compiled is None:
+            self.compile()
+        return self._compiled.run(inputs)
+
+    def save_bundle(self, path: str | os.PathLike[str]) -> Path:
+        if self._compiled is None:
+            self.compile()
+        return self._compiled.save_bundle(path)
+
+    def verify(self, inputs: Mapping[str, np.ndarray] | None = None, *, rtol: float = 1e-5, atol: float = 1e-5,
+               runner: str = "runtime", raise_on_failure: bool = False) -> VerificationResult:
+        """Run the source model in onnxruntime and the fused one (compiled kernels by default,
+        or `runner="onnxruntime"`) on the same inputs; report max abs/rel error per output."""
+        if runner == "onnxruntime":
+            run = lambda feeds: run_onnxruntime(self.model, feeds)  # noqa: E731
+        elif runner == "runtime":
+            run = self.__call__
+        else:
+            raise InvalidConfigError(f"unknown runner {runner!r}; use 'runtime' or 'onnxruntime'", code="invalid_runner")
+        result = verify(self.canonical_reference, run, inputs=inputs, rtol=rtol, atol=atol, runner=runner)
+        if raise_on_failure and not result.passed:
+            raise VerificationError(
+                "the fused model disagrees with onnxruntime: "
+                + ", ".join(f"{o.name} max abs {o.max_abs:.3g}" for o in result.outputs if not o.passed),
+                result=result.to_dict(),
+            )
+        return result
+
+    @property
+    def canonical_reference(self) -> onnx.ModelProto:
+        """The source model with symbolic dims bound — what onnxruntime runs as the reference."""
+        return self.canonical if _has_symbolic_inputs(self.source) else self.source
+
+    def __repr__(self) -> str:
+        r = self._report
+        return (f"FusedGraph(operators={r['operators']['canonical']}, kernels={r['kernels']['before']}→"
+                f"{r['kernels']['after']}, fusions={r['fusions']}, strategy={r['strategy']!r})")
+
+
+def _has_symbolic_inputs(model: onnx.ModelProto) -> bool:
+    return any(not d.HasField("dim_value") for vi in model.graph.input for d in vi.type.tensor_type.shape.dim)
+
+
+class Fuser:
+    """A configured fusion pipeline: `Fuser().config.cost_model = "latency"`, register patterns, fuse."""
+
+    def __init__(self, config: FusionConfig | Mapping[str, Any] | None = None) -> None:
+        self.config = _as_config(config)
+        self._patterns: list[Pattern] = []
+
+    def register_pattern(self, pattern: Pattern | PatternSpec | Mapping[str, Any]) -> Pattern:
+        if isinstance(pattern, Pattern):
+            found = pattern
+        elif isinstance(pattern, PatternSpec):
+            found = DeclarativePattern(pattern)
+        elif isinstance(pattern, Mapping):
+            found = DeclarativePattern(PatternSpec.model_validate(pattern))
+        else:
+            raise InvalidConfigError(f"cannot register {type(pattern).__name__} as a pattern", code="invalid_pattern")
+        self._patterns.append(found)
+        return found
+
+    @property
+    def patterns(self) -> list[Pattern]:
+        return list(self._patterns)
+
+    def fuse(self, model: ModelSource, *, progress: Progress | None = None) -> FusedGraph:
+        config = self.config
+        report_progress = progress or (lambda stage, done=None, total=None: None)
+        timings: dict[str, float] = {}
+        t = time.perf_counter()
+
+        def lap(stage: str) -> None:
+            nonlocal t
+            now = time.perf_counter()
+            timings[stage] = now - t
+            t = now
+
+        report_progress("loading", None, None)
+        source = load_model(model, config)
+        lap("load")
+        report_progress("canonicalizing", None, None)
+        canonical, counts = canonicalize(source, config)
+        lap("canonicalize")
+        report_progress("planning", None, None)
+        hw = get_profile(config.hardware)
+        graph = Graph(canonical)
+        patterns = [*self._patterns, *(DeclarativePattern(p) for p in config.patterns)]
+        the_plan = plan(graph, config, hw, patterns)
+        lap("plan")
+        report_progress("exporting", None, None)
+        fused = export(graph, the_plan)
+        lap("export")
+        timings["total"] = sum(timings.values())
+        report = build_report(original_nodes=len(source.graph.node), graph=graph, plan=the_plan, config=config,
+                              hw=hw, canonicalize_counts=counts, timings=timings)
+        return FusedGraph(model=fused, source=source, canonical=canonical, plan=the_plan, report=report)
+
+
+def _as_config(config: FusionConfig | Mapping[str, Any] | None) -> FusionConfig:
+    if config is None:
+        return FusionConfig()
+    if isinstance(config, FusionConfig):
+        return config.model_copy(deep=True)
+    try:
+        return FusionConfig.model_validate(dict(config))
+    except Exception as err:  # pydantic.ValidationError: report it as the engine's config error
+        raise InvalidConfigError(f"invalid fusion config: {err}", code="invalid_config") from None
+
+
+def fuse(model: ModelSource, config: FusionConfig | Mapping[str, Any] | None = None, *,
+         patterns: Sequence[Pattern | PatternSpec | Mapping[str, Any]] = (), progress: Progress | None = None) -> FusedGraph:
+    """Load, canonicalize, plan and export `model` (a path, bytes or ModelProto)."""
+    fuser = Fuser(config)
+    for p in patterns:
+        fuser.register_pattern(p)
+    return fuser.fuse(model, progress=progress)
+
+
+__all__ = ["FusedGraph", "Fuser", "fuse"]

@@ -1,0 +1,1 @@
+"""Backends that compile a fused ONNX model into something that runs."""

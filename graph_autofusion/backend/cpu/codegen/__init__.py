@@ -1,0 +1,63 @@
+"""C generators, one module per template family; `generate(spec)` picks the right one.
+
+    pointwise.py   elementwise / broadcast / injective ops in one loop nest
+    reduction.py   the row template: reductions with fused prologue and epilogue
+    pool.py        MaxPool / AveragePool windows with an elementwise epilogue
+    single.py      other single ops that still compile to a loop (ArgMax, CumSum)
+    anchor.py      Conv / MatMul / Gemm with their epilogues (BLAS)
+    common.py      the shared expression engine
+
+A generator that meets something it cannot compile raises `CodegenUnsupported`; the runtime then
+runs that kernel's nodes as host ops and lists them, so nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from ..kernel_spec import KernelSpec
+from . import pool, single  # noqa: F401  (registers node rules)
+from .common import CodegenUnsupported
+from .pointwise import emit_pointwise
+from .reduction import emit_reduction
+
+__all__ = ["CodegenUnsupported", "GeneratedKernel", "anchor_module", "generate"]
+
+
+@dataclass(frozen=True)
+class GeneratedKernel:
+    source: str
+    uses_blas: bool = False
+    method: str = ""  # how an anchor computes its contraction (im2col, direct 1x1, ...)
+
+
+def anchor_module():  # noqa: ANN201 - the module or None
+    """The anchor generator module, or None while it is not available."""
+    try:
+        return importlib.import_module("graph_autofusion.backend.cpu.codegen.anchor")
+    except ImportError:
+        return None
+
+
+def generate(spec: KernelSpec) -> GeneratedKernel:
+    """C source for one kernel, dispatched on `spec.template`."""
+    template = spec.template
+    if template == "pointwise":
+        return GeneratedKernel(emit_pointwise(spec), method="loop")
+    if template == "reduction":
+        return GeneratedKernel(emit_reduction(spec), method="row")
+    if template == "pool":
+        return GeneratedKernel(pool.emit_pool(spec), method="window")
+    if template == "single":
+        return GeneratedKernel(single.emit_single(spec), method="loop")
+    if template in ("anchor", "anchor_chain"):
+        module = anchor_module()
+        if module is None:
+            raise CodegenUnsupported("the anchor generator is not available")
+        try:
+            kernel = module.emit_anchor(spec)
+        except NotImplementedError as exc:
+            raise CodegenUnsupported(str(exc) or "anchor variant not implemented") from exc
+        return GeneratedKernel(kernel.source, uses_blas=bool(kernel.uses_blas), method=str(kernel.method))
+    raise CodegenUnsupported(f"unknown template {template!r}")

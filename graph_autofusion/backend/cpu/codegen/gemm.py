@@ -1,0 +1,442 @@
+"""MatMul and Gemm anchors (plain, batched, broadcast, chained) as tiled single-threaded sgemm calls.
+
+The kernel owns the parallel loop: tasks are (batch, row block, column block) tiles of the output,
+each computed by one single-threaded `sgemm` and finished by the fused epilogue while the tile is
+hot. BLAS runs single-threaded inside the OpenMP loop, since two thread pools on the same cores
+fight (DESIGN.md §1).
+
+Stride-only prologues (Transpose, Reshape, Squeeze/Unsqueeze/Flatten/Identity on an anchor input,
+e.g. the attention head split `Reshape -> Transpose(0,2,1,3)` or `Transpose(0,1,3,2)` for K^T) are
+folded into the operand's view (`View`): leading dims, transpose flags and batch strides, never a
+copy. A view BLAS cannot address (neither axis unit-stride) is packed per tile into a thread-local
+buffer, which is correct but slower; the method string says so.
+
+`(B, M, K) x (K, N)` with a right operand shared across the batch is flattened into one
+`(B*M, K) x (K, N)` GEMM whenever the left operand's rows are evenly strided.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from .common import CodegenUnsupported, attrs_of, c_literal
+from .epilogue import Operands, contiguous_strides
+
+VIEW_OPS = frozenset({"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+
+# Tile shape targets. An output tile of TILE_ROWS x TILE_COLS floats (32 KiB-64 KiB) stays in L2
+# between the sgemm that writes it and the epilogue that finishes it; per-call packing in OpenBLAS
+# costs K*(rows+cols) against rows*cols*K multiply-adds, about 2% at these sizes.
+TILE_ROWS = 64
+TILE_COLS = 256
+# Below this many multiply-adds a kernel runs on the calling thread (an OpenMP fork/join costs
+# more than it saves, DESIGN.md §1).
+PARALLEL_MIN_MACS = 1 << 19
+
+
+@dataclass(frozen=True)
+class View:
+    """A tensor read through stride-only ops: element i lives at `base[sum(i_d * strides_d)]`."""
+
+    base: str
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+
+
+def _reshape_strides(
+    shape: Sequence[int], strides: Sequence[int], new_shape: Sequence[int]
+) -> tuple[int, ...] | None:
+    """Strides of `new_shape` over the same elements without a copy, or None (numpy's rule)."""
+    old = [(int(d), int(s)) for d, s in zip(shape, strides, strict=True) if int(d) != 1]
+    new = [int(d) for d in new_shape]
+    out = [0] * len(new)
+    if math.prod(new) != math.prod(d for d, _ in old):
+        return None
+    nonunit = [a for a, d in enumerate(new) if d != 1]
+    oi = 0
+    ni = 0
+    while ni < len(nonunit) and oi < len(old):
+        nj, oj = ni + 1, oi + 1
+        np_, op = new[nonunit[ni]], old[oi][0]
+        while np_ != op:
+            if np_ < op:
+                if nj >= len(nonunit):
+                    return None
+                np_ *= new[nonunit[nj]]
+                nj += 1
+            else:
+                if oj >= len(old):
+                    return None
+                op *= old[oj][0]
+                oj += 1
+        for k in range(oi, oj - 1):
+            if old[k][1] != old[k + 1][0] * old[k + 1][1]:
+                return None
+        out[nonunit[nj - 1]] = old[oj - 1][1]
+        for k in range(nj - 1, ni, -1):
+            out[nonunit[k - 1]] = out[nonunit[k]] * new[nonunit[k]]
+        ni, oi = nj, oj
+    return tuple(out)
+
+
+def trace_view(name: str, ops: Operands, producers: dict[str, onnx.NodeProto]) -> View:
+    """Follow stride-only prologue ops back to a kernel input or constant."""
+    node = producers.get(name)
+    if node is None:
+        shape = ops.shape(name)
+        return View(name, shape, contiguous_strides(shape))
+    if node.op_type not in VIEW_OPS:
+        raise CodegenUnsupported(f"{node.op_type} feeding an anchor is not a stride-only prologue")
+    src = trace_view(node.input[0], ops, producers)
+    out_shape = ops.shape(name)
+    if node.op_type == "Transpose":
+        perm = attrs_of(node).get("perm") or list(range(len(src.shape)))[::-1]
+        return View(src.base, tuple(src.shape[p] for p in perm), tuple(src.strides[p] for p in perm))  # type: ignore[union-attr]
+    strides = _reshape_strides(src.shape, src.strides, out_shape)
+    if strides is None:
+        raise CodegenUnsupported(f"{node.op_type} {node.name!r} on a transposed view would need a copy")
+    return View(src.base, tuple(out_shape), strides)
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """One GEMM operand: `rows x cols` at `ptr`, element (i, j) at `i*rs + j*cs`, per-batch strides."""
+
+    ptr: str
+    rows: int
+    cols: int
+    rs: int
+    cs: int
+    batch_strides: tuple[int, ...]
+
+    def blas(self) -> tuple[str, int] | None:
+        """(transpose flag, leading dimension) if BLAS can read it in place."""
+        if self.cols == 1 or self.cs == 1:
+            ld = self.rs if self.rows > 1 else self.cols
+            if ld >= max(1, self.cols):
+                return "AfNoTrans", ld
+        if self.rows == 1 or self.rs == 1:
+            ld = self.cs if self.cols > 1 else self.rows
+            if ld >= max(1, self.rows):
+                return "AfTrans", ld
+        return None
+
+
+@dataclass(frozen=True)
+class GemmProblem:
+    """`Y[b] = alpha * A[b] @ B[b]` for every index b of `batch`; Y dense `[*batch, m, n]`."""
+
+    batch: tuple[int, ...]
+    m: int
+    n: int
+    k: int
+    a: Matrix
+    b: Matrix
+    alpha: float = 1.0
+
+    @property
+    def batch_count(self) -> int:
+        return math.prod(self.batch)
+
+    @property
+    def macs(self) -> int:
+        return self.batch_count * self.m * self.n * self.k
+
+
+def _split_batch(view: View, nd_batch: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    dims = view.shape[:-2]
+    strides = view.strides[:-2]
+    pad = nd_batch - len(dims)
+    return (1,) * pad + tuple(dims), (0,) * pad + tuple(strides)
+
+
+def matmul_problem(a: View, b: View, ops: Operands) -> tuple[GemmProblem, bool, bool]:
+    """The GEMM problem of `MatMul(a, b)` with numpy semantics; also whether a/b were 1-D."""
+    a_vec, b_vec = len(a.shape) == 1, len(b.shape) == 1
+    if a_vec:
+        a = View(a.base, (1, a.shape[0]), (a.shape[0] * a.strides[0], a.strides[0]))
+    if b_vec:
+        b = View(b.base, (b.shape[0], 1), (b.strides[0], 1))
+    m, k = a.shape[-2:]
+    k2, n = b.shape[-2:]
+    if k != k2:
+        raise CodegenUnsupported(f"MatMul inner dimensions differ: {a.shape} x {b.shape}")
+    nd = max(len(a.shape), len(b.shape)) - 2
+    a_dims, a_str = _split_batch(a, nd)
+    b_dims, b_str = _split_batch(b, nd)
+    batch, sa, sb = [], [], []
+    for da, db, ta, tb in zip(a_dims, b_dims, a_str, b_str, strict=True):
+        if da != db and 1 not in (da, db):
+            raise CodegenUnsupported(f"MatMul batch dims do not broadcast: {a.shape} x {b.shape}")
+        d = max(da, db)
+        if d == 1:
+            continue
+        batch.append(d)
+        sa.append(ta if da != 1 else 0)
+        sb.append(tb if db != 1 else 0)
+    a_rs, a_cs = a.strides[-2:]
+    # Fold trailing batch dims into M when B is shared across them and A's rows stay evenly spaced.
+    while batch and sb[-1] == 0 and (m == 1 or sa[-1] == m * a_rs):
+        if m == 1:
+            a_rs = sa[-1]
+        m *= batch.pop()
+        sa.pop()
+        sb.pop()
+    pa = Matrix(ops.pointer(a.base), m, k, a_rs, a_cs, tuple(sa))
+    pb = Matrix(ops.pointer(b.base), k, n, b.strides[-2], b.strides[-1], tuple(sb))
+    return GemmProblem(tuple(batch), m, n, k, pa, pb), a_vec, b_vec
+
+
+def gemm_problem(node: onnx.NodeProto, a: View, b: View, ops: Operands) -> GemmProblem:
+    """The contraction of an ONNX `Gemm` (alpha and the transposes; C/beta go to the epilogue)."""
+    attrs = attrs_of(node)
+    if len(a.shape) != 2 or len(b.shape) != 2:
+        raise CodegenUnsupported("Gemm operands must be 2-D")
+    (ar, ac), (ars, acs) = a.shape, a.strides
+    if attrs.get("transA", 0):
+        ar, ac, ars, acs = ac, ar, acs, ars
+    (br, bc), (brs, bcs) = b.shape, b.strides
+    if attrs.get("transB", 0):
+        br, bc, brs, bcs = bc, br, bcs, brs
+    if ac != br:
+        raise CodegenUnsupported(f"Gemm inner dimensions differ: {a.shape} x {b.shape}")
+    pa = Matrix(ops.pointer(a.base), ar, ac, ars, acs, ())
+    pb = Matrix(ops.pointer(b.base), br, bc, brs, bcs, ())
+    return GemmProblem((), ar, bc, ac, pa, pb, float(attrs.get("alpha", 1.0)))
+
+
+def _round_up(x: int, q: int) -> int:
+    return -(-x // q) * q
+
+
+def tile_sizes(p: GemmProblem) -> tuple[int, int]:
+    """(rows, columns) of one output tile: near TILE_ROWS x TILE_COLS, equal-sized, enough tiles
+    for two threads when the problem is worth parallelising."""
+    nct = max(1, -(-p.n // TILE_COLS))
+    nb = min(p.n, _round_up(-(-p.n // nct), 16))
+    mct = max(1, -(-p.m // TILE_ROWS))
+    if p.macs >= PARALLEL_MIN_MACS and p.batch_count * mct * (-(-p.n // nb)) < 4 and p.m >= 16:
+        mct = min(-(-p.m // 8), max(mct, 4 // max(1, p.batch_count * (-(-p.n // nb)))))
+    mb = min(p.m, _round_up(-(-p.m // mct), 8))
+    return mb, nb
+
+
+def _batch_offset(var: str, batch: Sequence[int], strides: Sequence[int]) -> str:
+    terms = []
+    inner = 1
+    inners = []
+    for d in reversed(batch):
+        inners.append(inner)
+        inner *= d
+    inners.reverse()
+    for a, (d, s) in enumerate(zip(batch, strides, strict=True)):
+        if s == 0:
+            continue
+        idx = var if inners[a] == 1 else f"({var} / {inners[a]}L)"
+        if a > 0:
+            idx = f"({idx} % {d}L)"
+        terms.append(f"{idx} * {s}L")
+    return " + ".join(terms) if terms else "0"
+
+
+def _pack_lines(dst: str, src: str, rows: str, cols: str, rs: int, cs: int, indent: str) -> list[str]:
+    return [
+        f"{indent}for (long i = 0; i < {rows}; ++i)",
+        f"{indent}  for (long j = 0; j < {cols}; ++j) {dst}[i * {cols} + j] = {src}[i * {rs}L + j * {cs}L];",
+    ]
+
+
+@dataclass(frozen=True)
+class SgemmCall:
+    """C statements computing rows [m0, m1) x columns [n0, n1) of one batch entry into `dst`."""
+
+    lines: list[str]
+    packs_a: bool
+    packs_b: bool
+
+
+def sgemm_tile(
+    p: GemmProblem,
+    *,
+    batch_var: str,
+    dst: str,
+    ldd: str,
+    indent: str,
+    a_ptr: str | None = None,
+    lda_override: int | None = None,
+) -> SgemmCall:
+    """One single-threaded sgemm for the tile (`m0..m1`, `n0..n1` are C variables in scope)."""
+    lines: list[str] = []
+    if a_ptr is None:
+        a_off = _batch_offset(batch_var, p.batch, p.a.batch_strides)
+        a_ptr = f"{p.a.ptr} + {a_off} + m0 * {p.a.rs}L"
+        a_layout = p.a.blas()
+    else:
+        a_layout = ("AfNoTrans", lda_override or p.k)
+    b_off = _batch_offset(batch_var, p.batch, p.b.batch_strides)
+    b_ptr = f"{p.b.ptr} + {b_off} + n0 * {p.b.cs}L"
+    b_layout = p.b.blas()
+    packs_a = a_layout is None
+    packs_b = b_layout is None
+    if packs_a:
+        lines += _pack_lines("pa", f"({a_ptr})", "(m1 - m0)", f"{p.k}L", p.a.rs, p.a.cs, indent)
+        a_ptr, a_layout = "pa", ("AfNoTrans", p.k)
+    if packs_b:
+        lines += _pack_lines("pb", f"({b_ptr})", f"{p.k}L", "(n1 - n0)", p.b.rs, p.b.cs, indent)
+        b_ptr, b_layout = "pb", ("AfNoTrans", -1)
+    assert a_layout is not None and b_layout is not None
+    ldb = "(n1 - n0)" if packs_b else str(b_layout[1])
+    alpha = c_literal(p.alpha, onnx.TensorProto.FLOAT)
+    lines.append(
+        f"{indent}AF_SGEMM(AfRowMajor, {a_layout[0]}, {b_layout[0]}, (af_blasint)(m1 - m0), "
+        f"(af_blasint)(n1 - n0), {p.k}, {alpha}, {a_ptr}, {a_layout[1]}, {b_ptr}, {ldb}, 0.0f, "
+        f"{dst}, (af_blasint)({ldd}));"
+    )
+    return SgemmCall(lines, packs_a, packs_b)
+
+
+EpilogueCall = Callable[[str, str, str, str, str, str], str]
+
+
+def emit_gemm_body(p: GemmProblem, y_ptr: str, epilogue: EpilogueCall | None) -> tuple[list[str], str]:
+    """The kernel body for a (batched) GEMM with a per-tile epilogue; also the method name.
+
+    `epilogue(tile, ldt, r0, r1, c0, c1)` returns the C call finishing one tile, where rows are
+    output rows over the flattened batch (`b * m + i`) and columns output columns.
+    """
+    mb, nb = tile_sizes(p)
+    mt, nt = -(-p.m // mb), -(-p.n // nb)
+    tasks = p.batch_count * mt * nt
+    parallel = tasks > 1 and p.macs >= PARALLEL_MIN_MACS
+    call = sgemm_tile(p, batch_var="bi", dst="y", ldd=f"{p.n}L", indent="      ")
+    lines = [f"  float *restrict Y = {y_ptr};"]
+    lines.append(f"  /* {tasks} tiles of {mb}x{nb} (batch {p.batch_count}, M={p.m}, N={p.n}, K={p.k}) */")
+    lines.append("  #pragma omp parallel" + (f" if({tasks} > 1)" if parallel else " if(0)"))
+    lines.append("  {")
+    if call.packs_a:
+        lines.append(f"    float *pa = (float *)malloc(sizeof(float) * {mb * p.k});")
+    if call.packs_b:
+        lines.append(f"    float *pb = (float *)malloc(sizeof(float) * {p.k * nb});")
+    lines.append("    #pragma omp for schedule(static)")
+    lines.append(f"    for (long task = 0; task < {tasks}L; ++task) {{")
+    lines.append(f"      const long bi = task / {mt * nt}L, rest = task % {mt * nt}L;")
+    lines.append(f"      const long m0 = (rest / {nt}L) * {mb}L, n0 = (rest % {nt}L) * {nb}L;")
+    lines.append(f"      const long m1 = m0 + {mb}L < {p.m}L ? m0 + {mb}L : {p.m}L;")
+    lines.append(f"      const long n1 = n0 + {nb}L < {p.n}L ? n0 + {nb}L : {p.n}L;")
+    lines.append(f"      float *y = Y + bi * {p.m * p.n}L + m0 * {p.n}L + n0;")
+    lines.extend(call.lines)
+    if epilogue is not None:
+        lines.append(
+            "      " + epilogue("y", f"{p.n}L", f"bi * {p.m}L + m0", f"bi * {p.m}L + m1", "n0", "n1")
+        )
+    lines.append("    }")
+    if call.packs_a:
+        lines.append("    free(pa);")
+    if call.packs_b:
+        lines.append("    free(pb);")
+    lines.append("  }")
+    method = "batched_gemm" if p.batch else "gemm"
+    if call.packs_a or call.packs_b:
+        method += "_packed"
+    return lines, method
+
+
+def emit_chain_body(
+    p1: GemmProblem,
+    p2: GemmProblem,
+    y_ptr: str,
+    epilogue1: EpilogueCall | None,
+    epilogue2: EpilogueCall | None,
+    ratio: tuple[int, int],
+) -> list[str]:
+    """Per row block: GEMM1 -> epilogue1 into a thread buffer -> GEMM2 -> epilogue2 into Y.
+
+    `ratio = (num, den)`: a block of `r` rows of the intermediate is `r * num / den` rows of the
+    second GEMM's left operand (a Reshape between them that changes the row length).
+    """
+    if p1.batch or p2.batch:
+        raise CodegenUnsupported("a matmul chain needs weights shared across the batch")
+    num, den = ratio
+    step = max(8, den // math.gcd(den, num) if den % num else 1)
+    step = math.lcm(8, den // math.gcd(num, den))
+    target = max(step, (TILE_ROWS // 2 // step) * step)
+    blocks = max(1, -(-p1.m // target))
+    if p1.macs + p2.macs >= PARALLEL_MIN_MACS and blocks < 4 and p1.m >= 4 * step:
+        blocks = 4
+    mb = min(p1.m, _round_up(-(-p1.m // blocks), step))
+    blocks = -(-p1.m // mb)
+    if (p1.m * num) % den or (mb * num) % den:
+        raise CodegenUnsupported("the Reshape between the chained matmuls does not keep row blocks whole")
+    k2 = p2.k
+    call1 = sgemm_tile(p1, batch_var="0", dst="h", ldd=f"{p1.n}L", indent="      ")
+    full2 = GemmProblem((), p2.m, p2.n, p2.k, p2.a, p2.b, p2.alpha)
+    lines = [
+        f"  float *restrict Y = {y_ptr};",
+        f"  /* {blocks} row blocks of {mb}: [{p1.m}x{p1.k}]x[{p1.k}x{p1.n}] -> [{p2.m}x{k2}]x[{k2}x{p2.n}] */",
+        "  #pragma omp parallel" + (f" if({blocks} > 1)" if blocks > 1 else " if(0)"),
+        "  {",
+        f"    float *h = (float *)malloc(sizeof(float) * {mb * p1.n});",
+    ]
+    call2_probe = sgemm_tile(
+        full2, batch_var="0", dst="y", ldd=f"{p2.n}L", indent="        ", a_ptr="h", lda_override=k2
+    )
+    if call1.packs_a:
+        lines.append(f"    float *pa = (float *)malloc(sizeof(float) * {mb * p1.k});")
+    if call1.packs_b or call2_probe.packs_b:
+        lines.append(f"    float *pb = (float *)malloc(sizeof(float) * {max(p1.k * p1.n, p2.k * p2.n)});")
+    lines += [
+        "    #pragma omp for schedule(static)",
+        f"    for (long blk = 0; blk < {blocks}L; ++blk) {{",
+        f"      const long m0 = blk * {mb}L, m1 = m0 + {mb}L < {p1.m}L ? m0 + {mb}L : {p1.m}L;",
+        f"      const long n0 = 0, n1 = {p1.n}L;",
+        *call1.lines,
+    ]
+    if epilogue1 is not None:
+        lines.append("      " + epilogue1("h", f"{p1.n}L", "m0", "m1", "0", f"{p1.n}L"))
+    lines += [
+        "      {",
+        f"        const long r0 = m0 * {num}L / {den}L, r1 = m1 * {num}L / {den}L;",
+        f"        const long m0 = r0, m1 = r1, n0 = 0, n1 = {p2.n}L;",
+        f"        float *y = Y + m0 * {p2.n}L;",
+        *call2_probe.lines,
+    ]
+    if epilogue2 is not None:
+        lines.append("        " + epilogue2("y", f"{p2.n}L", "m0", "m1", "0", f"{p2.n}L"))
+    lines += ["      }", "    }", "    free(h);"]
+    if call1.packs_a:
+        lines.append("    free(pa);")
+    if call1.packs_b or call2_probe.packs_b:
+        lines.append("    free(pb);")
+    lines.append("  }")
+    return lines
+
+
+def const_alpha_beta(node: onnx.NodeProto) -> tuple[float, float]:
+    attrs = attrs_of(node)
+    return float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
+
+
+def gemm_c_shape(c_shape: Sequence[int], m: int, n: int) -> tuple[int, ...]:
+    """Gemm's C broadcasts unidirectionally to [M, N]."""
+    shape = tuple(int(d) for d in c_shape)
+    if len(shape) > 2 or any(d not in (1, full) for d, full in zip(shape[::-1], (n, m), strict=False)):
+        raise CodegenUnsupported(f"Gemm C of shape {shape} does not broadcast to {[m, n]}")
+    return shape
+
+
+__all__ = [
+    "GemmProblem",
+    "Matrix",
+    "View",
+    "emit_chain_body",
+    "emit_gemm_body",
+    "gemm_problem",
+    "matmul_problem",
+    "np",
+    "trace_view",
+]

@@ -1,0 +1,470 @@
+"""The compiler driver: C kernel sources in, cached shared objects out.
+
+Usage (what the code generators and the runtime call)::
+
+    from graph_autofusion.backend.cpu.compiler import KernelSource, compile_kernels
+
+    arts = compile_kernels([KernelSource("add_relu_0", c_text), KernelSource("gemm_1", c2, uses_blas=True)],
+                           jobs=2, progress=lambda done, total: ...)
+    lib = arts[0].load()          # ctypes.CDLL; BLAS is loaded single-threaded first when needed
+    arts[0].digest, arts[0].path, arts[0].cached
+
+* `KernelSource(name, source, uses_blas=False, uses_openmp=True)`: one complete C translation
+  unit (it may export several functions). `name` must be a C identifier; it names the kernel in
+  errors and the temporary source file, so compiler messages read `add_relu_0.c:12:3: error: ...`.
+  Kernels calling BLAS put `blas.BLAS_PREAMBLE` at the top and call `AF_SGEMM(...)`.
+* `compile_kernels(sources, cache=None, jobs=None, progress=None)` → `list[Artifact]` in input
+  order. Identical kernels (same digest) compile once per call and once per cache; misses compile
+  in parallel (threads running compiler processes; `jobs` defaults to the usable cores);
+  `progress(done, total)` counts unique kernels. The first failure (in input order) is raised as
+  `CompilationError` once the running compilations finish; nothing half-written is left behind.
+* `Artifact(digest, path, name, cached, uses_blas)`: `cached` is True for a cache hit (including
+  one another process produced while this one waited). Several artifacts may share a path.
+* `kernel_digest(src)` / `kernel_flags(src)`: the cache key and the exact command-line flags.
+* `compiler_identity()` → `CompilerInfo(path, version, target, command)`: `$AUTOFUSION_CC` (may
+  carry arguments, e.g. `"ccache gcc"`), else `cc`; cached per process.
+
+Flags, and why: `-O3 -fPIC -shared -std=c11 -ffp-contract=off -fno-math-errno -fno-trapping-math
+-fno-semantic-interposition -fopenmp`, plus the ISA level (`isa.target_isa()`, x86-64-v3 by
+default). Results must match onnxruntime to about 1e-5 relative, so there is no `-ffast-math`
+(it reorders sums and assumes no NaN/Inf); contraction into FMA is off so a v2 and a v3 build of a
+kernel give bit-identical elementwise results. `-fno-math-errno` lets `sqrtf` etc. inline and
+vectorize and `-fno-trapping-math` allows if-conversion; neither changes a value. Reductions are
+vectorized where the generated code says it is safe, with `#pragma omp simd reduction(+:acc)`
+(honoured under `-fopenmp`, or `-fopenmp-simd` for `uses_openmp=False` kernels). `-std=c11` is
+strict ISO C: define constants such as pi yourself (`M_PI` is not declared). Undefined symbols
+and implicit declarations are errors at build time (`-Wl,--no-undefined`), so a typo fails here,
+naming the kernel, instead of at `dlopen` in another process.
+
+Cache key: sha256 over (source, compiler version line and target triple, every flag, ISA name,
+host architecture). Because BLAS flags carry the library path (rpath), a moved installation
+rebuilds rather than loading a kernel that points at a vanished library.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from graph_autofusion.backend.cpu import blas
+from graph_autofusion.backend.cpu.cache import KernelCache, default_cache
+from graph_autofusion.backend.cpu.isa import IsaTarget, target_isa
+from graph_autofusion.backend.cpu.threads import available_cpus
+from graph_autofusion.errors import CompilationError
+
+CC_ENV = "AUTOFUSION_CC"
+CC_TIMEOUT_ENV = "AUTOFUSION_CC_TIMEOUT"
+DEFAULT_TIMEOUT_S = 300.0
+KEY_VERSION = 1  # bump when the key's composition or the build recipe changes meaning
+
+BASE_FLAGS: tuple[str, ...] = (
+    "-O3",
+    "-fPIC",
+    "-shared",
+    "-std=c11",
+    "-ffp-contract=off",
+    "-fno-math-errno",
+    "-fno-trapping-math",
+    "-fno-semantic-interposition",
+    "-pipe",
+    "-Werror=implicit-function-declaration",
+    "-Werror=implicit-int",
+    "-Werror=return-type",
+)
+LINK_FLAGS: tuple[str, ...] = ("-Wl,--no-undefined", "-lm")
+
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_MAX_STDERR_CHARS = 4000
+_MAX_STDERR_LINES = 60
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    """One C translation unit to compile (see the module docstring)."""
+
+    name: str
+    source: str
+    uses_blas: bool = False
+    uses_openmp: bool = True
+    prelude: str = ""  # includes/helpers shared by kernels; emitted once per combined unit
+
+    def __post_init__(self) -> None:
+        if not _IDENTIFIER.match(self.name):
+            raise ValueError(f"kernel name must be a C identifier of at most 128 characters: {self.name!r}")
+
+    @property
+    def text(self) -> str:
+        """The translation unit as compiled on its own: prelude, then source."""
+        return f"{self.prelude}\n{self.source}" if self.prelude else self.source
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A compiled kernel in the cache."""
+
+    digest: str
+    path: Path
+    name: str
+    cached: bool
+    uses_blas: bool = False
+
+    def load(self) -> ctypes.CDLL:
+        """`dlopen` the shared object; a BLAS kernel gets the BLAS loaded (single-threaded) first."""
+        if self.uses_blas:
+            blas.load_blas()
+        return ctypes.CDLL(str(self.path))
+
+
+@dataclass(frozen=True)
+class CompilerInfo:
+    """Which C compiler builds the kernels; `version` and `target` go into every cache key."""
+
+    path: str
+    version: str  # first line of `cc --version`
+    target: str  # `cc -dumpmachine`, e.g. x86_64-linux-gnu
+    command: tuple[str, ...] = field(default=())  # argv prefix (wrapper + compiler)
+
+
+def compiler_identity() -> CompilerInfo:
+    """The configured compiler (`$AUTOFUSION_CC` or `cc`), probed once per process."""
+    return _identity_for(os.environ.get(CC_ENV) or "cc")
+
+
+@lru_cache(maxsize=8)
+def _identity_for(spec: str) -> CompilerInfo:
+    argv = shlex.split(spec)
+    resolved = shutil.which(argv[0]) if argv else None
+    if resolved is None:
+        raise CompilationError(
+            f"no C compiler found: {spec!r} is not on PATH; install gcc or clang, or set {CC_ENV}.",
+            code="compiler_not_found",
+            compiler=spec,
+        )
+    command = (resolved, *argv[1:])
+    version = _probe(command, "--version").splitlines()
+    target = _probe(command, "-dumpmachine").strip()
+    return CompilerInfo(
+        path=os.path.realpath(command[-1] if len(command) > 1 else resolved),
+        version=version[0].strip() if version else "unknown",
+        target=target or platform.machine(),
+        command=command,
+    )
+
+
+def _probe(command: tuple[str, ...], *args: str) -> str:
+    try:
+        proc = subprocess.run(
+            [*command, *args], capture_output=True, text=True, timeout=30, check=False, env=_c_locale()
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise CompilationError(
+            f"the C compiler {command[0]!r} does not run: {exc}",
+            code="compiler_not_found",
+            compiler=command[0],
+        ) from exc
+    if proc.returncode != 0:
+        raise CompilationError(
+            f"the C compiler {command[0]!r} failed on {' '.join(args)}: {proc.stderr.strip()[:500]}",
+            code="compiler_not_found",
+            compiler=command[0],
+        )
+    return proc.stdout
+
+
+@lru_cache(maxsize=16)
+def _isa_flags(info: CompilerInfo, isa: IsaTarget) -> tuple[str, ...]:
+    """`-march=x86-64-vN` when the compiler knows it (gcc >= 11, clang >= 12), else explicit -m flags."""
+    flags = isa.march_flags()
+    if not flags:
+        return ()
+    proc = subprocess.run(
+        [*info.command, *flags, "-x", "c", "-fsyntax-only", "-"],
+        input="int af_probe;\n",
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    return tuple(flags if proc.returncode == 0 else isa.explicit_flags())
+
+
+def kernel_flags(
+    src: KernelSource, *, info: CompilerInfo | None = None, isa: IsaTarget | None = None
+) -> list[str]:
+    """Every flag the kernel is compiled and linked with, in command-line order (minus -o/source)."""
+    info = info or compiler_identity()
+    isa = isa or target_isa()
+    flags = [*BASE_FLAGS, *_isa_flags(info, isa)]
+    flags.append("-fopenmp" if src.uses_openmp else "-fopenmp-simd")
+    if src.uses_blas:
+        flags.extend(blas.compile_flags())
+    return flags
+
+
+def _link_flags(src: KernelSource) -> list[str]:
+    return [*(blas.link_flags() if src.uses_blas else ()), *LINK_FLAGS]
+
+
+def kernel_digest(
+    src: KernelSource, *, info: CompilerInfo | None = None, isa: IsaTarget | None = None
+) -> str:
+    """The artifact key: sha256 of everything that determines the shared object's bytes.
+
+    The kernel's `name` is not part of it: two groups with the same code share one artifact.
+    """
+    info = info or compiler_identity()
+    isa = isa or target_isa()
+    material = {
+        "key_version": KEY_VERSION,
+        "compiler": info.version,
+        "target": info.target,
+        "flags": kernel_flags(src, info=info, isa=isa),
+        "link": _link_flags(src),
+        "isa": isa.name,
+        "machine": platform.machine(),
+        "source": src.text,
+    }
+    blob = json.dumps(material, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def _c_locale() -> dict[str, str]:
+    # Plain ASCII diagnostics (no typographic quotes), identical on every worker.
+    return {**os.environ, "LC_ALL": "C"}
+
+
+def _timeout() -> float:
+    try:
+        return float(os.environ.get(CC_TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
+    except ValueError:
+        return DEFAULT_TIMEOUT_S
+
+
+def _trim(text: str) -> str:
+    lines = text.strip().splitlines()
+    if len(lines) > _MAX_STDERR_LINES:
+        lines = [*lines[:_MAX_STDERR_LINES], f"... ({len(lines) - _MAX_STDERR_LINES} more lines)"]
+    out = "\n".join(lines)
+    return out if len(out) <= _MAX_STDERR_CHARS else out[:_MAX_STDERR_CHARS] + "\n... (truncated)"
+
+
+def _build(src: KernelSource, info: CompilerInfo, isa: IsaTarget, output: Path) -> None:
+    """Run the compiler once, writing the shared object at `output`."""
+    with tempfile.TemporaryDirectory(prefix="autofusion-cc-") as workdir:
+        source_file = Path(workdir) / f"{src.name}.c"
+        source_file.write_text(src.text, encoding="utf-8")
+        cmd = [
+            *info.command,
+            *kernel_flags(src, info=info, isa=isa),
+            "-o",
+            str(output),
+            source_file.name,
+            *_link_flags(src),
+        ]
+        try:
+            proc = subprocess.run(
+                cmd,
+                cwd=workdir,
+                capture_output=True,
+                text=True,
+                timeout=_timeout(),
+                check=False,
+                env=_c_locale(),
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise CompilationError(
+                f"kernel '{src.name}' did not compile within {exc.timeout:.0f} s.",
+                code="compilation_timeout",
+                kernel=src.name,
+                timeout_s=exc.timeout,
+            ) from exc
+        if proc.returncode != 0:
+            stderr = _trim(proc.stderr.replace(workdir + os.sep, ""))
+            errors = [line for line in stderr.splitlines() if "error" in line.lower()][:3]
+            summary = "; ".join(errors) or (stderr.splitlines() or ["no message"])[0]
+            raise CompilationError(
+                f"kernel '{src.name}' failed to compile ({Path(info.path).name}): {summary}",
+                kernel=src.name,
+                stderr=stderr,
+                returncode=proc.returncode,
+                compiler=info.version,
+                command=shlex.join(str(c) for c in cmd),
+            )
+
+
+def _combined_unit(members: Sequence[KernelSource]) -> KernelSource:
+    """One translation unit holding several kernels: each distinct prelude once, then the bodies."""
+    preludes = list(dict.fromkeys(m.prelude for m in members if m.prelude))
+    names = ", ".join(m.name for m in members)
+    parts = [f"/* combined unit of {len(members)} kernels: {names} */", *preludes]
+    parts += [f"/* ---- kernel {m.name} ---- */\n{m.source}" for m in members]
+    first = members[0]
+    return KernelSource(
+        name=f"unit_{first.name}"[:128],
+        source="\n".join(parts) + "\n",
+        uses_blas=first.uses_blas,
+        uses_openmp=first.uses_openmp,
+    )
+
+
+def _plan_units(misses: list[str], unique: dict[str, KernelSource], workers: int) -> list[list[str]]:
+    """Split the kernels to build into at most `workers` combined units per flag set.
+
+    Units only mix kernels whose flags are identical (so a member inside a unit is exactly the
+    binary it would be alone), and the split is deterministic (sorted by digest), so two
+    processes compiling the same model form the same units and the unit lock dedupes them.
+    """
+    groups: dict[tuple[bool, bool], list[str]] = {}
+    for digest in sorted(misses):
+        src = unique[digest]
+        groups.setdefault((src.uses_blas, src.uses_openmp), []).append(digest)
+    units: list[list[str]] = []
+    for digests in groups.values():
+        count = max(1, min(workers, len(digests)))
+        units.extend(digests[i::count] for i in range(count))
+    return units
+
+
+def compile_kernels(
+    sources: Sequence[KernelSource],
+    *,
+    cache: KernelCache | None = None,
+    jobs: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    combine: bool = False,
+) -> list[Artifact]:
+    """Compile (or find in the cache) every kernel; artifacts come back in input order.
+
+    See the module docstring for the contract. `progress` is called from the calling thread.
+    With `combine=True` the kernels that miss the cache are compiled as at most `jobs` combined
+    translation units (one shared object each, every member aliased under its own digest), which
+    is several times faster than one compiler run per kernel; a unit that fails to compile (a
+    clash of names between kernels, or a broken kernel) falls back to one build per member, so
+    errors still name the kernel at fault.
+    """
+    cache = cache if cache is not None else default_cache()
+    info = compiler_identity()
+    isa = target_isa()
+    digests = [kernel_digest(src, info=info, isa=isa) for src in sources]
+    unique: dict[str, KernelSource] = {}
+    for digest, src in zip(digests, sources, strict=True):
+        unique.setdefault(digest, src)
+
+    total = len(unique)
+    results: dict[str, tuple[Path, bool]] = {}
+    keep: set[str] = set(unique)
+    misses: list[str] = []
+    for digest in unique:
+        real = cache.resolve(digest) if cache.get(digest) is not None else None
+        if real is None:
+            misses.append(digest)
+        else:
+            results[digest] = (real, True)
+            keep.add(real.stem)  # the unit behind an alias must survive this batch too
+    if progress is not None:
+        progress(len(results), total)
+    if misses:
+        workers = max(1, min(jobs or available_cpus(), len(misses)))
+        _build_misses(misses, unique, cache, info, isa, workers, combine, keep, results, progress, total)
+
+    return [
+        Artifact(
+            digest=digest,
+            path=results[digest][0],
+            name=src.name,
+            cached=results[digest][1],
+            uses_blas=src.uses_blas,
+        )
+        for digest, src in zip(digests, sources, strict=True)
+    ]
+
+
+def _build_misses(
+    misses: list[str],
+    unique: dict[str, KernelSource],
+    cache: KernelCache,
+    info: CompilerInfo,
+    isa: IsaTarget,
+    workers: int,
+    combine: bool,
+    keep: set[str],
+    results: dict[str, tuple[Path, bool]],
+    progress: Callable[[int, int], None] | None,
+    total: int,
+) -> None:
+    """Compile the misses in a thread pool, filling `results`; raise the first failure."""
+    units: dict[str, tuple[KernelSource, list[str]]] = {}
+    if combine and len(misses) > 1:
+        for members in _plan_units(misses, unique, workers):
+            if len(members) > 1:
+                unit = _combined_unit([unique[d] for d in members])
+                units[kernel_digest(unit, info=info, isa=isa)] = (unit, members)
+    keep.update(units)
+    in_units = {d for _, members in units.values() for d in members}
+
+    def build_one(digest: str) -> dict[str, tuple[Path, bool]]:
+        src = unique[digest]
+        path, created = cache.put(digest, lambda out: _build(src, info, isa, out), source=src.text, keep=keep)
+        return {digest: (path, not created)}
+
+    def build_unit(unit_digest: str) -> dict[str, tuple[Path, bool]]:
+        unit, members = units[unit_digest]
+        path, created = cache.put(
+            unit_digest, lambda out: _build(unit, info, isa, out), source=unit.source, keep=keep
+        )
+        for member in members:
+            cache.alias(member, unit_digest)
+        return {member: (path, not created) for member in members}
+
+    failures: dict[str, BaseException] = {}
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="autofusion-cc") as pool:
+        jobs: dict[Future[dict[str, tuple[Path, bool]]], tuple[str, str]] = {}
+        for unit_digest in units:
+            jobs[pool.submit(build_unit, unit_digest)] = ("unit", unit_digest)
+        for digest in misses:
+            if digest not in in_units:
+                jobs[pool.submit(build_one, digest)] = ("one", digest)
+        pending = set(jobs)
+        while pending:
+            finished, pending = wait(pending, return_when=FIRST_EXCEPTION)
+            for fut in finished:
+                if fut.cancelled():
+                    continue
+                kind, key = jobs[fut]
+                exc = fut.exception()
+                if exc is None:
+                    results.update(fut.result())
+                    if progress is not None:
+                        progress(len(results), total)
+                elif kind == "unit" and isinstance(exc, CompilationError) and not failures:
+                    # Find the kernel at fault (or build the members apart if names clashed).
+                    for member in units[key][1]:
+                        retry = pool.submit(build_one, member)
+                        jobs[retry] = ("one", member)
+                        pending.add(retry)
+                else:
+                    failures[key] = exc
+            if failures:
+                # Stop queued work; compilers already running finish (their temp files are
+                # cleaned by the cache) so nothing is left half-written.
+                for fut in pending:
+                    fut.cancel()
+    if failures:
+        order = [d for d in unique if d in failures] or list(failures)
+        error = failures[order[0]]
+        if isinstance(error, CompilationError) and len(order) > 1:
+            error.details["failed_kernels"] = [unique[d].name for d in order if d in unique]
+        raise error

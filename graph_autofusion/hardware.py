@@ -1,0 +1,130 @@
+"""Hardware profiles: the numbers the roofline cost model needs.
+
+`cpu` is measured on the host the first time it is asked for (a STREAM-like copy for bandwidth,
+an sgemm for peak flops) and cached on disk, because the planner must not spend a second on it per
+job and the figures differ from machine to machine. `ascend910` comes from published figures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel
+
+from .errors import InvalidConfigError
+
+
+class HardwareProfile(BaseModel):
+    name: str
+    peak_flops: float  # fp32 FLOP/s reachable by a tuned contraction on all cores
+    memory_bandwidth: float  # bytes/s, sustained
+    launch_overhead: float  # seconds per kernel launch (call + parallel fork/join)
+    anchor_efficiency: float = 0.8  # fraction of peak a generated anchor kernel reaches
+    chain_efficiency: float = 0.85  # extra factor when two contractions share a kernel (smaller tiles)
+    cores: int = 1
+    source: str = ""
+
+
+# Huawei Ascend 910: 256 TFLOPS fp16 (cube units) and 1.2 TB/s HBM2 bandwidth, as published in
+# H. Liao et al., "DaVinci: A Scalable Architecture for Neural Network Computing", Hot Chips 31
+# (2019), and Huawei's Ascend 910 product announcement (Aug 2019). fp32 throughput on the cube is
+# a quarter of fp16 in that architecture; the launch overhead is an estimate for a CANN kernel
+# launch (task dispatch from the host), not a published figure.
+ASCEND910 = HardwareProfile(
+    name="ascend910",
+    peak_flops=64e12,
+    memory_bandwidth=1.2e12,
+    launch_overhead=5e-6,
+    anchor_efficiency=0.7,
+    chain_efficiency=0.9,
+    cores=32,
+    source="Liao et al., DaVinci, Hot Chips 31 (2019): 256 TFLOPS fp16, 1.2 TB/s HBM; fp32 = fp16/4",
+)
+
+
+def _cache_file() -> Path:
+    root = os.environ.get("AUTOFUSION_CACHE_DIR") or os.path.join(Path.home(), ".cache", "graph_autofusion")
+    return Path(root) / "hardware-cpu.json"
+
+
+def _host_key() -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{model}|{os.cpu_count()}"
+
+
+def _median_seconds(fn, repeat: int) -> float:  # noqa: ANN001
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def measure_cpu() -> HardwareProfile:
+    """Measure bandwidth (copy of 64 MiB) and peak flops (512³ sgemm); ~0.3 s."""
+    src = np.ones(16 * 1024 * 1024, dtype=np.float32)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    t_copy = _median_seconds(lambda: np.copyto(dst, src), 5)
+    bandwidth = 2 * src.nbytes / t_copy
+    a = np.ones((512, 512), dtype=np.float32)
+    a @ a
+    t_mm = _median_seconds(lambda: a @ a, 5)
+    flops = 2 * 512**3 / t_mm
+    return HardwareProfile(
+        name="cpu",
+        peak_flops=flops,
+        memory_bandwidth=bandwidth,
+        launch_overhead=3e-6,
+        cores=os.cpu_count() or 1,
+        source=f"measured on this host ({_host_key()})",
+    )
+
+
+@cache
+def cpu_profile() -> HardwareProfile:
+    path = _cache_file()
+    key = _host_key()
+    try:
+        data = json.loads(path.read_text())
+        if data.get("host") == key:
+            return HardwareProfile.model_validate(data["profile"])
+    except (OSError, ValueError, KeyError):
+        pass
+    profile = measure_cpu()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"host": key, "profile": profile.model_dump()}))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # an unwritable cache only costs a re-measurement next time
+    return profile
+
+
+PROFILES = {"ascend910": lambda: ASCEND910, "cpu": cpu_profile}
+
+
+def get_profile(name: str) -> HardwareProfile:
+    try:
+        return PROFILES[name]()
+    except KeyError:
+        raise InvalidConfigError(
+            f"unknown hardware profile {name!r}; known: {', '.join(sorted(PROFILES))}",
+            code="unknown_hardware",
+        ) from None

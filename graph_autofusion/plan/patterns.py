@@ -1,0 +1,322 @@
+"""Fusion patterns: named rewrites proposing groups, built-in or written by users.
+
+A pattern only *proposes*: `match(graph)` finds candidate node sets and `fuse(graph, match)`
+turns one into the group to form. Every proposal goes through the same legality check as the
+automatic strategy, so a user pattern that proposes an impossible group gets a reason code back
+(in the report) instead of a broken graph.
+
+    class AddRelu(graph_autofusion.Pattern):
+        name = "add_relu"
+        def match(self, graph):
+            return [[a.name, r.name] for a, r in graph.chains(["Add", "Relu"])]
+
+    fuser.register_pattern(AddRelu())
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import ClassVar
+
+from ..config import PatternSpec
+from ..ir import Graph, Node
+from ..ops import OpKind
+
+Match = Sequence[str]  # node names
+
+
+class Pattern:
+    """Base class of fusion patterns. Subclasses set `name` and implement `match`."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+
+    def match(self, graph: Graph) -> Iterable[Match]:
+        raise NotImplementedError
+
+    def fuse(self, graph: Graph, match: Match) -> Match:
+        """The nodes to put in one kernel for `match` (by default: all of them)."""
+        return match
+
+    def label(self) -> str:
+        return self.name or type(self).__name__
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def _epilogue_chain(graph: Graph, start: Node) -> list[Node]:
+    """Elementwise/broadcast ops following `start` along single-consumer edges."""
+    chain: list[Node] = []
+    node = graph.sole_consumer(start)
+    while node is not None and node.kind in (OpKind.ELEMENTWISE, OpKind.BROADCAST):
+        chain.append(node)
+        node = graph.sole_consumer(node)
+    return chain
+
+
+def _other_input(node: Node, value: str) -> str | None:
+    others = [x for x in node.inputs if x and x != value]
+    return others[0] if len(others) == 1 else None
+
+
+# -- built-ins -------------------------------------------------------------------------------
+
+
+class PointwiseChain(Pattern):
+    name = "pointwise_chain"
+    description = "chains of elementwise ops along single-consumer edges (e.g. add → relu → mul)"
+
+    def match(self, graph: Graph) -> Iterable[Match]:
+        out = []
+        for node in graph:
+            if node.kind not in (OpKind.ELEMENTWISE, OpKind.BROADCAST):
+                continue
+            producers = [p for p in graph.predecessors(node) if p.kind in (OpKind.ELEMENTWISE, OpKind.BROADCAST)]
+            if any(graph.sole_consumer(p) is node for p in producers):
+                continue  # not the head of a chain
+            chain = [node, *_epilogue_chain(graph, node)]
+            if len(chain) > 1:
+                out.append([n.name for n in chain])
+        return out
+
+
+class _AnchorEpilogue(Pattern):
+    anchors: ClassVar[tuple[str, ...]] = ()
+
+    def match(self, graph: Graph) -> Iterable[Match]:
+        out = []
+        for node in graph:
+            if node.op_type in self.anchors:
+                chain = _epilogue_chain(graph, node)
+                if chain:
+                    out.append([node.name, *(n.name for n in chain)])
+        return out
+
+
+class ConvEpilogue(_AnchorEpilogue):
+    name = "conv_epilogue"
+    description = "Conv with its bias, activation and residual add (conv → relu, conv → add → relu)"
+    anchors = ("Conv", "ConvTranspose")
+
+
+class MatMulEpilogue(_AnchorEpilogue):
+    name = "matmul_epilogue"
+    description = "MatMul/Gemm with bias, activation (incl. GELU) and residual add"
+    anchors = ("MatMul", "Gemm")
+
+
+class Gelu(Pattern):
+    name = "gelu"
+    description = "GELU written out by exporters: x·0.5·(1+erf(x/√2)) or the tanh approximation"
+
+    def match(self, graph: Graph) -> Iterable[Match]:
+        out = []
+        for node in graph:
+            if node.op_type not in ("Erf", "Tanh"):
+                continue
+            # Walk back over the elementwise ops that compute the erf/tanh argument from x.
+            body = {node.index}
+            frontier = [node]
+            x = None
+            while frontier:
+                n = frontier.pop()
+                for p in graph.predecessors(n):
+                    if p.kind in (OpKind.ELEMENTWISE, OpKind.BROADCAST) and p.index not in body and len(body) < 6:
+                        body.add(p.index)
+                        frontier.append(p)
+                    elif p.kind not in (OpKind.ELEMENTWISE, OpKind.BROADCAST):
+                        x = n.inputs[0]
+            if x is None:
+                continue
+            # Forward: the ops after erf/tanh until the one that multiplies by x.
+            tail = _epilogue_chain(graph, node)
+            closing = None
+            for i, t in enumerate(tail[:4]):
+                if x in t.inputs:
+                    closing = i
+            if closing is None:
+                continue
+            members = sorted(body | {t.index for t in tail[: closing + 1]})
+            nxt = tail[closing + 1] if closing + 1 < len(tail) else None
+            if nxt is not None and nxt.op_type == "Mul":
+                members.append(nxt.index)  # the trailing ·0.5 of the erf form
+            out.append([graph.nodes[i].name for i in members])
+        return out
+
+
+class LayerNorm(Pattern):
+    name = "layer_norm"
+    description = "LayerNormalization, or its decomposition ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div/Mul/Add"
+
+    def match(self, graph: Graph) -> Iterable[Match]:
+        out = []
+        for node in graph:
+            if node.op_type == "LayerNormalization":
+                members = [node, *_epilogue_chain(graph, node)[:0]]
+                prologue = _prologue_adds(graph, node)
+                out.append([n.name for n in [*prologue, *members]])
+            elif node.op_type == "ReduceMean":
+                x = node.inputs[0]
+                subs = [c for c in graph.consumers(node.outputs[0]) if c.op_type == "Sub" and x in c.inputs]
+                if len(subs) != 1:
+                    continue
+                members = {node.index, subs[0].index}
+                frontier = [subs[0]]
+                while frontier:
+                    n = frontier.pop()
+                    for s in graph.successors(n):
+                        if s.index in members or len(members) >= 10:
+                            continue
+                        if s.kind in (OpKind.ELEMENTWISE, OpKind.BROADCAST) or s.op_type == "ReduceMean":
+                            members.add(s.index)
+                            frontier.append(s)
+                if not any(graph.nodes[i].op_type == "Sqrt" for i in members):
+                    continue
+                prologue = _prologue_adds(graph, node)
+                out.append([graph.nodes[i].name for i in sorted(members | {p.index for p in prologue})])
+        return out
+
+
+def _prologue_adds(graph: Graph, node: Node) -> list[Node]:
+    """A residual Add feeding a normalisation, when nothing else reads the sum."""
+    p = graph.producer(node.inputs[0])
+    if p is not None and p.op_type == "Add" and all(
+        c.index == node.index or c.op_type == "Sub" or c.index in {node.index}
+        for c in graph.consumers(p.outputs[0])
+    ):
+        return [p]
+    return []
+
+
+class Softmax(Pattern):
+    name = "softmax"
+    description = "Softmax with its scaling and mask prologue (or ReduceMax/Sub/Exp/ReduceSum/Div)"
+
+    def match(self, graph: Graph) -> Iterable[Match]:
+        out = []
+        for node in graph:
+            members: list[Node] = []
+            if node.op_type in ("Softmax", "LogSoftmax"):
+                members = [node]
+            elif node.op_type == "ReduceMax":
+                x = node.inputs[0]
+                subs = [c for c in graph.consumers(node.outputs[0]) if c.op_type == "Sub" and x in c.inputs]
+                exps = [graph.sole_consumer(s) for s in subs]
+                if len(subs) != 1 or exps[0] is None or exps[0].op_type != "Exp":
+                    continue
+                e = exps[0]
+                sums = [c for c in graph.consumers(e.outputs[0]) if c.op_type == "ReduceSum"]
+                divs = [c for c in graph.consumers(e.outputs[0]) if c.op_type == "Div"]
+                if len(sums) != 1 or len(divs) != 1:
+                    continue
+                members = [node, subs[0], e, sums[0], divs[0]]
+            if not members:
+                continue
+            head = members[0]
+            prologue: list[Node] = []
+            p = graph.producer(head.inputs[0])
+            while p is not None and p.kind in (OpKind.ELEMENTWISE, OpKind.BROADCAST) and len(prologue) < 4:
+                consumers = {c.index for c in graph.consumers(p.outputs[0])}
+                if not consumers <= {m.index for m in members} | {q.index for q in prologue}:
+                    break
+                prologue.append(p)
+                p = graph.producer(p.inputs[0])
+            out.append([n.name for n in [*reversed(prologue), *members]])
+        return out
+
+
+class ReductionFusion(Pattern):
+    name = "reduction_fusion"
+    description = "a reduction with its elementwise neighbours (batch_norm → mean → add)"
+
+    def match(self, graph: Graph) -> Iterable[Match]:
+        out = []
+        for node in graph:
+            if node.op_type not in ("ReduceMean", "ReduceSum", "GlobalAveragePool", "ReduceMax", "GlobalMaxPool"):
+                continue
+            pre: list[Node] = []
+            p = graph.producer(node.inputs[0])
+            while p is not None and p.kind in (OpKind.ELEMENTWISE, OpKind.BROADCAST) and graph.sole_consumer(p):
+                pre.append(p)
+                p = graph.producer(p.inputs[0])
+            post = _epilogue_chain(graph, node)
+            if pre or post:
+                out.append([n.name for n in [*reversed(pre), node, *post]])
+        return out
+
+
+class MatMulChain(Pattern):
+    name = "matmul_chain"
+    description = "two linear layers back to back (linear → act → reshape → linear) as one kernel"
+
+    def match(self, graph: Graph) -> Iterable[Match]:
+        out = []
+        for node in graph:
+            if node.op_type not in ("MatMul", "Gemm"):
+                continue
+            chain = [node]
+            n = graph.sole_consumer(node)
+            while n is not None and n.kind in (OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.VIEW):
+                chain.append(n)
+                n = graph.sole_consumer(n)
+            if n is not None and n.op_type in ("MatMul", "Gemm") and n.inputs[0] == chain[-1].outputs[0]:
+                chain.append(n)
+                chain += _epilogue_chain(graph, n)
+                out.append([c.name for c in chain])
+        return out
+
+
+_BUILTINS: tuple[Pattern, ...] = (
+    LayerNorm(), Softmax(), Gelu(), ConvEpilogue(), MatMulEpilogue(), ReductionFusion(), PointwiseChain(),
+    MatMulChain(),
+)
+
+
+def builtin_patterns() -> list[Pattern]:
+    """Built-in patterns in the order they are tried (most specific first)."""
+    return list(_BUILTINS)
+
+
+# -- declarative patterns ---------------------------------------------------------------------
+
+
+class DeclarativePattern(Pattern):
+    """A `PatternSpec` (JSON over the wire) matched as a producer→consumer chain of ops."""
+
+    def __init__(self, spec: PatternSpec) -> None:
+        self.spec = spec
+
+    def label(self) -> str:
+        return self.spec.name
+
+    def match(self, graph: Graph) -> Iterable[Match]:
+        out = []
+        for chain in graph.chains([s.op for s in self.spec.sequence]):
+            if all(self._fits(graph, n, s) for n, s in zip(chain, self.spec.sequence, strict=True)):
+                out.append([n.name for n in chain])
+        return out
+
+    @staticmethod
+    def _fits(graph: Graph, node: Node, step) -> bool:  # noqa: ANN001 - step: PatternStep
+        for key, want in step.attrs.items():
+            have = node.attrs.get(key)
+            if isinstance(have, bytes):
+                have = have.decode()
+            if isinstance(have, list | tuple):
+                have = list(have)
+            if have != want:
+                return False
+        if step.shape is not None:
+            shape = graph.shape(node.outputs[0]) or ()
+            size = 1
+            for d in shape:
+                size *= d
+            c = step.shape
+            if c.rank is not None and len(shape) != c.rank:
+                return False
+            if c.min_elements is not None and size < c.min_elements:
+                return False
+            if c.max_elements is not None and size > c.max_elements:
+                return False
+        return True

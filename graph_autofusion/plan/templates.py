@@ -1,0 +1,337 @@
+"""Which kernel template a set of nodes forms — the contract with the code generators.
+
+A group is only legal if the backends can generate it as one kernel; `classify` names the
+template (docs/fused-format.md) or explains, as data, why the loop domains do not fit together.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection
+
+from ..ir import Graph, Node
+from ..ops import OpKind
+
+POINTWISE_KINDS = {OpKind.VIEW, OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.INJECTIVE}
+EPILOGUE_KINDS = {OpKind.ELEMENTWISE, OpKind.BROADCAST}
+CHAIN_ANCHORS = {"MatMul", "Gemm"}
+STRIDE_PROLOGUE_OPS = {"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze"}
+# Prologue kinds a row-reduction kernel accepts on its full domain.
+REDUCTION_PROLOGUE_KINDS = {OpKind.VIEW, OpKind.ELEMENTWISE, OpKind.BROADCAST}
+
+
+class Misfit(Exception):
+    """Raised inside classification with the sentence explaining the mismatch."""
+
+
+def _numel(graph: Graph, value: str) -> int:
+    shape = graph.shape(value)
+    return math.prod(shape) if shape is not None else -1
+
+
+def _out(node: Node) -> str:
+    return node.outputs[0]
+
+
+def _external_outputs(graph: Graph, members: Collection[int]) -> list[str]:
+    outs = []
+    for i in members:
+        for o in graph.nodes[i].outputs:
+            if not o:
+                continue
+            v = graph.values[o]
+            if v.is_output or any(c not in members for c in v.consumers):
+                outs.append(o)
+    return outs
+
+
+def _ancestors_within(graph: Graph, node: Node, members: Collection[int]) -> set[int]:
+    seen: set[int] = set()
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        for p in graph.predecessors(n):
+            if p.index in members and p.index not in seen:
+                seen.add(p.index)
+                stack.append(p)
+    return seen
+
+
+def _descendants_within(graph: Graph, node: Node, members: Collection[int]) -> set[int]:
+    seen: set[int] = set()
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        for s in graph.successors(n):
+            if s.index in members and s.index not in seen:
+                seen.add(s.index)
+                stack.append(s)
+    return seen
+
+
+def reduced_axes(graph: Graph, node: Node) -> tuple[tuple[int, ...], int] | None:
+    """(input shape, first reduced axis) for a reduction over trailing axes; None otherwise."""
+    shape = graph.shape(node.inputs[0])
+    if shape is None:
+        return None
+    rank = len(shape)
+    op = node.op_type
+    if op in ("Softmax", "LogSoftmax"):
+        axis = int(node.attrs.get("axis", -1 if graph.model.opset_import and _opset(graph) >= 13 else 1))
+        axis %= max(rank, 1)
+        if _opset(graph) >= 13:
+            return (shape, axis) if axis == rank - 1 else None
+        return shape, axis
+    if op == "LayerNormalization":
+        axis = int(node.attrs.get("axis", -1)) % max(rank, 1)
+        return shape, axis
+    if op in ("GlobalAveragePool", "GlobalMaxPool"):
+        return shape, 2
+    if op.startswith("Reduce"):
+        axes = node.attrs.get("axes")
+        if axes is None and len(node.inputs) > 1 and node.inputs[1]:
+            const = graph.const_value(node.inputs[1])
+            axes = None if const is None else [int(a) for a in const.reshape(-1)]
+        if axes is None or len(axes) == 0:
+            if node.attrs.get("noop_with_empty_axes"):
+                return None
+            axes = list(range(rank))
+        norm = sorted(int(a) % rank for a in axes)
+        if norm != list(range(norm[0], rank)):
+            return None  # not a trailing block of axes
+        return shape, norm[0]
+    return None
+
+
+def _opset(graph: Graph) -> int:
+    for imp in graph.model.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return imp.version
+    return 0
+
+
+def operand_strides(graph: Graph, chain: list[Node], source: str) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """Shape and element strides of `source` seen through a Transpose/Reshape chain, or None if a copy is needed."""
+    shape = list(graph.shape(source) or ())
+    strides = [math.prod(shape[i + 1 :]) for i in range(len(shape))]
+    for node in chain:
+        out_shape = list(graph.shape(_out(node)) or ())
+        if node.op_type == "Transpose":
+            perm = node.attrs.get("perm") or list(reversed(range(len(shape))))
+            shape = [shape[p] for p in perm]
+            strides = [strides[p] for p in perm]
+        else:
+            new = _nocopy_reshape(shape, strides, out_shape)
+            if new is None:
+                return None
+            shape, strides = out_shape, new
+    return tuple(shape), tuple(strides)
+
+
+def _nocopy_reshape(shape: list[int], strides: list[int], new_shape: list[int]) -> list[int] | None:
+    """Strides for viewing (shape, strides) as new_shape without copying (numpy's rule)."""
+    old = [(d, s) for d, s in zip(shape, strides, strict=True) if d != 1]
+    new_strides = [0] * len(new_shape)
+    oi, ni = 0, 0
+    while ni < len(new_shape) and oi < len(old):
+        if new_shape[ni] == 1:
+            new_strides[ni] = 0
+            ni += 1
+            continue
+        np_, op_ = new_shape[ni], old[oi][0]
+        nj, oj = ni + 1, oi + 1
+        while np_ != op_:
+            if np_ < op_:
+                while nj < len(new_shape) and new_shape[nj] == 1:
+                    nj += 1
+                if nj >= len(new_shape):
+                    return None
+                np_ *= new_shape[nj]
+                nj += 1
+            else:
+                if oj >= len(old):
+                    return None
+                op_ *= old[oj][0]
+                oj += 1
+        for k in range(oi, oj - 1):
+            if old[k][1] != old[k + 1][0] * old[k + 1][1]:
+                return None
+        new_strides[nj - 1] = old[oj - 1][1]
+        for k in range(nj - 1, ni, -1):
+            new_strides[k - 1] = new_strides[k] * new_shape[k]
+        ni, oi = nj, oj
+    while ni < len(new_shape):
+        if new_shape[ni] != 1:
+            return None
+        new_strides[ni] = 0
+        ni += 1
+    return new_strides
+
+
+def classify(graph: Graph, members: Collection[int]) -> tuple[str | None, str]:
+    """(template, "") when one kernel can run `members`, else (None, why)."""
+    try:
+        return _classify(graph, members), ""
+    except Misfit as why:
+        return None, str(why)
+
+
+def _classify(graph: Graph, members: Collection[int]) -> str:
+    nodes = [graph.nodes[i] for i in sorted(members)]
+    real = [n for n in nodes if n.kind != OpKind.VIEW]
+    if not real:
+        return "view"
+    if len(nodes) == 1:
+        return "single"
+    opaque = [n for n in nodes if n.kind == OpKind.OPAQUE]
+    if opaque:
+        raise Misfit(f"{opaque[0].op_type} '{opaque[0].name}' is opaque and cannot share a kernel")
+    anchors = [n for n in nodes if n.kind == OpKind.ANCHOR]
+    pools = [n for n in nodes if n.kind == OpKind.REDUCE and "pool" in n.opdef.tags]
+    reductions = [n for n in nodes if n.kind == OpKind.REDUCE and "pool" not in n.opdef.tags]
+    if len(anchors) > 2:
+        raise Misfit("more than two contractions in one kernel")
+    if anchors and (reductions or pools):
+        raise Misfit(f"{anchors[0].op_type} and {(reductions or pools)[0].op_type} iterate different domains")
+    if len(anchors) == 2:
+        return _anchor_chain(graph, members, anchors)
+    if anchors:
+        _anchor(graph, members, anchors[0])
+        return "anchor"
+    if pools:
+        if len(pools) > 1 or reductions:
+            raise Misfit("a pooling window does not share a loop nest with another reduction")
+        _epilogue_only(graph, members, pools[0])
+        return "pool"
+    if reductions:
+        _reduction(graph, members, reductions)
+        return "reduction"
+    _pointwise(graph, members)
+    return "pointwise"
+
+
+def _pointwise(graph: Graph, members: Collection[int]) -> None:
+    outs = _external_outputs(graph, members)
+    sizes = {_numel(graph, o) for o in outs}
+    if len(sizes) > 1:
+        raise Misfit(f"outputs {', '.join(outs)} have different element counts {sorted(sizes)}")
+
+
+def _epilogue_only(graph: Graph, members: Collection[int], root: Node) -> set[int]:
+    """Members other than `root` must be elementwise ops downstream of it on its output domain."""
+    desc = _descendants_within(graph, root, members)
+    rest = set(members) - desc - {root.index}
+    if rest:
+        other = graph.nodes[min(rest)]
+        raise Misfit(f"{other.op_type} '{other.name}' is neither a prologue nor an epilogue of {root.op_type}")
+    size = _numel(graph, _out(root))
+    for i in desc:
+        n = graph.nodes[i]
+        if n.kind not in EPILOGUE_KINDS:
+            raise Misfit(f"{n.op_type} '{n.name}' cannot run as an epilogue of {root.op_type}")
+        if _numel(graph, _out(n)) != size:
+            raise Misfit(f"epilogue {n.op_type} '{n.name}' changes the domain of {root.op_type}")
+        for inp in n.inputs:
+            p = graph.producer(inp) if inp else None
+            if p is not None and p.index in members and p.index not in desc and p.index != root.index:
+                raise Misfit(f"epilogue {n.op_type} '{n.name}' reads a prologue value")
+    return desc
+
+
+def _prologue_ok(graph: Graph, anchor: Node, prologue: set[int], members: Collection[int]) -> None:
+    if not prologue:
+        return
+    if anchor.op_type != "MatMul":
+        raise Misfit(f"{anchor.op_type} takes no fused prologue")
+    for i in prologue:
+        n = graph.nodes[i]
+        if n.op_type not in STRIDE_PROLOGUE_OPS:
+            raise Misfit(f"{n.op_type} '{n.name}' before {anchor.op_type} would need a copy")
+    for slot in (0, 1):
+        chain: list[Node] = []
+        value = anchor.inputs[slot]
+        node = graph.producer(value)
+        while node is not None and node.index in prologue:
+            chain.append(node)
+            value = node.inputs[0]
+            node = graph.producer(value)
+        if not chain:
+            continue
+        chain.reverse()
+        seen = operand_strides(graph, chain, value)
+        if seen is None or len(seen[0]) < 2 or 1 not in (seen[1][-1], seen[1][-2]):
+            raise Misfit(f"the layout change feeding {anchor.op_type} '{anchor.name}' is not a stride change")
+    used = set()
+    for slot in (0, 1):
+        node = graph.producer(anchor.inputs[slot])
+        while node is not None and node.index in prologue:
+            used.add(node.index)
+            if len(graph.consumers(_out(node))) != 1:
+                raise Misfit(f"'{node.name}' feeds {anchor.op_type} and other consumers")
+            node = graph.producer(node.inputs[0])
+    if used != prologue:
+        raise Misfit("prologue nodes do not form chains into the contraction")
+
+
+def _anchor(graph: Graph, members: Collection[int], anchor: Node) -> None:
+    prologue = _ancestors_within(graph, anchor, members)
+    _prologue_ok(graph, anchor, prologue, members)
+    _epilogue_only(graph, set(members) - prologue, anchor)
+
+
+def _anchor_chain(graph: Graph, members: Collection[int], anchors: list[Node]) -> None:
+    first, second = sorted(anchors, key=lambda n: n.index)
+    if first.op_type not in CHAIN_ANCHORS or second.op_type not in CHAIN_ANCHORS:
+        raise Misfit("only MatMul/Gemm pairs share a kernel")
+    if any(graph.producer(x) is not None for x in second.inputs[1:] if x):
+        raise Misfit("the second contraction of a chain needs constant weights")
+    # Walk back from the second anchor's left operand to the first anchor through epilogue/view ops.
+    middle: set[int] = set()
+    node = graph.producer(second.inputs[0])
+    while node is not None and node.index in members and node.index != first.index:
+        if node.kind not in EPILOGUE_KINDS | {OpKind.VIEW}:
+            raise Misfit(f"{node.op_type} between the two contractions is not elementwise")
+        middle.add(node.index)
+        node = graph.producer(node.inputs[0])
+    if node is None or node.index != first.index:
+        raise Misfit("the second contraction does not consume the first")
+    n1 = (graph.shape(_out(first)) or (0,))[-1]
+    k2 = (graph.shape(second.inputs[0]) or (0,))[-1]
+    if n1 != k2 or _numel(graph, _out(first)) // max(n1, 1) != _numel(graph, second.inputs[0]) // max(k2, 1):
+        raise Misfit("the reshape between the contractions does not keep rows")
+    for i in middle | {first.index}:
+        for o in graph.nodes[i].outputs:
+            v = graph.values[o]
+            if v.is_output or any(c not in members for c in v.consumers):
+                raise Misfit("the intermediate of a contraction chain is read outside the kernel")
+    first_epi = {i for i in middle if graph.nodes[i].kind != OpKind.VIEW}
+    for i in first_epi:
+        if _numel(graph, _out(graph.nodes[i])) != _numel(graph, _out(first)):
+            raise Misfit("the first contraction's epilogue changes its domain")
+    rest = set(members) - middle - {first.index}
+    _epilogue_only(graph, rest, second)
+
+
+def _reduction(graph: Graph, members: Collection[int], reductions: list[Node]) -> None:
+    outer = inner = None
+    for r in reductions:
+        found = reduced_axes(graph, r)
+        if found is None:
+            raise Misfit(f"{r.op_type} '{r.name}' does not reduce trailing axes")
+        shape, axis = found
+        o, i = math.prod(shape[:axis]), math.prod(shape[axis:])
+        if outer is None:
+            outer, inner = o, i
+        elif (o, i) != (outer, inner):
+            raise Misfit(f"{r.op_type} '{r.name}' reduces a different row shape ({o}x{i} vs {outer}x{inner})")
+    assert outer is not None and inner is not None
+    full, reduced = outer * inner, outer
+    for i in members:
+        n = graph.nodes[i]
+        if n.kind == OpKind.REDUCE:
+            continue
+        if n.kind not in REDUCTION_PROLOGUE_KINDS:
+            raise Misfit(f"{n.op_type} '{n.name}' cannot join a row reduction")
+        size = _numel(graph, _out(n))
+        if size not in (full, reduced):
+            raise Misfit(f"{n.op_type} '{n.name}' works on {size} elements, rows are {outer}x{inner}")

@@ -1,0 +1,77 @@
+"""The model zoo: ONNX models that look like `torch.onnx.export` output, built offline.
+
+    from graph_autofusion import zoo
+    model = zoo.build("bert_base", num_layers=2, hidden=64, heads=4, seq_len=16)
+    model = zoo.build("resnet50", style="dynamo", dynamic_batch=True)
+
+Each builder's defaults are the real architecture; every size is a keyword so that tests can
+build small variants.  Weights are random (`numpy.random.default_rng(seed)`, fp32, scaled so
+activations stay finite), so nothing is downloaded, and the same arguments give a byte-identical
+model.  `style` picks the exporter being imitated:
+
+- ``"torchscript"`` (opset 13-17, default 17): Constant nodes, Shape→Gather→Unsqueeze→Concat
+  reshape targets, LayerNormalization decomposed below opset 17, a few Dropout/Identity nodes;
+- ``"dynamo"`` (opset 18-21, default 18): constants as initializers, constant reshape targets,
+  ReduceMean with axes as an input, value_info on every intermediate.
+
+`dynamic_batch=True` makes the batch dim (and BERT/GPT-2's sequence dim) a symbolic `dim_param`
+("batch", "sequence").  Conv nets keep BatchNormalization unless `fold_batchnorm=True`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import onnx
+
+from .arguments import UnknownZooModelError, ZooArgumentError
+from .bert import bert_base
+from .gpt2 import gpt2
+from .mlp import mlp
+from .mobilenet import mobilenet_v2
+from .resnet import resnet50
+from .vit import vit_b16
+
+MODELS: dict[str, Callable[..., onnx.ModelProto]] = {
+    "resnet50": resnet50,
+    "mobilenet_v2": mobilenet_v2,
+    "bert_base": bert_base,
+    "gpt2": gpt2,
+    "vit_b16": vit_b16,
+    "mlp": mlp,
+}
+
+
+def build(name: str, **kwargs: Any) -> onnx.ModelProto:
+    """Build zoo model `name` with the builder's keyword arguments.
+
+    Raises `UnknownZooModelError` (a `KeyError`) for a name not in `MODELS`, and
+    `ZooArgumentError` (a `ValueError`) for an argument that is out of range.
+    """
+    try:
+        builder = MODELS[name]
+    except (KeyError, TypeError):
+        raise UnknownZooModelError(
+            f"unknown zoo model {name!r}; available: {', '.join(sorted(MODELS))}",
+            name=str(name),
+            available=sorted(MODELS),
+        ) from None
+    try:
+        return builder(**kwargs)
+    except TypeError as exc:  # an unknown keyword: say which builder and what it accepts
+        raise ZooArgumentError(f"{name}: {exc}", argument=None) from exc
+
+
+__all__ = [
+    "MODELS",
+    "UnknownZooModelError",
+    "ZooArgumentError",
+    "bert_base",
+    "build",
+    "gpt2",
+    "mlp",
+    "mobilenet_v2",
+    "resnet50",
+    "vit_b16",
+]

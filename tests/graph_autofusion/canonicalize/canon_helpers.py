@@ -1,0 +1,78 @@
+"""Builders and an onnxruntime oracle shared by the canonicalization tests (`from canon_helpers import ...`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+ORT_IR_VERSION = 10  # onnx 1.23 writes IR 14 by default; onnxruntime 1.31 reads up to IR 13
+
+
+def build_model(
+    nodes: Sequence[onnx.NodeProto],
+    inputs: Sequence[onnx.ValueInfoProto],
+    outputs: Sequence[onnx.ValueInfoProto],
+    initializers: dict[str, np.ndarray] | None = None,
+    opset: int = 17,
+) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        list(nodes),
+        "test",
+        list(inputs),
+        list(outputs),
+        [numpy_helper.from_array(np.asarray(v), k) for k, v in (initializers or {}).items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=ORT_IR_VERSION)
+
+
+def run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def random_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
+    """Inputs of the (static) declared shapes: normal floats, small non-negative ints, all-ones masks."""
+    rng = np.random.default_rng(seed)
+    initializers = {t.name for t in model.graph.initializer}
+    feeds = {}
+    for info in model.graph.input:
+        if info.name in initializers:
+            continue
+        shape = [d.dim_value for d in info.type.tensor_type.shape.dim]
+        dtype = helper.tensor_dtype_to_np_dtype(info.type.tensor_type.elem_type)
+        if "mask" in info.name:
+            feeds[info.name] = np.ones(shape, dtype=dtype)
+        elif np.issubdtype(dtype, np.integer):
+            feeds[info.name] = rng.integers(0, 16, size=shape).astype(dtype)
+        else:
+            feeds[info.name] = rng.standard_normal(shape).astype(dtype)
+    return feeds
+
+
+def assert_same_outputs(
+    before: onnx.ModelProto,
+    after: onnx.ModelProto,
+    feeds: dict[str, np.ndarray],
+    rtol: float = 1e-5,
+    atol: float = 1e-5,
+) -> None:
+    assert [o.name for o in before.graph.output] == [o.name for o in after.graph.output]
+    for expected, actual in zip(run_ort(before, feeds), run_ort(after, feeds), strict=True):
+        assert expected.shape == actual.shape
+        np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol)
+
+
+def ops(model: onnx.ModelProto) -> list[str]:
+    return [n.op_type for n in model.graph.node]
+
+
+def tensor(name: str, shape: Sequence[int | str | None] | None, elem: int = TensorProto.FLOAT):
+    """`tensor("x", [1, 3])` → a float ValueInfo; `tensor("ids", ["batch", 8], TensorProto.INT64)`."""
+    return helper.make_tensor_value_info(name, elem, shape)
