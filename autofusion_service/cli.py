@@ -13,6 +13,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 
 from .settings import Settings
 
@@ -54,27 +56,50 @@ def serve(settings: Settings, host: str, port: int, *, targets: str = "cpu", wor
             f"{settings.data_dir / KEY_FILE}):\n  {key}",
             flush=True,
         )
-    child: subprocess.Popen | None = None
+    supervisor: WorkerSupervisor | None = None
     if settings.embedded and worker:
         env = {**os.environ, "AUTOFUSION_DATA_DIR": str(settings.data_dir.resolve())}
-        child = subprocess.Popen([sys.executable, "-m", "autofusion_worker", "--targets", targets], env=env)
+        supervisor = WorkerSupervisor([sys.executable, "-m", "autofusion_worker", "--targets", targets], env)
+        supervisor.start()
     mode = "embedded (SQLite + file broker, one local worker)" if settings.embedded else "API only (Redis)"
     print(f"autofusion serve: {mode}; data dir {settings.data_dir.resolve()}", flush=True)
     try:
         uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level.lower())
     finally:
-        if child is not None:
-            _stop(child)
+        if supervisor is not None:
+            supervisor.stop()
     return 0
 
 
-def _stop(child: subprocess.Popen) -> None:
-    """Warm shutdown (a running job finishes or hands its message back), then kill."""
-    if child.poll() is not None:
-        return
-    child.send_signal(signal.SIGTERM)
-    try:
-        child.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        child.kill()
-        child.wait()
+class WorkerSupervisor(threading.Thread):
+    """Keeps the embedded worker process running: a worker that dies (a model crashed it, it was
+    killed) is restarted, and the job it held is picked up again through the lease sweep."""
+
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+        super().__init__(name="autofusion-worker-supervisor", daemon=True)
+        self.args, self.env = args, env
+        self.child: subprocess.Popen | None = None
+        self._stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self._stopping.is_set():
+            self.child = subprocess.Popen(self.args, env=self.env)
+            started = time.monotonic()
+            self.child.wait()
+            if self._stopping.is_set():
+                return
+            print(f"autofusion serve: worker exited ({self.child.returncode}); restarting", flush=True)
+            self._stopping.wait(max(0.0, 2.0 - (time.monotonic() - started)))
+
+    def stop(self) -> None:
+        """Warm shutdown (a running job finishes or hands its message back), then kill."""
+        self._stopping.set()
+        child = self.child
+        if child is None or child.poll() is not None:
+            return
+        child.send_signal(signal.SIGTERM)
+        try:
+            child.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()

@@ -194,49 +194,60 @@ def _jsonable(value: dict[str, Any]) -> dict[str, Any]:
 def _execute(job: JobRecord, ctx: JobContext, progress: ProgressReporter) -> dict[str, Artifact]:
     model_bytes = ctx.blobs.read(job.model_digest)
     config = gaf.FusionConfig.model_validate(job.config)
-    progress("loading")
     fused = gaf.fuse(model_bytes, config=config, progress=progress)
+    report = fused.report()
     target = get_target(job.target)
-    if target is not None and target.compiles and hasattr(fused, "compile"):
+    compiled = target is not None and target.compiles and hasattr(fused, "compile")
+    if compiled:
         ctx.settings.kernel_cache_dir.mkdir(parents=True, exist_ok=True)
-        fused.compile(target=target.name, cache_dir=ctx.settings.kernel_cache_dir, progress=progress)
+        progress("compiling", 0, None)
+        result = fused.compile(
+            cache_dir=ctx.settings.kernel_cache_dir,
+            progress=lambda done, total: progress("compiling", done, total),
+        )
+        stats = getattr(result, "stats", {}) or {}
+        report.setdefault("compile", _jsonable(stats))
+        _count_cache(ctx.store, stats.get("cache"))
+        progress("verifying")
+        verification = fused.verify(raise_on_failure=True)
+        report.setdefault("verification", _jsonable(verification.to_dict()))
     progress("packaging")
     model_data = fused.model.SerializeToString()
-    report = fused.report()
     report_data = json.dumps(report, sort_keys=True, default=str).encode()
-    _count_cache(ctx.store, report)
     with tempfile.TemporaryDirectory(prefix="autofusion-bundle-") as tmp:
         bundle_dir = Path(tmp) / "bundle"
-        if hasattr(fused, "save_bundle"):
-            fused.save_bundle(bundle_dir)
-        bundle_dir.mkdir(exist_ok=True)
-        (bundle_dir / "fused.onnx").write_bytes(model_data)
+        if compiled:
+            fused.save_bundle(bundle_dir)  # the runtime's layout: model.onnx, kernels/, manifest.json
+        else:
+            bundle_dir.mkdir()
+            (bundle_dir / "model.onnx").write_bytes(model_data)
         (bundle_dir / "report.json").write_bytes(report_data)
-        bundle_data = build_bundle(bundle_dir)
-    stored = {
+        bundle_data = build_bundle(bundle_dir, write_manifest=not compiled)
+    return {
         name: Artifact.model_validate(dict(zip(("digest", "size"), ctx.blobs.put(data), strict=True)))
         for name, data in (("model", model_data), ("report", report_data), ("bundle", bundle_data))
     }
-    return stored
 
 
-def build_bundle(directory: Path) -> bytes:
-    """A reproducible tar.gz of `directory` plus `manifest.json` (name → sha256 and size of each file).
+def build_bundle(directory: Path, *, write_manifest: bool = True) -> bytes:
+    """A reproducible tar.gz of `directory`; with `write_manifest`, plus a `manifest.json` giving the
+    sha256 and size of every file (compiled bundles carry the runtime's own manifest instead).
 
     Fixed mtimes, owners and order make identical bundles byte-identical, so they share one blob."""
-    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != "manifest.json")
-    manifest = {
-        "files": {
-            p.relative_to(directory).as_posix(): {
-                "sha256": hashlib.sha256(p.read_bytes()).hexdigest(),
-                "size": p.stat().st_size,
-            }
-            for p in files
-        },
-        "engine_version": gaf.__version__,
-    }
+    files = sorted(p for p in directory.rglob("*") if p.is_file())
     entries = [(p.relative_to(directory).as_posix(), p.read_bytes()) for p in files]
-    entries.append(("manifest.json", json.dumps(manifest, indent=2, sort_keys=True).encode()))
+    if write_manifest:
+        manifest = {
+            "format": "graph_autofusion.bundle.uncompiled",
+            "engine_version": gaf.__version__,
+            "files": {
+                name: {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+                for name, data in entries
+                if name != "manifest.json"
+            },
+        }
+        entries = [e for e in entries if e[0] != "manifest.json"]
+        entries.append(("manifest.json", json.dumps(manifest, indent=2, sort_keys=True).encode()))
     raw = io.BytesIO()
     with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz, tarfile.open(fileobj=gz, mode="w") as tar:
         for name, data in sorted(entries):
@@ -246,14 +257,14 @@ def build_bundle(directory: Path) -> bytes:
     return raw.getvalue()
 
 
-def _count_cache(store: JobStore, report: dict[str, Any]) -> None:
-    """Kernel cache hits/misses, when the engine's report carries them (`cache_hits`, `cache_misses`
-    at the top level or under `compile`)."""
-    section = report.get("compile") if isinstance(report.get("compile"), dict) else report
+def _count_cache(store: JobStore, cache: Any) -> None:
+    """Kernel cache hits/misses of one compilation (`{"hits": n, "misses": m}`), for /metrics."""
+    if not isinstance(cache, dict):
+        return
     amounts = {
-        f"autofusion_kernel_cache_{kind}_total": float(section[f"cache_{kind}"])
+        f"autofusion_kernel_cache_{kind}_total": float(cache[kind])
         for kind in ("hits", "misses")
-        if isinstance(section.get(f"cache_{kind}"), int | float)
+        if isinstance(cache.get(kind), int | float)
     }
     if amounts:
         store.incr(amounts)

@@ -21,7 +21,7 @@ from .legality import Legality
 from .memory import live_profile
 from .partition import Partition
 from .patterns import Pattern, builtin_patterns
-from .reasons import ACCEPT, Verdict
+from .reasons import ACCEPT, Verdict, refuse
 from .strategies import Candidate, Strategy, get_strategy
 from .templates import classify
 
@@ -114,11 +114,10 @@ class Planner:
 
     # -- phases ----------------------------------------------------------------------------
     def run(self) -> Plan:
-        if self.config.max_fusion_size > 0:
-            if self.config.enable_pattern_matching:
-                self._patterns()
-            if self.config.enable_auto_fusion:
-                self._auto()
+        if self.config.enable_pattern_matching:
+            self._patterns()
+        if self.config.enable_auto_fusion and self.config.max_fusion_size > 0:
+            self._auto()
         return self._finish()
 
     def _patterns(self) -> None:
@@ -128,9 +127,9 @@ class Planner:
             stats = self.stats.setdefault(label, {"matched": 0, "applied": 0, "refused": 0})
             matches = list(pattern.match(self.graph))
             stats["matched"] += len(matches)
-            if label in self.config.disabled_patterns:
+            disabled = label in self.config.disabled_patterns
+            if disabled:
                 stats["disabled"] = 1
-                continue
             for match in matches:
                 names = list(pattern.fuse(self.graph, match))
                 try:
@@ -143,7 +142,10 @@ class Planner:
                 gids = sorted({self.part.group_of[i] for i in nodes})
                 if len(gids) < 2:
                     continue
-                verdict = self._judge(gids)
+                if disabled:
+                    verdict = refuse("NF009", f"pattern {label!r} is in disabled_patterns")
+                else:
+                    verdict = self._judge(gids)
                 if verdict:
                     self.part.merge(gids, label)
                     stats["applied"] += 1

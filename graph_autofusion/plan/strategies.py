@@ -91,6 +91,12 @@ class ComputeDensity(Strategy):
     def _describe(self, saved: float) -> str:
         return f"memory-bound time {saved * 1e6:+.2f} µs"
 
+    def objective(self, kernels: list[KernelCost]) -> float:
+        """Memory-bound time, with two anchors in one kernel infeasible (its defining constraint)."""
+        if any(k.anchors > 1 for k in kernels):
+            return float("inf")
+        return super().objective(kernels)
+
 
 STRATEGIES: dict[str, type[Strategy]] = {s.name: s for s in (MemoryBandwidth, Latency, ComputeDensity)}
 

@@ -194,7 +194,8 @@ def _classify(graph: Graph, members: Collection[int]) -> str:
     if anchors and (reductions or pools):
         raise Misfit(f"{anchors[0].op_type} and {(reductions or pools)[0].op_type} iterate different domains")
     if len(anchors) == 2:
-        return _anchor_chain(graph, members, anchors)
+        _anchor_chain(graph, members, anchors)
+        return "anchor_chain"
     if anchors:
         _anchor(graph, members, anchors[0])
         return "anchor"

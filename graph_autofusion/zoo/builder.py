@@ -231,8 +231,12 @@ class GraphBuilder:
 
     def reshape(self, x: str, target: Sequence[DimSpec], *, like: str | None = None) -> str:
         """`x.view(*target)` as the exporter writes it; symbolic dims are read from `like` or `x`."""
-        shape = self.shape_of(like or x, target)
-        return self.op("Reshape", x, shape, allowzero=0 if self.torchscript else 1)
+        return self.reshape_to(x, self.shape_of(like or x, target))
+
+    def reshape_to(self, x: str, shape: str) -> str:
+        """Reshape by a shape tensor; `allowzero` exists from opset 14 (dynamo sets it to 1)."""
+        allowzero = None if self.opset < 14 else (0 if self.torchscript else 1)
+        return self.op("Reshape", x, shape, allowzero=allowzero)
 
     def expand_shape(self, shape: str) -> str:
         """TorchScript's lowering of a `expand(*sizes)` target: -1 entries become 1 via Where.
@@ -242,7 +246,7 @@ class GraphBuilder:
         """
         if not self.torchscript:
             return shape
-        flat = self.op("Reshape", shape, self.ints([-1]), allowzero=0)
+        flat = self.reshape_to(shape, self.ints([-1]))
         ones = self.op(
             "ConstantOfShape", self.op("Shape", flat), value=numpy_helper.from_array(np.ones(1, np.int64))
         )

@@ -79,7 +79,7 @@ def gpt2(
                 k_t = b.op("Transpose", k, perm=KEY_TRANSPOSED)
                 causal = static_mask or _sliced_causal_mask(b, causal_buffer, q)
                 ctx = attention_context(
-                    b, q, k_t, v, lead=LEAD, hidden=hidden, divisor=math.sqrt(head_dim), causal_mask=causal,
+                    b, q, k_t, v, lead=LEAD, hidden=hidden, divisor=_scale(b, head_dim), causal_mask=causal,
                     merge=b.torchscript,
                 )  # fmt: skip
                 if not b.torchscript:  # the optimizer merges view(B, S, H) and view(-1, H)
@@ -134,3 +134,16 @@ def _sliced_causal_mask(b: GraphBuilder, buffer: np.ndarray, q: str) -> str:
         source = b.initializer(b.param("bias"), buffer)
     ends = b.op("Concat", seq, seq, axis=0)
     return b.op("Slice", source, b.ints([0, 0]), ends, b.ints([2, 3]))
+
+
+def _scale(b: GraphBuilder, head_dim: int) -> float | str:
+    """`torch.full([], v.size(-1) ** 0.5)`: TorchScript keeps Pow + ConstantOfShape + Add of constants."""
+    if not b.torchscript:
+        return math.sqrt(head_dim)
+    root = b.op("Pow", b.const(float(head_dim)), b.const(0.5))
+    zeros = b.op(
+        "ConstantOfShape",
+        b.ints(np.zeros(0, np.int64)),
+        value=onnx.numpy_helper.from_array(np.zeros(1, np.float32)),
+    )
+    return b.op("Add", zeros, root)

@@ -110,10 +110,13 @@ def _check_setting(setting: Sequence[Sequence[int]]) -> tuple[tuple[int, int, in
         stages = tuple(tuple(stage) for stage in setting)
     except TypeError:
         stages = ()
-    if not stages or any(
-        len(st) != 4 or any(isinstance(v, bool) or not isinstance(v, int) or v <= 0 for v in st) for st in stages
-    ):
+
+    def valid(stage: tuple[int, ...]) -> bool:
+        return len(stage) == 4 and all(type(v) is int and v > 0 for v in stage)
+
+    if not stages or not all(valid(stage) for stage in stages):
         raise ZooArgumentError(
-            f"setting must be a non-empty list of (t, c, n, s) positive ints, got {setting!r}", argument="setting"
+            f"setting must be a non-empty list of (t, c, n, s) positive ints, got {setting!r}",
+            argument="setting",
         )
     return stages  # type: ignore[return-value]

@@ -32,19 +32,20 @@ def attention_context(
     *,
     lead: Sequence[DimSpec],
     hidden: int,
-    divisor: float | None = None,
+    divisor: float | str | None = None,
     additive_mask: str | None = None,
     causal_mask: str | None = None,
     merge: bool = True,
 ) -> str:
     """softmax(q·kᵀ [/ divisor] [+ mask | where(causal)])·v, heads merged back to (*lead, hidden).
 
-    `q` and `v` are head-major (B,h,S,d), `k_t` is (B,h,d,S).  With `merge=False` the context is
+    `q` and `v` are head-major (B,h,S,d), `k_t` is (B,h,d,S).  `divisor` is a constant or the name
+    of a tensor that holds it.  With `merge=False` the context is
     returned as (B,S,h,d), for a caller whose next reshape absorbs the merge.
     """
     scores = b.op("MatMul", q, k_t)
     if divisor is not None:
-        scores = b.op("Div", scores, b.const(divisor))
+        scores = b.op("Div", scores, divisor if isinstance(divisor, str) else b.const(divisor))
     if additive_mask is not None:
         scores = b.op("Add", scores, additive_mask)
     if causal_mask is not None:

@@ -68,7 +68,7 @@ def vit_b16(
             "Conv", image, w, bias, dilations=[1, 1], group=1, kernel_shape=[patch, patch],
             pads=[0, 0, 0, 0], strides=[patch, patch],
         )  # fmt: skip
-        x = b.op("Transpose", b.reshape(x, [("batch", 0), hidden, -1]), perm=[0, 2, 1])
+        x = b.op("Transpose", _flatten_spatial(b, x, hidden), perm=[0, 2, 1])
     cls_value = b.normal((1, 1, hidden), 0.02)
     if b.torchscript or b.dynamic:
         shape = b.shape_of(x, [("batch", 0), 1, hidden])
@@ -112,3 +112,11 @@ def _unbind3(b: GraphBuilder, qkv: str) -> list[str]:
     else:
         parts = [b.op("Slice", qkv, b.ints([i]), b.ints([i + 1]), b.ints([0])) for i in range(3)]
     return [b.squeeze(p, [0]) for p in parts]
+
+
+def _flatten_spatial(b: GraphBuilder, x: str, hidden: int) -> str:
+    """`x.flatten(2)`: TorchScript keeps x.shape[:2] via Shape → Slice → Concat(-1)."""
+    if not b.torchscript:
+        return b.reshape(x, [("batch", 0), hidden, -1])
+    lead = b.op("Slice", b.op("Shape", x), b.ints([0]), b.ints([2]), b.ints([0]))
+    return b.reshape_to(x, b.op("Concat", lead, b.ints([-1]), axis=0))

@@ -14,15 +14,18 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import onnx
+import pytest
 import uvicorn
 from onnx import TensorProto, helper, numpy_helper
+
+from autofusion_service import Settings, create_app
 
 REPO = Path(__file__).resolve().parents[2]
 REDIS_SERVER = "/usr/bin/redis-server"
@@ -273,3 +276,40 @@ class ThreadedServer:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
+
+
+# --- fixtures (imported by the conftest.py of tests/autofusion_service and tests/autofusion_worker) ---
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    yield server
+    server.stop()
+
+
+_next_db = iter(range(1, 32))
+
+
+@pytest.fixture
+def redis_db(redis_server: RedisServer) -> str:
+    """A Redis URL on a database no other test uses."""
+    return redis_server.url(next(_next_db))
+
+
+def fast_settings(data_dir: Path, **overrides: object) -> Settings:
+    values = {k.removeprefix("AUTOFUSION_").lower(): v for k, v in FAST_ENV.items()}
+    values.update(data_dir=data_dir, api_keys=API_KEYS)
+    values.update(overrides)
+    return Settings(**values)
+
+
+@pytest.fixture(scope="module")
+def embedded_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadedServer]:
+    """The API app (embedded mode: SQLite store, file broker) served in-process, with no worker:
+    jobs stay queued, which is what the pure-API tests want."""
+    settings = fast_settings(tmp_path_factory.mktemp("api"), max_upload_mb=0.5)
+    server = ThreadedServer(create_app(settings))
+    server.settings = settings
+    yield server
+    server.stop()

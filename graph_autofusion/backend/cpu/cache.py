@@ -39,8 +39,12 @@ from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from graph_autofusion.errors import InvalidConfigError
+
 CACHE_DIR_ENV = "AUTOFUSION_CACHE_DIR"
+CACHE_MAX_BYTES_ENV = "AUTOFUSION_CACHE_MAX_BYTES"
 DEFAULT_MAX_BYTES = 2 * 1024**3
+_FULL_SCAN_EVERY = 64  # insertions between full directory scans when well under the bound
 ARTIFACT_SUFFIX = ".so"
 SOURCE_SUFFIX = ".c"
 _TMP_PREFIX = ".tmp-"
@@ -71,6 +75,18 @@ def default_cache_dir() -> Path:
     return Path(base) / "graph_autofusion" / "kernels"
 
 
+def _env_max_bytes() -> int:
+    raw = os.environ.get(CACHE_MAX_BYTES_ENV)
+    if not raw:
+        return DEFAULT_MAX_BYTES
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise InvalidConfigError(
+            f"{CACHE_MAX_BYTES_ENV}={raw!r} is not a whole number of bytes.", code="invalid_cache_size"
+        ) from exc
+
+
 def _check_digest(digest: str) -> str:
     # A digest becomes a file name: refuse anything that is not a sha256 hex string, so a caller
     # can never make the cache write outside its directory.
@@ -92,7 +108,10 @@ class KernelCache:
     Thread-safe: counters are guarded by a lock and file operations are atomic or flock-protected.
     """
 
-    def __init__(self, root: Path | str | None = None, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(self, root: Path | str | None = None, max_bytes: int | None = None) -> None:
+        """`max_bytes` defaults to `$AUTOFUSION_CACHE_MAX_BYTES`, else 2 GiB."""
+        if max_bytes is None:
+            max_bytes = _env_max_bytes()
         if max_bytes < 0:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
         self.root = Path(root).expanduser() if root is not None else default_cache_dir()
@@ -101,7 +120,21 @@ class KernelCache:
         self._hits = 0
         self._misses = 0
         self._evictions = 0
-        self._locks_dir.mkdir(parents=True, exist_ok=True)
+        # A running estimate of the bytes on disk, so an insertion does not rescan the directory
+        # unless the bound may be crossed (other processes' additions are seen at the next scan).
+        self._approx_bytes: int | None = None
+        self._puts_since_scan = 0
+        try:
+            self._locks_dir.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=self.root):
+                pass  # the directory takes new files
+        except OSError as exc:
+            raise InvalidConfigError(
+                f"the kernel cache directory {str(self.root)!r} is not usable ({exc.strerror or exc}); "
+                f"set {CACHE_DIR_ENV} to a writable directory.",
+                code="cache_dir_unusable",
+                path=str(self.root),
+            ) from exc
 
     def __repr__(self) -> str:
         return f"KernelCache(root={str(self.root)!r}, max_bytes={self.max_bytes})"
@@ -131,7 +164,8 @@ class KernelCache:
             real = path.resolve(strict=True)
         except (FileNotFoundError, RuntimeError):
             return None
-        return real
+        # Spell it under `root` as given, so paths compare equal to those `put` returns.
+        return self.root / real.name if real.parent == self.root.resolve() else real
 
     def get(self, digest: str) -> Path | None:
         """The artifact's path, marking it recently used, or None (a miss)."""
@@ -199,8 +233,21 @@ class KernelCache:
                 with contextlib.suppress(FileNotFoundError):
                     self.source_path(digest).unlink()
                 raise
-        self.evict(keep={digest, *keep})
+        self._after_insert(final, keep={digest, *keep})
         return final, True
+
+    def _after_insert(self, final: Path, keep: Collection[str]) -> None:
+        size = 0
+        for path in (final, final.with_suffix(SOURCE_SUFFIX)):
+            with contextlib.suppress(FileNotFoundError):
+                size += path.stat().st_size
+        with self._lock:
+            self._puts_since_scan += 1
+            estimate = None if self._approx_bytes is None else self._approx_bytes + size
+            self._approx_bytes = estimate
+            scan = estimate is None or estimate > self.max_bytes or self._puts_since_scan >= _FULL_SCAN_EVERY
+        if scan:
+            self.evict(keep=keep)
 
     def alias(self, digest: str, target: str) -> Path:
         """Make `digest` resolve to the artifact of `target` (a kernel inside a combined unit).
@@ -276,19 +323,20 @@ class KernelCache:
                 size += (self.root / f"{digest}{SOURCE_SUFFIX}").stat().st_size
             entries.append((st.st_mtime_ns, digest, size))
             total += size
-        if total <= limit:
-            self._sweep_dangling_aliases()
-            return 0
         removed = 0
-        for _, digest, size in sorted(entries):
-            if total <= limit:
-                break
-            if digest in keep:
-                continue
-            self._remove(digest)
-            total -= size
-            removed += 1
-        self._count(evictions=removed)
+        if total > limit:
+            for _, digest, size in sorted(entries):
+                if total <= limit:
+                    break
+                if digest in keep:
+                    continue
+                self._remove(digest)
+                total -= size
+                removed += 1
+        with self._lock:
+            self._evictions += removed
+            self._approx_bytes = total
+            self._puts_since_scan = 0
         self._sweep_dangling_aliases()
         return removed
 

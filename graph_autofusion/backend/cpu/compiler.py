@@ -4,25 +4,46 @@ Usage (what the code generators and the runtime call)::
 
     from graph_autofusion.backend.cpu.compiler import KernelSource, compile_kernels
 
-    arts = compile_kernels([KernelSource("add_relu_0", c_text), KernelSource("gemm_1", c2, uses_blas=True)],
-                           jobs=2, progress=lambda done, total: ...)
+    arts = compile_kernels(
+        [KernelSource("add_relu_0", c1), KernelSource("gemm_1", c2, uses_blas=True, prelude=BLAS_PREAMBLE)],
+        jobs=2, progress=lambda done, total: ..., combine=True,
+    )
     lib = arts[0].load()          # ctypes.CDLL; BLAS is loaded single-threaded first when needed
     arts[0].digest, arts[0].path, arts[0].cached
 
-* `KernelSource(name, source, uses_blas=False, uses_openmp=True)`: one complete C translation
-  unit (it may export several functions). `name` must be a C identifier; it names the kernel in
-  errors and the temporary source file, so compiler messages read `add_relu_0.c:12:3: error: ...`.
-  Kernels calling BLAS put `blas.BLAS_PREAMBLE` at the top and call `AF_SGEMM(...)`.
-* `compile_kernels(sources, cache=None, jobs=None, progress=None)` → `list[Artifact]` in input
-  order. Identical kernels (same digest) compile once per call and once per cache; misses compile
-  in parallel (threads running compiler processes; `jobs` defaults to the usable cores);
-  `progress(done, total)` counts unique kernels. The first failure (in input order) is raised as
-  `CompilationError` once the running compilations finish; nothing half-written is left behind.
+* `KernelSource(name, source, uses_blas=False, uses_openmp=True, prelude="")`: one complete C
+  translation unit (`prelude + source`; it may export several functions). `name` must be a C
+  identifier; it names the kernel in errors and the temporary source file, so compiler messages
+  read `add_relu_0.c:12:3: error: ...`. Kernels calling BLAS include `blas.BLAS_PREAMBLE` and call
+  `AF_SGEMM(...)`. Put includes and helpers shared by many kernels in `prelude`: when kernels are
+  combined, each distinct prelude is emitted once.
+* `compile_kernels(sources, cache=None, jobs=None, progress=None, combine=False)` →
+  `list[Artifact]` in input order. Identical kernels (same digest) compile once per call and once
+  per cache; misses compile in parallel (threads running compiler processes; `jobs` defaults to the
+  usable cores); `progress(done, total)` counts unique kernels. The first failure (in input
+  order) is raised as `CompilationError` once the running compilations finish; nothing
+  half-written is left behind.
+* `combine=True` (use it for a whole model): the misses are compiled as at most `jobs` combined
+  translation units instead of one compiler run per kernel, several times faster cold (measured
+  for 50 small kernels on 2 cores: ~25 ms per kernel combined vs ~170 ms per kernel apart; the
+  fixed cost is the compiler, assembler and linker start-up per shared object). Each member
+  is still cached under its own digest (an alias of the unit), so later lookups of any single
+  kernel hit. Exported function names must be unique across the kernels of one call, and
+  `static` helpers must either live in the shared `prelude` or carry a kernel-unique name; a
+  unit that fails for any reason falls back to one build per member, so a clash only costs time
+  and an error still names the broken kernel.
 * `Artifact(digest, path, name, cached, uses_blas)`: `cached` is True for a cache hit (including
-  one another process produced while this one waited). Several artifacts may share a path.
+  one another process produced while this one waited). Several artifacts may share a path
+  (combined units; identical kernels); `dlopen` loads a shared object once per process.
 * `kernel_digest(src)` / `kernel_flags(src)`: the cache key and the exact command-line flags.
 * `compiler_identity()` → `CompilerInfo(path, version, target, command)`: `$AUTOFUSION_CC` (may
   carry arguments, e.g. `"ccache gcc"`), else `cc`; cached per process.
+* Cache: `cache.KernelCache(root=None, max_bytes=2 GiB)`, default root `$AUTOFUSION_CACHE_DIR` or
+  `~/.cache/graph_autofusion/kernels`; `cache.default_cache()` is the per-process instance used
+  when `cache=None`, so its `stats` (hits, misses, evictions, bytes) accumulate for reports and
+  `/metrics`.
+* Threads: `threads.set_omp_threads(n)` (per calling thread, see threads.py) and
+  `blas.set_blas_threads(n)` (process-wide; kernels expect 1, which `blas.load_blas()` sets).
 
 Flags, and why: `-O3 -fPIC -shared -std=c11 -ffp-contract=off -fno-math-errno -fno-trapping-math
 -fno-semantic-interposition -fopenmp`, plus the ISA level (`isa.target_isa()`, x86-64-v3 by

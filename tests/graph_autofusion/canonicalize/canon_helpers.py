@@ -1,4 +1,4 @@
-"""Builders and an onnxruntime oracle shared by the canonicalization tests (`from canon_helpers import ...`)."""
+"""Builders and an onnxruntime oracle shared by the canonicalization tests."""
 
 from __future__ import annotations
 

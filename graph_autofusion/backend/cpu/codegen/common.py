@@ -36,6 +36,8 @@ NodeRule = Callable[["KernelEmitter", "Block", onnx.NodeProto, int, Index], str]
 PARALLEL_MIN_ELEMENTS = 32 * 1024
 
 PRELUDE = """\
+#ifndef AF_PRELUDE
+#define AF_PRELUDE
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -44,6 +46,7 @@ static inline int64_t af_mod(int64_t a, int64_t b) {
   int64_t r = b ? a % b : 0;
   return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
+#endif
 """
 
 
@@ -277,7 +280,7 @@ class KernelEmitter:
         if name not in self.const_arrays:
             info = self.info(name)
             values = self.constants[name].reshape(-1)
-            cname = f"c{len(self.const_arrays)}"
+            cname = f"{self.spec.symbol}_c{len(self.const_arrays)}"
             body = ", ".join(c_literal(v, info.elem_type) for v in values)
             self.const_decls.append(f"static const {info.ctype} {cname}[{values.size}] = {{{body}}};")
             self.const_arrays[name] = cname
@@ -316,8 +319,8 @@ class KernelEmitter:
             lines.append(f" * in  {t.name}: {t.ctype}{list(t.shape)}")
         for t in spec.outputs:
             lines.append(f" * out {t.name}: {t.ctype}{list(t.shape)}")
-        lines.append(" */")
-        return "\n".join(line.replace("*/", "* /") if k else line for k, line in enumerate(lines))
+        body = "\n".join(line.replace("*/", "* /").replace("/*", "/ *") for line in lines)
+        return "/*" + body[2:] + "\n */"
 
     def assemble(self, description: str, body: list[str]) -> str:
         parts = [PRELUDE, *self.const_decls, "", self.header_comment(description)]

@@ -347,11 +347,8 @@ def plan_destination(
     for name in produced:
         if math.prod(ops.shape(name)) != numel:
             raise CodegenUnsupported(f"kernel output {name!r} is not the shape of the anchor output")
-    if anchor_output in produced:
-        dest, write_back = anchor_output, None
-    else:
-        dest = produced[-1]
-        write_back = dest
+    dest = anchor_output if anchor_output in produced else produced[-1]
+    write_back = None if dest == epi.source else dest
     flat = [v for v in produced if v != dest]
     return dest, write_back, flat
 

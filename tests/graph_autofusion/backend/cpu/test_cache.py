@@ -14,6 +14,7 @@ import pytest
 
 from graph_autofusion.backend.cpu.cache import KernelCache
 from graph_autofusion.backend.cpu.compiler import KernelSource, compile_kernels
+from graph_autofusion.errors import InvalidConfigError
 
 
 def _digest(label: str) -> str:
@@ -98,6 +99,7 @@ import json, sys, time
 from pathlib import Path
 from graph_autofusion.backend.cpu.cache import KernelCache
 from graph_autofusion.backend.cpu.compiler import KernelSource, compile_kernels
+from graph_autofusion.errors import InvalidConfigError
 
 root, go, me = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 sources = [KernelSource(f"k{i}_{me}", f"int f{i}(int x) {{ return x * {i + 2}; }}\n") for i in range(4)]
@@ -141,3 +143,42 @@ def test_two_processes_fill_the_same_cache(tmp_path: Path) -> None:
     # The per-digest lock means each kernel was built by exactly one of the two processes.
     built = sum(not cached for out in outputs for _, cached in out)
     assert built == len(digests)
+
+
+def test_alias_follows_its_unit_and_dangles_after_eviction(tmp_path: Path) -> None:
+    cache = KernelCache(tmp_path, max_bytes=150)
+    unit, member, other = _digest("unit"), _digest("member"), _digest("other")
+    cache.put(unit, _writer(100))
+    cache.alias(member, unit)
+    assert cache.resolve(member) == cache.path_for(unit).resolve()
+    assert cache.get(member) is not None and cache.stats.bytes == 100  # aliases weigh nothing
+    cache.put(other, _writer(100))  # over the bound: the unit goes, its alias is swept
+    assert cache.get(member) is None and cache.resolve(member) is None
+    assert cache.digests(aliases=True) == [other]
+
+
+def test_import_file_brings_an_external_artifact_in(tmp_path: Path) -> None:
+    external = tmp_path / "bundle.so"
+    external.write_bytes(b"\x7fELF fake")
+    cache = KernelCache(tmp_path / "cache")
+    d = _digest("bundle")
+    path = cache.import_file(d, external, source="int x;")
+    assert path.read_bytes() == external.read_bytes()
+    assert cache.source_path(d).read_text() == "int x;"
+    assert cache.get(d) == path
+
+
+def test_unusable_directory_is_a_config_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(InvalidConfigError) as info:
+        KernelCache(blocker / "kernels")
+    assert info.value.code == "cache_dir_unusable"
+
+
+def test_size_bound_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AUTOFUSION_CACHE_MAX_BYTES", "1234")
+    assert KernelCache(tmp_path).max_bytes == 1234
+    monkeypatch.setenv("AUTOFUSION_CACHE_MAX_BYTES", "lots")
+    with pytest.raises(InvalidConfigError):
+        KernelCache(tmp_path)

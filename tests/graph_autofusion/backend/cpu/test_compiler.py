@@ -10,6 +10,7 @@ import pytest
 
 from graph_autofusion.backend.cpu.cache import KernelCache
 from graph_autofusion.backend.cpu.compiler import (
+    Artifact,
     KernelSource,
     compile_kernels,
     compiler_identity,
@@ -168,3 +169,54 @@ def test_compiler_identity_is_probed() -> None:
 def test_kernel_name_must_be_an_identifier() -> None:
     with pytest.raises(ValueError, match="C identifier"):
         KernelSource("../etc/passwd", "int x;")
+
+
+def _scale_kernel(i: int, helper: str = "") -> KernelSource:
+    body = f"""{helper}
+void scale{i}(float *x, long n) {{
+#pragma omp parallel for if(n > 65536)
+    for (long j = 0; j < n; ++j) x[j] = x[j] * {i + 2}.0f;
+}}
+"""
+    return KernelSource(f"scale{i}", body, prelude="#include <stdint.h>\n")
+
+
+def _run_scale(art: Artifact, i: int) -> None:
+    x = np.arange(5, dtype=np.float32)
+    getattr(art.load(), f"scale{i}")(_ptr(x), ctypes.c_long(5))
+    np.testing.assert_array_equal(x, np.arange(5, dtype=np.float32) * (i + 2))
+
+
+def test_combined_units_share_objects_and_alias_every_kernel(cache: KernelCache) -> None:
+    sources = [_scale_kernel(i) for i in range(6)]
+    arts = compile_kernels(sources, cache=cache, jobs=2, combine=True)
+    assert len({a.path for a in arts}) == 2  # two units for two jobs
+    assert len(cache.digests()) == 2
+    assert set(cache.digests(aliases=True)) >= {a.digest for a in arts}
+    for i, art in enumerate(arts):
+        _run_scale(art, i)
+    # Each kernel is now a hit on its own, whichever batch it comes in.
+    (alone,) = compile_kernels([sources[4]], cache=cache)
+    assert alone.cached and alone.path == arts[4].path
+    assert cache.stats.misses == 6
+
+
+def test_combined_unit_with_clashing_names_falls_back_to_one_object_each(cache: KernelCache) -> None:
+    helper = "static float twice(float v) { return 2.0f * v; }"
+    sources = [_scale_kernel(i, helper) for i in range(2)]
+    arts = compile_kernels(sources, cache=cache, jobs=1, combine=True)
+    assert arts[0].path != arts[1].path
+    for i, art in enumerate(arts):
+        _run_scale(art, i)
+
+
+def test_broken_kernel_in_a_combined_batch_is_named(cache: KernelCache) -> None:
+    sources = [
+        _scale_kernel(0),
+        KernelSource("the_broken_one", "void b(void) { undeclared_fn(); }"),
+        _scale_kernel(1),
+    ]
+    with pytest.raises(CompilationError) as info:
+        compile_kernels(sources, cache=cache, jobs=1, combine=True)
+    assert info.value.details["kernel"] == "the_broken_one"
+    assert not any(name.startswith(".tmp-") for name in _files(cache))

@@ -1,0 +1,195 @@
+"""Bundles: a compiled model that another process loads without recompiling.
+
+Layout (a directory, or the same tree in a .tar.gz / .tgz)::
+
+    model.onnx                 the fused model the kernels were generated from
+    kernels/<digest>.so        one shared object per unique kernel (plus the driver)
+    manifest.json              what belongs to what, with sha256s
+
+`manifest.json`::
+
+    {"format": "graph_autofusion.bundle", "version": 1,
+     "model": {"file": "model.onnx", "sha256": "..."},
+     "isa": "x86-64-v3", "machine": "x86_64", "compiler": {"version": "...", "target": "..."},
+     "driver": {"digest": "...", "file": "kernels/<digest>.so", "sha256": "..."},
+     "kernels": {"<symbol>": {"digest": "...", "file": "...", "sha256": "...",
+                              "template": "...", "method": "...", "uses_blas": false}},
+     "host_ops": {"<symbol>": "<why it runs on the host>"}}
+
+`load()` checks every sha256 before it maps anything, and refuses a bundle built for an
+instruction set the host lacks, each with a clear error, because a corrupt or foreign shared
+object would otherwise crash the process instead of failing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from ...errors import InvalidModelError
+from .isa import host_level, parse_level, target_isa
+from .runtime import CompiledModel, KernelInfo
+from .extract import extract
+
+FORMAT = "graph_autofusion.bundle"
+VERSION = 1
+MANIFEST = "manifest.json"
+MODEL_FILE = "model.onnx"
+
+
+class BundleError(InvalidModelError):
+    code = "invalid_bundle"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _is_archive(path: Path) -> bool:
+    return path.name.endswith((".tar.gz", ".tgz"))
+
+
+def save_bundle(compiled: CompiledModel, path: str | Path) -> Path:
+    """Write `compiled` as a bundle at `path` (see the module docstring); returns the path."""
+    from .compiler import compiler_identity
+
+    target = Path(path)
+    with tempfile.TemporaryDirectory(prefix="autofusion-bundle-") as tmp:
+        root = Path(tmp) / "bundle"
+        (root / "kernels").mkdir(parents=True)
+        model_bytes = compiled.model.SerializeToString(deterministic=True)
+        (root / MODEL_FILE).write_bytes(model_bytes)
+        kernels: dict[str, Any] = {}
+        for symbol, info in compiled.kernels.items():
+            rel = f"kernels/{info.digest}.so"
+            dest = root / rel
+            if not dest.exists():
+                shutil.copyfile(info.path, dest)
+            kernels[symbol] = {
+                "digest": info.digest,
+                "file": rel,
+                "sha256": _sha256(dest),
+                "template": info.template,
+                "method": info.method,
+                "uses_blas": info.uses_blas,
+            }
+        driver_rel = f"kernels/{compiled.driver_digest}.so"
+        shutil.copyfile(compiled.driver_path, root / driver_rel)
+        cc = compiler_identity()
+        manifest = {
+            "format": FORMAT,
+            "version": VERSION,
+            "model": {"file": MODEL_FILE, "sha256": hashlib.sha256(model_bytes).hexdigest()},
+            "isa": target_isa().name,
+            "machine": platform.machine(),
+            "compiler": {"version": cc.version, "target": cc.target},
+            "driver": {"digest": compiled.driver_digest, "file": driver_rel, "sha256": _sha256(root / driver_rel)},
+            "kernels": kernels,
+            "host_ops": dict(compiled.unsupported),
+        }
+        (root / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if _is_archive(target):
+            partial = target.with_name(target.name + ".partial")
+            with tarfile.open(partial, "w:gz") as tar:
+                for item in sorted(root.rglob("*")):
+                    tar.add(item, arcname=str(item.relative_to(root)), recursive=False)
+            partial.replace(target)
+        else:
+            if target.exists():
+                shutil.rmtree(target)
+            shutil.copytree(root, target)
+    return target
+
+
+def load(bundle_path: str | Path, *, threads: int | None = None) -> CompiledModel:
+    """Load a bundle written by `save_bundle` (in any process) without compiling anything."""
+    path = Path(bundle_path)
+    if not path.exists():
+        raise BundleError(f"no bundle at {str(path)!r}", code="bundle_not_found")
+    if _is_archive(path):
+        extracted = Path(tempfile.mkdtemp(prefix="autofusion-bundle-"))
+        try:
+            with tarfile.open(path, "r:gz") as tar:
+                tar.extractall(extracted, filter="data")
+        except (tarfile.TarError, OSError) as exc:
+            shutil.rmtree(extracted, ignore_errors=True)
+            raise BundleError(f"{str(path)!r} is not a readable bundle archive: {exc}") from exc
+        # The shared objects stay mapped after the files go, so the directory can be removed
+        # once everything is loaded.
+        try:
+            return _load_dir(extracted, threads)
+        finally:
+            shutil.rmtree(extracted, ignore_errors=True)
+    if not path.is_dir():
+        raise BundleError(f"{str(path)!r} is neither a bundle directory nor a .tar.gz/.tgz bundle")
+    return _load_dir(path, threads)
+
+
+def _load_dir(root: Path, threads: int | None) -> CompiledModel:
+    manifest_path = root / MANIFEST
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise BundleError(f"bundle {str(root)!r} has no readable {MANIFEST}: {exc}") from exc
+    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+        raise BundleError(
+            f"{MANIFEST} is not a version-{VERSION} {FORMAT} manifest "
+            f"(format={manifest.get('format')!r}, version={manifest.get('version')!r})"
+        )
+    if manifest.get("machine") != platform.machine():
+        raise BundleError(
+            f"the bundle was built for {manifest.get('machine')!r}, this host is {platform.machine()!r}",
+            code="bundle_isa_mismatch",
+        )
+    isa = str(manifest.get("isa", ""))
+    if isa.startswith("x86-64"):
+        level = parse_level(isa)
+        if level > host_level():
+            raise BundleError(
+                f"the bundle's kernels need {isa}, this host supports x86-64-v{host_level()}",
+                code="bundle_isa_mismatch",
+            )
+
+    def checked(entry: dict[str, Any], what: str) -> Path:
+        file = root / str(entry["file"])
+        if not file.is_file():
+            raise BundleError(f"{what}: {entry['file']} is missing from the bundle", code="bundle_corrupt")
+        actual = _sha256(file)
+        if actual != entry["sha256"]:
+            raise BundleError(
+                f"{what}: sha256 of {entry['file']} is {actual[:16]}..., the manifest says "
+                f"{str(entry['sha256'])[:16]}...; the bundle is corrupt or was modified",
+                code="bundle_corrupt",
+            )
+        return file
+
+    model_file = checked(manifest["model"], "model")
+    model = onnx.load_model_from_string(model_file.read_bytes())
+    plan = extract(model)
+    kernels: dict[str, KernelInfo] = {}
+    for symbol, entry in manifest["kernels"].items():
+        file = checked(entry, f"kernel {symbol}")
+        kernels[symbol] = KernelInfo(symbol, entry["template"], entry["method"], bool(entry["uses_blas"]),
+                                     entry["digest"], file, cached=True)
+    missing = [s for s in plan.specs if s not in kernels and s not in manifest.get("host_ops", {})]
+    if missing:
+        raise BundleError(f"the bundle has no artifact for kernel {missing[0]}", code="bundle_corrupt")
+    driver = checked(manifest["driver"], "driver")
+    compiled = CompiledModel(plan, kernels, manifest.get("host_ops", {}), driver_path=driver,
+                             driver_digest=manifest["driver"]["digest"], threads=threads)
+    compiled.stats["cache"] = {"hits": len(kernels), "misses": 0}
+    compiled.stats["compile_seconds"] = 0.0
+    return compiled

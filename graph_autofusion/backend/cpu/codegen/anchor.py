@@ -1,0 +1,337 @@
+"""Anchor kernels: one contraction (Conv, ConvTranspose, MatMul, Gemm) or a chain of two GEMMs, with
+stride-only prologues folded into operand views and the elementwise epilogue fused per output tile.
+
+`emit_anchor(spec)` handles the templates `anchor`, `anchor_chain` and `single` (a lone anchor) of
+docs/fused-format.md and returns the C translation unit plus the method it chose, which the
+runtime reports per kernel. The pieces live next door: `gemm.py` (views, GEMM problems, tiling),
+`conv.py` (conv geometry and methods), `epilogue.py` (operands and the per-tile epilogue).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import onnx
+
+from ..blas import BLAS_PREAMBLE
+from ..kernel_spec import KernelSpec
+from .common import PRELUDE, CodegenUnsupported, attrs_of
+from .conv import bias_shape, conv_geometry, emit_conv_body, emit_conv_transpose_body
+from .epilogue import Epilogue, Operands, Step, build_epilogue, emit_epilogue, plan_destination
+from .gemm import (
+    VIEW_OPS,
+    EpilogueCall,
+    GemmProblem,
+    Matrix,
+    emit_chain_body,
+    emit_gemm_body,
+    gemm_c_shape,
+    gemm_problem,
+    matmul_problem,
+    trace_view,
+)
+
+ANCHOR_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
+TEMPLATES = frozenset({"anchor", "anchor_chain", "single"})
+
+
+@dataclass(frozen=True)
+class AnchorKernel:
+    """A generated anchor kernel.
+
+    `source` is a complete C translation unit defining `void <spec.symbol>(void *const *args)`;
+    `method` names how the contraction is computed ("gemm", "batched_gemm", "conv1x1_gemm",
+    "conv_im2col_tiled", "conv_depthwise", "conv_transpose_col2im", "matmul_chain"; a "_packed"
+    suffix means an operand view needed a per-tile copy); `uses_blas` says whether the unit must
+    be linked with BLAS.
+    """
+
+    source: str
+    method: str
+    uses_blas: bool
+
+
+class _Kernel:
+    """Generation state: operands, emitted helpers and the body's node structure."""
+
+    def __init__(self, spec: KernelSpec) -> None:
+        if spec.template not in TEMPLATES:
+            raise CodegenUnsupported(f"template {spec.template!r} is not an anchor template")
+        self.spec = spec
+        self.ops = Operands(spec)
+        self.producers: dict[str, onnx.NodeProto] = {}
+        for node in spec.nodes:
+            for out in node.output:
+                if out:
+                    self.producers[out] = node
+        self.helpers: list[str] = []
+        self.epilogues = 0
+        for t in (*spec.inputs, *spec.outputs):
+            if t.elem_type != onnx.TensorProto.FLOAT and t.name not in self._index_inputs():
+                raise CodegenUnsupported(f"anchor kernels are fp32; {t.name!r} is {t.ctype}")
+
+    def _index_inputs(self) -> set[str]:
+        # Reshape's shape operand is read at compile time and may arrive as a parameter too.
+        return {n.input[1] for n in self.spec.nodes if n.op_type == "Reshape" and len(n.input) > 1}
+
+    def ancestors(self, names: list[str]) -> set[int]:
+        """Indices (in spec.nodes) of the nodes the given tensors depend on."""
+        index = {id(n): k for k, n in enumerate(self.spec.nodes)}
+        seen: set[int] = set()
+        stack = list(names)
+        while stack:
+            node = self.producers.get(stack.pop())
+            if node is None or index[id(node)] in seen:
+                continue
+            seen.add(index[id(node)])
+            stack.extend(i for i in node.input if i)
+        return seen
+
+    def view_nodes_feeding(self, names: list[str]) -> set[int]:
+        """Prologue views: view nodes on the paths into the given anchor inputs."""
+        out: set[int] = set()
+        stack = list(names)
+        while stack:
+            node = self.producers.get(stack.pop())
+            if node is None or node.op_type not in VIEW_OPS:
+                continue
+            out.add(self.spec.nodes.index(node))
+            stack.append(node.input[0])
+        return out
+
+    def epilogue_call(self, epi: Epilogue, dest_in_tile: str | None, flat: list[str]) -> EpilogueCall | None:
+        if not flat and (not epi.steps or dest_in_tile is None):
+            return None
+        self.epilogues += 1
+        fn = f"{self.spec.symbol}_epilogue{self.epilogues}"
+        self.helpers.append(emit_epilogue(fn, epi, self.ops, write_back=dest_in_tile, flat_outputs=flat))
+        return lambda tile, ldt, r0, r1, c0, c1: f"{fn}(args, {tile}, {ldt}, {r0}, {r1}, {c0}, {c1});"
+
+    def assemble(self, body: list[str], method: str, uses_blas: bool, description: str) -> AnchorKernel:
+        spec = self.spec
+        members = ", ".join(spec.members) or ", ".join(n.name or n.op_type for n in spec.nodes)
+        header = [
+            f"/* kernel {spec.symbol}: template {spec.template}" + (f", pattern {spec.pattern}" if spec.pattern else ""),
+            f" * members: {members}",
+            f" * ops: {' -> '.join(n.op_type for n in spec.nodes)}",
+            f" * method: {method}; {description}",
+            *(f" * in  {t.name}: {t.ctype}{list(t.shape)}" for t in spec.inputs),
+            *(f" * out {t.name}: {t.ctype}{list(t.shape)}" for t in spec.outputs),
+            " */",
+        ]
+        header = [header[0]] + [line.replace("*/", "* /") for line in header[1:-1]] + [header[-1]]
+        parts = [PRELUDE]
+        if uses_blas:
+            parts.append(BLAS_PREAMBLE)
+        parts += [*self.ops.decls, "", *self.helpers, "\n".join(header)]
+        parts.append(f"void {spec.symbol}(void *const *args) {{")
+        parts += body
+        parts.append("}")
+        return AnchorKernel(source="\n".join(parts) + "\n", method=method, uses_blas=uses_blas)
+
+
+def emit_anchor(spec: KernelSpec) -> AnchorKernel:
+    """Generate the C kernel for an `anchor`, `anchor_chain` or `single` anchor spec.
+
+    Raises `CodegenUnsupported` (with the reason) for a body outside these templates, so the
+    runtime can fall back instead of running a wrong kernel.
+    """
+    kernel = _Kernel(spec)
+    anchors = [k for k, n in enumerate(spec.nodes) if n.op_type in ANCHOR_OPS]
+    if spec.template == "anchor_chain":
+        if len(anchors) != 2:
+            raise CodegenUnsupported(f"anchor_chain needs two anchors, found {len(anchors)}")
+        return _emit_chain(kernel, anchors)
+    if len(anchors) != 1:
+        raise CodegenUnsupported(f"an anchor kernel has exactly one anchor, found {len(anchors)}")
+    node = spec.nodes[anchors[0]]
+    prologue = kernel.view_nodes_feeding([i for i in node.input if i])
+    rest = [n for k, n in enumerate(spec.nodes) if k not in prologue and k != anchors[0]]
+    for n in rest:
+        if n.op_type in VIEW_OPS:
+            raise CodegenUnsupported(f"{n.op_type} after an anchor is not part of the anchor template")
+    if node.op_type in ("Conv", "ConvTranspose"):
+        return _emit_conv(kernel, node, rest)
+    return _emit_gemm(kernel, node, rest)
+
+
+def _destination(kernel: _Kernel, epi: Epilogue, anchor_output: str) -> tuple[str, EpilogueCall | None]:
+    dest, write_back, flat = plan_destination(epi, kernel.ops, anchor_output=anchor_output)
+    call = kernel.epilogue_call(epi, write_back, flat)
+    return kernel.ops.output_pointer(dest), call
+
+
+def _emit_conv(kernel: _Kernel, node: onnx.NodeProto, rest: list[onnx.NodeProto]) -> AnchorKernel:
+    ops = kernel.ops
+    for name in node.input[:2]:
+        if name in kernel.producers:
+            raise CodegenUnsupported(f"{node.op_type} input {name!r} comes through a view; conv reads dense inputs")
+    geom = conv_geometry(node, ops)
+    y = node.output[0]
+    y_shape = ops.shape(y)
+    pre: list[Step] = []
+    source = y
+    overrides: dict[str, tuple[int, ...]] = {}
+    if len(node.input) > 2 and node.input[2]:
+        source = f"__af_acc_{kernel.spec.symbol}"
+        ops.shapes[source] = y_shape
+        pre.append(Step("Add", (source, node.input[2]), y))
+        overrides[node.input[2]] = bias_shape(node, ops)
+    epi = build_epilogue(ops, source=source, anchor_output=y, domain=y_shape, split=2, pre_steps=pre,
+                         nodes=rest, shape_overrides=overrides)
+    y_ptr, call = _destination(kernel, epi, y)
+    x_ptr, w_ptr = ops.pointer(node.input[0]), ops.pointer(node.input[1])
+    if node.op_type == "ConvTranspose":
+        body, method = emit_conv_transpose_body(geom, x_ptr, w_ptr, y_ptr, call)
+    else:
+        helpers, body, method = emit_conv_body(geom, x_ptr, w_ptr, y_ptr, call, kernel.spec.symbol)
+        kernel.helpers = helpers + kernel.helpers
+    desc = (
+        f"{node.op_type} {geom.n}x{geom.cin}x{geom.h}x{geom.w} -> {geom.cout}x{geom.oh}x{geom.ow}, "
+        f"kernel {geom.kh}x{geom.kw}, stride {geom.sh}x{geom.sw}, group {geom.group}; epilogue {epi.describe()}"
+    )
+    uses_blas = method != "conv_depthwise"
+    return kernel.assemble(body, method, uses_blas, desc)
+
+
+def _gemm_pre_steps(
+    kernel: _Kernel, node: onnx.NodeProto, p: GemmProblem
+) -> tuple[str, list[Step], dict[str, tuple[int, ...]]]:
+    """Gemm's `beta * C` as leading epilogue steps on the raw product (named `source`)."""
+    ops = kernel.ops
+    y = node.output[0]
+    attrs = attrs_of(node)
+    beta = float(attrs.get("beta", 1.0))  # type: ignore[arg-type]
+    if node.op_type != "Gemm" or len(node.input) < 3 or not node.input[2] or beta == 0.0:
+        return y, [], {}
+    c = node.input[2]
+    c_shape = gemm_c_shape(ops.shape(c), p.m, p.n)
+    source = f"__af_acc_{kernel.spec.symbol}_{len(ops.shapes)}"
+    ops.shapes[source] = ops.shape(y)
+    steps: list[Step] = []
+    addend = c
+    if beta != 1.0:
+        scaled = f"__af_betac_{kernel.spec.symbol}_{len(ops.shapes)}"
+        ops.shapes[scaled] = c_shape
+        steps.append(Step("Mul", (c, ops.add_constant("beta", beta)), scaled))
+        addend = scaled
+    steps.append(Step("Add", (source, addend), y))
+    return source, steps, {c: c_shape}
+
+
+def _problem(kernel: _Kernel, node: onnx.NodeProto) -> tuple[GemmProblem, bool]:
+    """The GEMM of a MatMul/Gemm node; also whether the output has a column axis (B not 1-D)."""
+    ops = kernel.ops
+    a = trace_view(node.input[0], ops, kernel.producers)
+    b = trace_view(node.input[1], ops, kernel.producers)
+    if node.op_type == "Gemm":
+        return gemm_problem(node, a, b, ops), True
+    p, _, b_vec = matmul_problem(a, b, ops)
+    return p, not b_vec
+
+
+def _emit_gemm(kernel: _Kernel, node: onnx.NodeProto, rest: list[onnx.NodeProto]) -> AnchorKernel:
+    ops = kernel.ops
+    p, has_cols = _problem(kernel, node)
+    y = node.output[0]
+    y_shape = ops.shape(y)
+    source, pre, overrides = _gemm_pre_steps(kernel, node, p)
+    split = len(y_shape) - 1 if has_cols else len(y_shape)
+    epi = build_epilogue(ops, source=source, anchor_output=y, domain=y_shape, split=split, pre_steps=pre,
+                         nodes=rest, shape_overrides=overrides)
+    if math.prod(y_shape) == 0:
+        return kernel.assemble(["  (void)args;"], "gemm", False, "empty output")
+    y_ptr, call = _destination(kernel, epi, y)
+    body, method = emit_gemm_body(p, y_ptr, call)
+    desc = (
+        f"{node.op_type} batch {list(p.batch)} M={p.m} N={p.n} K={p.k} (A {_layout(p.a)}, B {_layout(p.b)});"
+        f" epilogue {epi.describe()}"
+    )
+    return kernel.assemble(body, method, True, desc)
+
+
+def _layout(m: Matrix) -> str:
+    found = m.blas()
+    return "strided, packed" if found is None else f"{found[0][2:]} ld {found[1]}"
+
+
+def _emit_chain(kernel: _Kernel, anchors: list[int]) -> AnchorKernel:
+    spec = kernel.spec
+    ops = kernel.ops
+    first, second = spec.nodes[anchors[0]], spec.nodes[anchors[1]]
+    for n in (first, second):
+        if n.op_type not in ("MatMul", "Gemm"):
+            raise CodegenUnsupported(f"an anchor_chain links MatMul/Gemm, not {n.op_type}")
+    if second.op_type == "Gemm" and attrs_of(second).get("transA", 0):
+        raise CodegenUnsupported("the second Gemm of a chain cannot transpose its left operand")
+    # The intermediate: second's left input, through an optional view, back to a stage-1 value.
+    h2 = second.input[0]
+    mid = h2
+    between = kernel.producers.get(h2)
+    if between is not None and between.op_type in VIEW_OPS:
+        if between.op_type == "Transpose":
+            raise CodegenUnsupported("a Transpose between chained matmuls is not a row-preserving view")
+        mid = between.input[0]
+    stage1_nodes = kernel.ancestors([mid])
+    prologue = kernel.view_nodes_feeding([i for i in first.input if i] + list(second.input[1:]))
+    if anchors[0] not in stage1_nodes:
+        raise CodegenUnsupported("the second matmul of a chain must consume the first one's result")
+    skip = prologue | {anchors[0], anchors[1]}
+    if between is not None and between.op_type in VIEW_OPS:
+        skip.add(spec.nodes.index(between))
+    epi1_nodes = [n for k, n in enumerate(spec.nodes) if k in stage1_nodes and k not in skip]
+    epi2_nodes = [n for k, n in enumerate(spec.nodes) if k not in stage1_nodes and k not in skip]
+    for n in (*epi1_nodes, *epi2_nodes):
+        if n.op_type in VIEW_OPS or n.op_type in ("Conv", "ConvTranspose"):
+            raise CodegenUnsupported(f"{n.op_type} inside a matmul chain's epilogue is not supported")
+    if len(ops.shape(mid)) < 1 or len(ops.shape(h2)) < 2:
+        raise CodegenUnsupported("chained matmuls need 2-D or higher operands")
+
+    p1, has_cols1 = _problem(kernel, first)
+    if p1.batch or not has_cols1:
+        raise CodegenUnsupported("the first matmul of a chain must share its weights across the batch")
+    y1 = first.output[0]
+    y1_shape = ops.shape(y1)
+    src1, pre1, ov1 = _gemm_pre_steps(kernel, first, p1)
+    epi1 = build_epilogue(ops, source=src1, anchor_output=y1, domain=y1_shape, split=len(y1_shape) - 1,
+                          pre_steps=pre1, nodes=epi1_nodes, shape_overrides=ov1)
+    if mid not in epi1.values:
+        raise CodegenUnsupported("the chain's intermediate is not computed by the first stage")
+    flat1 = [v for v in epi1.values if v in ops.outputs]
+    call1 = kernel.epilogue_call(epi1, mid if mid != epi1.source else None, flat1)
+    if call1 is None and mid != epi1.source:
+        raise CodegenUnsupported("internal: chain stage 1 produced no epilogue")
+
+    h2_shape = ops.shape(h2)
+    k2 = h2_shape[-1]
+    n1 = p1.n
+    m2 = math.prod(h2_shape) // k2
+    g = math.gcd(n1, k2)
+    ratio = (n1 // g, k2 // g)
+    b2 = trace_view(second.input[1], ops, kernel.producers)
+    if len(b2.shape) != 2:
+        raise CodegenUnsupported("the second matmul of a chain needs 2-D weights")
+    (br, bc), (brs, bcs) = b2.shape, b2.strides
+    alpha2 = 1.0
+    if second.op_type == "Gemm":
+        attrs = attrs_of(second)
+        if attrs.get("transB", 0):
+            br, bc, brs, bcs = bc, br, bcs, brs
+        alpha2 = float(attrs.get("alpha", 1.0))  # type: ignore[arg-type]
+    if br != k2:
+        raise CodegenUnsupported(f"chained matmul inner dimensions differ: {h2_shape} x {b2.shape}")
+    p2 = GemmProblem((), m2, bc, k2, Matrix("h", m2, k2, k2, 1, ()),
+                     Matrix(ops.pointer(b2.base), br, bc, brs, bcs, ()), alpha2)
+    y2 = second.output[0]
+    y2_shape = ops.shape(y2)
+    src2, pre2, ov2 = _gemm_pre_steps(kernel, second, p2)
+    epi2 = build_epilogue(ops, source=src2, anchor_output=y2, domain=y2_shape, split=len(y2_shape) - 1,
+                          pre_steps=pre2, nodes=epi2_nodes, shape_overrides=ov2)
+    y_ptr, call2 = _destination(kernel, epi2, y2)
+    body = emit_chain_body(p1, p2, y_ptr, call1, call2, ratio)
+    desc = (
+        f"[{p1.m}x{p1.k}]x[{p1.k}x{p1.n}] -> {epi1.describe()} -> [{p2.m}x{p2.k}]x[{p2.k}x{p2.n}] -> "
+        f"{epi2.describe()}; the intermediate stays in a per-thread row block"
+    )
+    return kernel.assemble(body, "matmul_chain", True, desc)

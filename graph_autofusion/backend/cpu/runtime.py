@@ -1,0 +1,421 @@
+"""Compile a fused (or canonical) ONNX model into native kernels and run it.
+
+    compiled = compile_model(fused_model, threads=2)
+    outputs = compiled({"input": x})          # or compiled(x) / compiled.run([x, y])
+    compiled.stats["arena_bytes"], compiled.stats["host_ops"]
+    compiled.save_bundle("model.bundle.tar.gz")   # graph_autofusion.load(...) elsewhere
+
+How a run works: everything is decided at load time. Every intermediate tensor has a fixed offset
+in one arena (arena.py), views alias their source, weights sit in their own arrays, and each
+kernel's `void *args[]` array of pointers is built once. A run copies the inputs into the arena,
+makes one ctypes call per run of consecutive kernels into a tiny C driver that calls them in
+order (a Python-level ctypes call per kernel costs ~1 us; the driver costs a few ns per kernel),
+runs any host ops in between, and copies the outputs out.
+
+Threads: the generated kernels own the parallelism (OpenMP, `threads` wide); BLAS inside a kernel
+runs single-threaded (blas.load_blas sets it) so the two pools never oversubscribe the cores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from ...errors import RuntimeInputError
+from .arena import ALIGNMENT, Buffer, plan_offsets
+from .cache import KernelCache, default_cache
+from .codegen import CodegenUnsupported, generate
+from .compiler import Artifact, KernelSource, compile_kernels
+from .extract import ExecutionPlan, HostStep, KernelStep, ViewStep, extract
+from .hostops import HostOp
+from .threads import available_cpus, set_omp_threads
+
+DRIVER_SYMBOL = "af_run_sequence"
+DRIVER_SOURCE = """\
+/* Calls a sequence of generated kernels from one foreign-function call:
+ * fns[i](args[i]) for i in [0, n). */
+#include <stdint.h>
+typedef void (*af_kernel_fn)(void *const *);
+void af_run_sequence(int64_t n, const af_kernel_fn *fns, void *const *const *args) {
+  for (int64_t i = 0; i < n; ++i) fns[i](args[i]);
+}
+"""
+_KERNEL_FN = ctypes.CFUNCTYPE(None, ctypes.POINTER(ctypes.c_void_p))
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    """A compiled kernel as the runtime and the bundle see it."""
+
+    symbol: str
+    template: str
+    method: str
+    uses_blas: bool
+    digest: str
+    path: Path
+    cached: bool = False
+
+
+def compile_model(
+    model: onnx.ModelProto,
+    *,
+    cache: KernelCache | None = None,
+    threads: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    jobs: int | None = None,
+) -> CompiledModel:
+    """Generate, compile (through the kernel cache) and load every kernel of `model`."""
+    started = time.perf_counter()
+    cache = cache if cache is not None else default_cache()
+    plan = extract(model)
+    sources: list[KernelSource] = []
+    meta: dict[str, tuple[str, str, bool]] = {}
+    unsupported: dict[str, str] = {}
+    for symbol, spec in plan.specs.items():
+        try:
+            kernel = generate(spec)
+        except CodegenUnsupported as exc:
+            unsupported[symbol] = str(exc)
+            continue
+        sources.append(KernelSource(symbol, kernel.source, uses_blas=kernel.uses_blas))
+        meta[symbol] = (spec.template, kernel.method, kernel.uses_blas)
+    sources.append(KernelSource(DRIVER_SYMBOL, DRIVER_SOURCE, uses_openmp=False))
+    artifacts = compile_kernels(sources, cache=cache, jobs=jobs, progress=progress, combine=True)
+    kernels: dict[str, KernelInfo] = {}
+    driver: Artifact | None = None
+    for art in artifacts:
+        if art.name == DRIVER_SYMBOL:
+            driver = art
+            continue
+        template, method, uses_blas = meta[art.name]
+        kernels[art.name] = KernelInfo(art.name, template, method, uses_blas, art.digest, art.path, art.cached)
+    assert driver is not None
+    compiled = CompiledModel(plan, kernels, unsupported, driver_path=driver.path, driver_digest=driver.digest,
+                             threads=threads)
+    hits = sum(1 for a in artifacts if a.cached)
+    compiled.stats["compile_seconds"] = round(time.perf_counter() - started, 4)
+    compiled.stats["cache"] = {"hits": hits, "misses": len(artifacts) - hits}
+    return compiled
+
+
+class CompiledModel:
+    """A model whose kernels are loaded and whose memory is planned: call it with inputs."""
+
+    def __init__(
+        self,
+        plan: ExecutionPlan,
+        kernels: Mapping[str, KernelInfo],
+        unsupported: Mapping[str, str],
+        *,
+        driver_path: Path,
+        driver_digest: str,
+        threads: int | None = None,
+    ) -> None:
+        started = time.perf_counter()
+        if threads is not None and threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        self.plan = plan
+        self.model = plan.model
+        self.kernels = dict(kernels)
+        self.unsupported = dict(unsupported)
+        self.threads = threads or available_cpus()
+        self.driver_path = driver_path
+        self.driver_digest = driver_digest
+        self._lock = threading.Lock()
+        self._libs: dict[Path, ctypes.CDLL] = {}
+        if any(k.uses_blas for k in self.kernels.values()):
+            from .blas import load_blas
+
+            load_blas()
+        self._driver = self._lib(driver_path)[DRIVER_SYMBOL]
+        self._driver.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
+        self._driver.restype = None
+        self._steps = self._resolve_steps()
+        self._plan_memory()
+        self._build_program()
+        self.dispatch = "driver"
+        self.stats: dict[str, Any] = self._stats()
+        self.stats["load_seconds"] = round(time.perf_counter() - started, 4)
+
+    # -- loading -------------------------------------------------------------------------------
+    def _lib(self, path: Path) -> ctypes.CDLL:
+        if path not in self._libs:
+            self._libs[path] = ctypes.CDLL(str(path))
+        return self._libs[path]
+
+    def _resolve_steps(self) -> list[ViewStep | KernelStep | HostStep]:
+        steps: list[ViewStep | KernelStep | HostStep] = []
+        for step in self.plan.steps:
+            if isinstance(step, KernelStep) and step.symbol not in self.kernels:
+                reason = self.unsupported.get(step.symbol, "kernel not available")
+                assert step.node is not None
+                steps.append(HostStep(step.node, f"no code generated: {reason}"))
+            else:
+                steps.append(step)
+        return steps
+
+    def _plan_memory(self) -> None:
+        plan = self.plan
+        self._root: dict[str, str] = {}
+        for step in self._steps:
+            if isinstance(step, ViewStep):
+                self._root[step.output] = self._root.get(step.input, step.input)
+        root = lambda n: self._root.get(n, n)  # noqa: E731
+        self._weights = {n: np.ascontiguousarray(v) for n, v in plan.initializers.items()}
+        first: dict[str, int] = {t.name: -1 for t in plan.inputs}
+        last: dict[str, int] = {t.name: -1 for t in plan.inputs}
+        for k, step in enumerate(self._steps):
+            if isinstance(step, ViewStep):
+                continue
+            for name in step.inputs:
+                if name:
+                    r = root(name)
+                    last[r] = max(last.get(r, k), k)
+            for name in step.outputs:
+                if name:
+                    first.setdefault(name, k)
+                    last[name] = max(last.get(name, k), k)
+        end = len(self._steps)
+        for t in plan.outputs:
+            last[root(t.name)] = end
+        buffers = []
+        for name, start in first.items():
+            if name in self._weights:
+                continue
+            info = plan.tensors[name]
+            buffers.append(Buffer(name, info.numel * info.dtype.itemsize, start, last.get(name, start)))
+        offsets, peak = plan_offsets(buffers)
+        self.arena_bytes = peak
+        raw = np.zeros(peak + ALIGNMENT, dtype=np.uint8)
+        shift = (-raw.ctypes.data) % ALIGNMENT
+        self._arena = raw[shift : shift + peak]
+        self._offsets = offsets
+        self._scratch: dict[str, np.ndarray] = {}
+
+    def array(self, name: str) -> np.ndarray:
+        """The live storage of a tensor (a view into the arena or a weight array)."""
+        info = self.plan.tensors[name]
+        r = self._root.get(name, name)
+        if r in self._weights:
+            return self._weights[r].reshape(info.shape)
+        offset = self._offsets[r]
+        nbytes = info.numel * info.dtype.itemsize
+        return self._arena[offset : offset + nbytes].view(info.dtype).reshape(info.shape)
+
+    def _pointer(self, name: str, spec_info_nbytes: int) -> int:
+        if not name:
+            buf = np.zeros(max(spec_info_nbytes, 1), dtype=np.uint8)
+            self._scratch[f"_{len(self._scratch)}"] = buf
+            return int(buf.ctypes.data)
+        return int(self.array(name).ctypes.data)
+
+    def _build_program(self) -> None:
+        """Turn steps into segments: runs of kernels (one driver call) and host ops."""
+        self._segments: list[tuple[str, Any]] = []
+        self._argvs: list[Any] = []
+        self._fns: dict[str, Any] = {}
+        run_fns: list[int] = []
+        run_args: list[int] = []
+        self._per_kernel: list[tuple[Any, Any]] = []
+
+        def flush() -> None:
+            if run_fns:
+                fns = (ctypes.c_void_p * len(run_fns))(*run_fns)
+                args = (ctypes.c_void_p * len(run_args))(*run_args)
+                self._segments.append(("kernels", (len(run_fns), fns, args)))
+                self._argvs.extend([fns, args])
+                run_fns.clear()
+                run_args.clear()
+
+        for step in self._steps:
+            if isinstance(step, ViewStep):
+                continue
+            if isinstance(step, HostStep):
+                flush()
+                op = HostOp(step.node, self.plan.tensors, self.plan.model)
+                ins = [self.array(n) for n in op.input_names]
+                outs = [self.array(n) for n in op.output_names]
+                self._segments.append(("host", (op, ins, outs)))
+                continue
+            info = self.kernels[step.symbol]
+            spec = self.plan.specs[step.symbol]
+            if step.symbol not in self._fns:
+                fn = self._lib(info.path)[step.symbol]
+                fn.argtypes = [ctypes.c_void_p]
+                fn.restype = None
+                self._fns[step.symbol] = fn
+            fn = self._fns[step.symbol]
+            params = [*spec.inputs, *spec.outputs]
+            names = [*step.inputs, *step.outputs]
+            ptrs = [self._pointer(n, p.numel * p.dtype.itemsize) for n, p in zip(names, params, strict=True)]
+            argv = (ctypes.c_void_p * max(len(ptrs), 1))(*ptrs)
+            self._argvs.append(argv)
+            run_fns.append(ctypes.cast(fn, ctypes.c_void_p).value or 0)
+            run_args.append(ctypes.addressof(argv))
+            self._per_kernel.append((fn, argv))
+        flush()
+
+    def _stats(self) -> dict[str, Any]:
+        per_kernel = []
+        for step in self._steps:
+            if isinstance(step, KernelStep):
+                info = self.kernels[step.symbol]
+                spec = self.plan.specs[step.symbol]
+                per_kernel.append({
+                    "node": step.node_name,
+                    "symbol": step.symbol,
+                    "template": info.template,
+                    "method": info.method,
+                    "pattern": spec.pattern,
+                    "ops": len(spec.nodes),
+                    "cached": info.cached,
+                })
+        hosts = [
+            {"node": s.node.name, "op_type": s.node.op_type, "reason": s.reason}
+            for s in self._steps
+            if isinstance(s, HostStep)
+        ]
+        return {
+            "kernels": len(per_kernel),
+            "unique_kernels": len({k["symbol"] for k in per_kernel}),
+            "host_ops": hosts,
+            "views": sum(1 for s in self._steps if isinstance(s, ViewStep)),
+            "arena_bytes": self.arena_bytes,
+            "weights_bytes": int(sum(w.nbytes for w in self._weights.values())),
+            "threads": self.threads,
+            "per_kernel": per_kernel,
+        }
+
+    # -- running -------------------------------------------------------------------------------
+    @property
+    def input_names(self) -> list[str]:
+        return [t.name for t in self.plan.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [t.name for t in self.plan.outputs]
+
+    def __call__(self, inputs: Mapping[str, Any] | Sequence[Any] | np.ndarray) -> dict[str, np.ndarray]:
+        return self.run(inputs)
+
+    def run(self, inputs: Mapping[str, Any] | Sequence[Any] | np.ndarray) -> dict[str, np.ndarray]:
+        """Run the model: inputs by name (dict) or position; outputs by name, in model order."""
+        feeds = self._check_inputs(inputs)
+        with self._lock:
+            for name, value in feeds.items():
+                np.copyto(self.array(name), value, casting="no")
+            set_omp_threads(self.threads)
+            self._execute()
+            return {t.name: self.array(t.name).copy() for t in self.plan.outputs}
+
+    def _execute(self) -> None:
+        if self.dispatch == "ctypes":
+            self._execute_per_kernel()
+            return
+        driver = self._driver
+        for kind, payload in self._segments:
+            if kind == "kernels":
+                n, fns, args = payload
+                driver(n, fns, args)
+            else:
+                op, ins, outs = payload
+                results = op(ins)
+                for out, res in zip(outs, results, strict=True):
+                    if res.shape != out.shape:
+                        raise RuntimeInputError(
+                            f"host op {op.node.op_type} ({op.node.name!r}) produced shape {res.shape}, "
+                            f"but the model declares {out.shape}",
+                            code="dynamic_shape_mismatch",
+                        )
+                    np.copyto(out, res, casting="unsafe")
+
+    def _execute_per_kernel(self) -> None:
+        """One ctypes call per kernel (kept to measure what the driver saves)."""
+        kernels = iter(self._per_kernel)
+        for kind, payload in self._segments:
+            if kind == "kernels":
+                for _ in range(payload[0]):
+                    fn, argv = next(kernels)
+                    fn(argv)
+            else:
+                op, ins, outs = payload
+                for out, res in zip(outs, op(ins), strict=True):
+                    np.copyto(out, res, casting="unsafe")
+
+    def _check_inputs(self, inputs: Mapping[str, Any] | Sequence[Any] | np.ndarray) -> dict[str, np.ndarray]:
+        expected = self.plan.inputs
+        names = [t.name for t in expected]
+        if isinstance(inputs, np.ndarray):
+            inputs = [inputs]
+        if isinstance(inputs, Mapping):
+            unknown = [k for k in inputs if k not in names]
+            if unknown:
+                raise RuntimeInputError(
+                    f"unknown input {unknown[0]!r}; the model's inputs are: {', '.join(names)}",
+                    code="unknown_input",
+                    input=str(unknown[0]),
+                )
+            missing = [n for n in names if n not in inputs]
+            if missing:
+                raise RuntimeInputError(
+                    f"missing input {missing[0]!r}; the model's inputs are: {', '.join(names)}",
+                    code="missing_input",
+                    input=missing[0],
+                )
+            given = [inputs[n] for n in names]
+        else:
+            given = list(inputs)
+            if len(given) != len(names):
+                raise RuntimeInputError(
+                    f"the model takes {len(names)} input(s) ({', '.join(names)}), {len(given)} were given",
+                    code="wrong_input_count",
+                )
+        feeds: dict[str, np.ndarray] = {}
+        for info, value in zip(expected, given, strict=True):
+            if not isinstance(value, np.ndarray):
+                try:
+                    value = np.asarray(value, dtype=info.dtype)
+                except (TypeError, ValueError) as exc:
+                    raise RuntimeInputError(
+                        f"input {info.name!r} is not an array of {info.dtype}: {exc}", code="wrong_input_dtype",
+                        input=info.name,
+                    ) from exc
+            if value.dtype != info.dtype:
+                raise RuntimeInputError(
+                    f"input {info.name!r} has dtype {value.dtype}, the model expects {info.dtype}",
+                    code="wrong_input_dtype",
+                    input=info.name,
+                    expected=str(info.dtype),
+                    got=str(value.dtype),
+                )
+            if tuple(value.shape) != tuple(info.shape):
+                raise RuntimeInputError(
+                    f"input {info.name!r} has shape {list(value.shape)}, the model expects {list(info.shape)}",
+                    code="wrong_input_shape",
+                    input=info.name,
+                    expected=list(info.shape),
+                    got=list(value.shape),
+                )
+            feeds[info.name] = value
+        return feeds
+
+    # -- persistence ---------------------------------------------------------------------------
+    def save_bundle(self, path: str | Path) -> Path:
+        """Write the model, its kernels and a manifest (a directory, or .tar.gz/.tgz)."""
+        from .bundle import save_bundle
+
+        return save_bundle(self, path)
+
+    def close(self) -> None:
+        """Drop references to the arena and kernels (the shared objects stay mapped)."""
+        with contextlib.suppress(AttributeError):
+            del self._segments, self._per_kernel, self._argvs

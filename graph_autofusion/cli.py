@@ -1,0 +1,152 @@
+"""`autofusion`: the command line.
+
+    autofusion fuse MODEL -o OUT.onnx [--cost-model …] [--input-shape name=1,128 …] [--report r.json]
+    autofusion serve | worker                 the service (needs the service extras, installed by default)
+    autofusion submit | status | report       the remote client (needs graph-autofusion-client)
+
+Exit codes of `fuse`: 0 fused, 2 bad input (model, config or usage), 3 verification failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from .config import FusionConfig
+from .errors import FusionError, InvalidConfigError, VerificationError
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def summary_table(report: dict) -> str:
+    """The short before → after table printed by `fuse` (and reused by the remote CLI)."""
+    est = report["estimates"]
+    rows = [
+        ("operators", f"{report['operators']['original']} (canonical {report['operators']['canonical']})"),
+        ("kernels", f"{report['kernels']['before']} → {report['kernels']['after']}"),
+        ("fusions", str(report["fusions"])),
+        ("bytes moved", f"{_human_bytes(est['bytes_moved']['before'])} → {_human_bytes(est['bytes_moved']['after'])}"),
+        ("peak memory", f"{_human_bytes(est['peak_memory_bytes']['before'])} → "
+                        f"{_human_bytes(est['peak_memory_bytes']['after'])}"),
+        (f"latency ({est['profile']})", f"{est['latency_us']['before']:.1f} µs → {est['latency_us']['after']:.1f} µs"),
+        ("strategy", report["strategy"]),
+        ("refused", ", ".join(f"{k}×{v}" for k, v in report["refused_by_code"].items()) or "none"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
+
+
+def _parse_shape(text: str) -> tuple[str, list[int]]:
+    name, sep, dims = text.rpartition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=D0,D1,…, got {text!r}")
+    try:
+        return name, [int(d) for d in dims.split(",") if d]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"dimensions must be integers in {text!r}") from None
+
+
+def _add_fuse(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("fuse", help="fuse an ONNX model locally", description="Fuse an ONNX model.")
+    p.add_argument("model", type=Path, help="ONNX model file")
+    p.add_argument("-o", "--output", type=Path, help="where to write the fused model")
+    p.add_argument("--cost-model", choices=["memory_bandwidth", "compute_density", "latency"])
+    p.add_argument("--hardware", help="hardware profile for the cost model (cpu, ascend910)")
+    p.add_argument("--input-shape", type=_parse_shape, action="append", default=[], metavar="NAME=D0,D1",
+                   help="bind a symbolic input shape (repeatable)")
+    p.add_argument("--config", type=Path, help="FusionConfig as JSON (flags override it)")
+    p.add_argument("--max-fusion-size", type=int)
+    p.add_argument("--disable-pattern", action="append", default=[], metavar="NAME")
+    p.add_argument("--report", type=Path, help="write the full report as JSON")
+    p.add_argument("--verify", choices=["none", "onnxruntime", "runtime"], default="onnxruntime",
+                   help="check the fused model against onnxruntime on random inputs (default: onnxruntime)")
+    p.set_defaults(func=_fuse_command)
+
+
+def _fuse_command(args: argparse.Namespace) -> int:
+    from .api import fuse
+
+    try:
+        data = json.loads(args.config.read_text()) if args.config else {}
+        config = FusionConfig.model_validate(data)
+    except (OSError, ValueError) as err:
+        raise InvalidConfigError(f"cannot read config {args.config}: {err}", code="invalid_config") from None
+    if args.cost_model:
+        config.cost_model = args.cost_model
+    if args.hardware:
+        config.hardware = args.hardware
+    if args.max_fusion_size is not None:
+        config.max_fusion_size = args.max_fusion_size
+    if args.input_shape:
+        config.input_shapes = {**config.input_shapes, **dict(args.input_shape)}
+    if args.disable_pattern:
+        config.disabled_patterns = [*config.disabled_patterns, *args.disable_pattern]
+    fused = fuse(args.model, config)
+    report = fused.report()
+    if args.verify != "none":
+        result = fused.verify(runner=args.verify)
+        report["verification"] = result.to_dict()
+    if args.output:
+        fused.save(args.output)
+    if args.report:
+        args.report.write_text(json.dumps(report, indent=2))
+    print(f"{args.model} → {args.output or '(not written)'}")
+    print(summary_table(report))
+    if args.verify != "none":
+        worst = max((o["max_abs"] for o in report["verification"]["outputs"]), default=0.0)
+        state = "passed" if report["verification"]["passed"] else "FAILED"
+        print(f"  verification  {state} vs onnxruntime ({args.verify}), max abs error {worst:.3g}")
+        if not report["verification"]["passed"]:
+            return 3
+    return 0
+
+
+_OPTIONAL = {
+    "autofusion_service.cli": "the service (serve)",
+    "autofusion_worker.cli": "the worker (worker)",
+    "graph_autofusion_client.cli": "the remote client (submit, status, report); pip install clients/python",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="autofusion", description="Operator-fusion compiler for ONNX models.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_fuse(sub)
+    for module in _OPTIONAL:
+        try:
+            found = importlib.import_module(module)
+        except ModuleNotFoundError as err:
+            if err.name and module.startswith(err.name):
+                continue  # that part is not installed: its commands are simply absent
+            raise
+        found.add_commands(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except VerificationError as err:
+        print(f"autofusion: {err.message}", file=sys.stderr)
+        return 3
+    except FusionError as err:
+        print(f"autofusion: error [{err.code}]: {err.message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""Shared by the anchor-kernel tests: tiny ONNX models, hand-built KernelSpecs, the real compiler.
+
+Each case builds a one-kernel ONNX model, derives the `KernelSpec` the runtime would build for it
+(body = the graph's nodes; weights are kernel parameters and also known constants; scalar
+initializers are constants only, so they are baked into the source), compiles the generated
+source with the project's compiler driver (real cc, real OpenBLAS) into a per-session cache, calls
+it through ctypes and compares with onnxruntime with graph optimizations disabled.
+
+Tolerance: BLAS sums in a different order than onnxruntime's MLAS, so a K-term dot product of
+O(1) values differs by up to ~eps*sqrt(K) per unit of magnitude. We use rtol=1e-5 and
+atol = 1e-5 * sqrt(K) * scale, where `scale` is the magnitude of the values entering the
+contraction (inputs are uniform in [-1, 1], so scale = 1); the observed error is reported on
+failure.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from graph_autofusion.backend.cpu.cache import KernelCache
+from graph_autofusion.backend.cpu.codegen.anchor import AnchorKernel, emit_anchor
+from graph_autofusion.backend.cpu.compiler import KernelSource, compile_kernels
+from graph_autofusion.backend.cpu.kernel_spec import KernelSpec, TensorInfo
+
+RTOL = 1e-5
+ATOL_PER_SQRT_K = 1e-5
+
+_CACHE: KernelCache | None = None
+
+
+def cache() -> KernelCache:
+    """One kernel cache per test process, in a temporary directory."""
+    global _CACHE
+    if _CACHE is None:
+        root = Path(os.environ.get("AUTOFUSION_TEST_CACHE") or tempfile.mkdtemp(prefix="af-anchor-tests-"))
+        _CACHE = KernelCache(root)
+    return _CACHE
+
+
+def rand(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    return rng.uniform(-1.0, 1.0, size=shape).astype(np.float32)
+
+
+@dataclass
+class Case:
+    """A one-kernel model and what feeds it."""
+
+    model: onnx.ModelProto
+    feeds: dict[str, np.ndarray]
+    template: str = "anchor"
+
+
+def make_case(
+    nodes: Sequence[onnx.NodeProto],
+    inputs: dict[str, np.ndarray],
+    outputs: Sequence[str],
+    initializers: dict[str, np.ndarray] | None = None,
+    *,
+    template: str = "anchor",
+    opset: int = 17,
+) -> Case:
+    """Build and shape-infer the model; `inputs` are runtime feeds, `initializers` weights."""
+    initializers = initializers or {}
+    graph = helper.make_graph(
+        list(nodes),
+        "case",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(v.shape)) for n, v in inputs.items()],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs],
+        [numpy_helper.from_array(np.asarray(v), n) for n, v in initializers.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    model = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+    onnx.checker.check_model(model)
+    return Case(model, dict(inputs), template)
+
+
+def _infos(model: onnx.ModelProto) -> dict[str, TensorInfo]:
+    out: dict[str, TensorInfo] = {}
+    g = model.graph
+    for vi in (*g.input, *g.value_info, *g.output):
+        t = vi.type.tensor_type
+        out[vi.name] = TensorInfo(vi.name, tuple(int(d.dim_value) for d in t.shape.dim), t.elem_type)
+    for init in g.initializer:
+        out[init.name] = TensorInfo(init.name, tuple(init.dims), init.data_type)
+    return out
+
+
+def spec_for(case: Case, symbol: str) -> tuple[KernelSpec, list[str]]:
+    """The KernelSpec of the whole graph as one kernel, and the parameter order of its inputs."""
+    g = case.model.graph
+    infos = _infos(case.model)
+    inits = {i.name: numpy_helper.to_array(i) for i in g.initializer}
+    params = [i.name for i in g.input] + [n for n, v in inits.items() if v.size > 1]
+    spec = KernelSpec(
+        symbol=symbol,
+        template=case.template,
+        nodes=tuple(g.node),
+        inputs=tuple(infos[n] for n in params),
+        outputs=tuple(infos[o.name] for o in g.output),
+        tensors=infos,
+        constants=inits,
+        pattern="test",
+        members=tuple(n.name or n.op_type for n in g.node),
+    )
+    return spec, params
+
+
+def run_kernel(kernel: AnchorKernel, spec: KernelSpec, values: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Compile the kernel with the project's driver and call it on dense float32 buffers."""
+    (art,) = compile_kernels(
+        [KernelSource(spec.symbol, kernel.source, uses_blas=kernel.uses_blas)], cache=cache()
+    )
+    lib = art.load()
+    fn = getattr(lib, spec.symbol)
+    fn.restype = None
+    fn.argtypes = [ctypes.c_void_p]
+    ins = [np.ascontiguousarray(v, dtype=np.float32) for v in values]
+    outs = [np.full(t.shape, np.nan, dtype=np.float32) for t in spec.outputs]
+    ptrs = (ctypes.c_void_p * (len(ins) + len(outs)))(*[a.ctypes.data for a in (*ins, *outs)])
+    fn(ptrs)
+    return outs
+
+
+def run_ort(case: Case) -> list[np.ndarray]:
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.intra_op_num_threads = 1
+    sess = ort.InferenceSession(case.model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return sess.run(None, case.feeds)
+
+
+def check(case: Case, symbol: str, *, k: int, method: str | None = None, scale: float = 1.0) -> AnchorKernel:
+    """Generate, compile, run and compare with onnxruntime; returns the kernel for further checks."""
+    spec, params = spec_for(case, symbol)
+    kernel = emit_anchor(spec)
+    if method is not None:
+        assert kernel.method == method, kernel.method
+    inits = {i.name: numpy_helper.to_array(i) for i in case.model.graph.initializer}
+    values = [case.feeds[n] if n in case.feeds else inits[n] for n in params]
+    got = run_kernel(kernel, spec, values)
+    want = run_ort(case)
+    atol = ATOL_PER_SQRT_K * math.sqrt(k) * scale
+    for name, g, w in zip((o.name for o in case.model.graph.output), got, want, strict=True):
+        assert g.shape == w.shape, (name, g.shape, w.shape)
+        err = float(np.max(np.abs(g - w))) if g.size else 0.0
+        np.testing.assert_allclose(g, w, rtol=RTOL, atol=atol, err_msg=f"{name}: max abs err {err:.3g}")
+    return kernel

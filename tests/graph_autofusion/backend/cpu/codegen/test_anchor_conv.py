@@ -1,0 +1,153 @@
+"""Conv / ConvTranspose anchor kernels (every method, with epilogues) against onnxruntime."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from anchor_helpers import check, make_case, rand, spec_for
+from onnx import helper
+
+from graph_autofusion.backend.cpu.codegen.anchor import emit_anchor
+from graph_autofusion.backend.cpu.codegen.common import CodegenUnsupported
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(2024)
+
+
+def _conv_case(
+    rng: np.random.Generator,
+    x_shape: tuple[int, ...],
+    w_shape: tuple[int, ...],
+    *,
+    bias: bool = True,
+    relu: bool = True,
+    op: str = "Conv",
+    extra: list | None = None,
+    extra_inits: dict | None = None,
+    extra_inputs: dict | None = None,
+    **attrs: object,
+):  # noqa: ANN202
+    ins = ["x", "w"] + (["b"] if bias else [])
+    inits = {"w": rand(rng, *w_shape)}
+    if bias:
+        inits["b"] = rand(rng, w_shape[1] * int(attrs.get("group", 1)) if op == "ConvTranspose" else w_shape[0])
+    nodes = [helper.make_node(op, ins, ["y"], **attrs)]
+    last = "y"
+    if relu:
+        nodes.append(helper.make_node("Relu", ["y"], ["r"]))
+        last = "r"
+    for node in extra or []:
+        nodes.append(node)
+        last = node.output[0]
+    inits.update(extra_inits or {})
+    return make_case(nodes, {"x": rand(rng, *x_shape), **(extra_inputs or {})}, [last], inits)
+
+
+def _k(w_shape: tuple[int, ...], group: int = 1, transpose: bool = False) -> int:
+    return (w_shape[0] // group if transpose else w_shape[1]) * math.prod(w_shape[2:])
+
+
+def test_conv1x1_is_a_direct_gemm(rng: np.random.Generator) -> None:
+    case = _conv_case(rng, (2, 24, 10, 10), (16, 24, 1, 1))
+    kernel = check(case, "conv1x1", k=24, method="conv1x1_gemm")
+    assert "im2col" not in kernel.source
+
+
+def test_conv3x3_stride1_pad1_bias_relu(rng: np.random.Generator) -> None:
+    case = _conv_case(rng, (1, 16, 12, 12), (24, 16, 3, 3), pads=[1, 1, 1, 1])
+    check(case, "conv3x3_s1", k=_k((24, 16, 3, 3)), method="conv_im2col_tiled")
+
+
+def test_conv3x3_stride2_with_batchnorm_affine_and_residual(rng: np.random.Generator) -> None:
+    case = _conv_case(
+        rng, (2, 8, 9, 9), (12, 8, 3, 3), bias=False, relu=False, strides=[2, 2], pads=[1, 1, 1, 1],
+        extra=[
+            helper.make_node("Mul", ["y", "scale"], ["ys"]),
+            helper.make_node("Add", ["ys", "shift"], ["yb"]),
+            helper.make_node("Add", ["yb", "res"], ["ya"]),
+            helper.make_node("Relu", ["ya"], ["o"]),
+        ],
+        extra_inits={"scale": rand(rng, 12, 1, 1), "shift": rand(rng, 12, 1, 1)},
+        extra_inputs={"res": rand(rng, 2, 12, 5, 5)},
+    )
+    check(case, "conv3x3_s2_bn_res", k=_k((12, 8, 3, 3)), method="conv_im2col_tiled")
+
+
+def test_conv_many_pixel_tiles_stem(rng: np.random.Generator) -> None:
+    # ResNet stem in miniature: 7x7 stride 2 pad 3, 3 input channels, many pixel tiles.
+    case = _conv_case(rng, (1, 3, 96, 96), (16, 3, 7, 7), strides=[2, 2], pads=[3, 3, 3, 3])
+    kernel = check(case, "conv_stem", k=_k((16, 3, 7, 7)), method="conv_im2col_tiled")
+    assert "pixel tiles of" in kernel.source
+
+
+def test_conv_small_image_splits_output_channels(rng: np.random.Generator) -> None:
+    # 7x7 pixels fit one tile: output channels are split so the threads still get work.
+    case = _conv_case(rng, (1, 64, 7, 7), (128, 64, 3, 3), pads=[1, 1, 1, 1])
+    kernel = check(case, "conv_small_image", k=_k((128, 64, 3, 3)), method="conv_im2col_tiled")
+    assert "x 1 channel tiles" not in kernel.source
+
+
+@pytest.mark.parametrize(("k", "stride"), [(3, 1), (3, 2), (5, 1)])
+def test_depthwise(rng: np.random.Generator, k: int, stride: int) -> None:
+    # MobileNetV2-style depthwise conv + Clip(0, 6).
+    case = _conv_case(
+        rng, (1, 16, 14, 14), (16, 1, k, k), relu=False, group=16, strides=[stride, stride],
+        pads=[k // 2] * 4,
+        extra=[helper.make_node("Clip", ["y", "lo", "hi"], ["o"])],
+        extra_inits={"lo": np.array(0.0, np.float32), "hi": np.array(6.0, np.float32)},
+    )
+    kernel = check(case, f"dw{k}_s{stride}", k=k * k, method="conv_depthwise")
+    assert not kernel.uses_blas
+
+
+def test_grouped_conv(rng: np.random.Generator) -> None:
+    case = _conv_case(rng, (2, 16, 8, 8), (24, 4, 3, 3), group=4, pads=[1, 1, 1, 1])
+    check(case, "conv_grouped", k=_k((24, 4, 3, 3)), method="conv_im2col_tiled")
+
+
+def test_dilated_conv(rng: np.random.Generator) -> None:
+    case = _conv_case(rng, (1, 8, 13, 11), (8, 8, 3, 3), dilations=[2, 2], pads=[2, 1, 2, 1])
+    check(case, "conv_dilated", k=_k((8, 8, 3, 3)), method="conv_im2col_tiled")
+
+
+@pytest.mark.parametrize("auto_pad", ["SAME_UPPER", "SAME_LOWER", "VALID"])
+def test_conv_auto_pad(rng: np.random.Generator, auto_pad: str) -> None:
+    case = _conv_case(rng, (1, 4, 10, 10), (6, 4, 4, 4), auto_pad=auto_pad, strides=[2, 2])
+    check(case, f"conv_{auto_pad.lower()}", k=_k((6, 4, 4, 4)), method="conv_im2col_tiled")
+
+
+def test_conv1d(rng: np.random.Generator) -> None:
+    case = _conv_case(rng, (2, 6, 30), (10, 6, 5), pads=[2, 2], strides=[2])
+    check(case, "conv1d", k=_k((10, 6, 5)), method="conv_im2col_tiled")
+
+
+def test_conv_1x1_strided_goes_through_im2col(rng: np.random.Generator) -> None:
+    case = _conv_case(rng, (1, 16, 9, 9), (8, 16, 1, 1), strides=[2, 2])
+    check(case, "conv1x1_s2", k=16, method="conv_im2col_tiled")
+
+
+@pytest.mark.parametrize(
+    ("attrs", "x_shape", "w_shape"),
+    [
+        ({"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1]}, (1, 8, 5, 5), (8, 6, 3, 3)),
+        ({"strides": [2, 2], "group": 2}, (2, 8, 4, 4), (8, 3, 2, 2)),
+        ({"strides": [2, 2], "auto_pad": "SAME_UPPER"}, (1, 4, 5, 5), (4, 4, 3, 3)),
+        ({"strides": [1, 1], "dilations": [2, 2], "pads": [1, 1, 1, 1]}, (1, 4, 6, 6), (4, 5, 3, 3)),
+    ],
+)
+def test_conv_transpose(rng: np.random.Generator, attrs: dict, x_shape: tuple, w_shape: tuple) -> None:
+    case = _conv_case(rng, x_shape, w_shape, op="ConvTranspose", **attrs)
+    group = int(attrs.get("group", 1))
+    check(case, f"convt_{len(attrs)}_{x_shape[0]}_{w_shape[1]}", k=_k(w_shape, group, transpose=True),
+          method="conv_transpose_col2im")
+
+
+def test_conv3d_is_refused(rng: np.random.Generator) -> None:
+    case = _conv_case(rng, (1, 2, 4, 4, 4), (2, 2, 3, 3, 3), relu=False, bias=False)
+    spec, _ = spec_for(case, "conv3d")
+    with pytest.raises(CodegenUnsupported, match="spatial"):
+        emit_anchor(spec)

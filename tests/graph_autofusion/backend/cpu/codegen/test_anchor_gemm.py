@@ -1,0 +1,263 @@
+"""MatMul / Gemm anchor kernels (with epilogues and stride-only prologues) against onnxruntime."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from anchor_helpers import check, make_case, rand, spec_for
+from onnx import helper
+
+from graph_autofusion.backend.cpu.codegen.anchor import emit_anchor
+from graph_autofusion.backend.cpu.codegen.common import CodegenUnsupported
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(1234)
+
+
+def _node(op: str, ins: list[str], outs: list[str], **attrs: object):  # noqa: ANN202
+    return helper.make_node(op, ins, outs, **attrs)
+
+
+def _gelu_erf(x: str, out: str) -> list:
+    """The decomposed GELU exporters emit: x * 0.5 * (1 + erf(x / sqrt(2)))."""
+    return [
+        _node("Div", [x, "sqrt2"], ["g_div"]),
+        _node("Erf", ["g_div"], ["g_erf"]),
+        _node("Add", ["g_erf", "one"], ["g_add"]),
+        _node("Mul", [x, "g_add"], ["g_mul"]),
+        _node("Mul", ["g_mul", "half"], [out]),
+    ]
+
+
+GELU_CONSTS = {
+    "sqrt2": np.array(1.4142135381698608, dtype=np.float32),
+    "one": np.array(1.0, dtype=np.float32),
+    "half": np.array(0.5, dtype=np.float32),
+}
+
+
+def test_matmul_bias_relu_flattens_batch_into_one_gemm(rng: np.random.Generator) -> None:
+    case = make_case(
+        [_node("MatMul", ["x", "w"], ["y"]), _node("Add", ["y", "b"], ["z"]), _node("Relu", ["z"], ["o"])],
+        {"x": rand(rng, 2, 16, 32)},
+        ["o"],
+        {"w": rand(rng, 32, 24), "b": rand(rng, 24)},
+    )
+    kernel = check(case, "mm_bias_relu", k=32, method="gemm")
+    assert "epilogue" in kernel.source and kernel.uses_blas
+    assert kernel.source.count("AF_SGEMM(AfRowMajor") == 1
+
+
+def test_matmul_bias_gelu_erf_form_tiled_and_parallel(rng: np.random.Generator) -> None:
+    # Large enough for several tiles (tiles over rows and columns, epilogue on each tile).
+    case = make_case(
+        [_node("MatMul", ["x", "w"], ["y"]), _node("Add", ["y", "b"], ["z"]), *_gelu_erf("z", "o")],
+        {"x": rand(rng, 160, 64)},
+        ["o"],
+        {"w": rand(rng, 64, 300), "b": rand(rng, 300), **GELU_CONSTS},
+    )
+    kernel = check(case, "mm_bias_gelu", k=64, method="gemm")
+    assert "#pragma omp parallel if(" in kernel.source and "if(0)" not in kernel.source
+    assert "erff(" in kernel.source and "0.5f" in kernel.source  # scalars baked in
+
+
+@pytest.mark.parametrize("trans_a", [0, 1])
+@pytest.mark.parametrize("trans_b", [0, 1])
+def test_gemm_flags(rng: np.random.Generator, trans_a: int, trans_b: int) -> None:
+    m, n, k = 12, 20, 16
+    a = rand(rng, k, m) if trans_a else rand(rng, m, k)
+    b = rand(rng, n, k) if trans_b else rand(rng, k, n)
+    case = make_case(
+        [_node("Gemm", ["a", "b", "c"], ["y"], alpha=0.5, beta=2.0, transA=trans_a, transB=trans_b)],
+        {"a": a},
+        ["y"],
+        {"b": b, "c": rand(rng, n)},
+    )
+    check(case, f"gemm_t{trans_a}{trans_b}", k=k, method="gemm")
+
+
+@pytest.mark.parametrize("c_shape", [(), (1,), (12, 1), (12, 20), None])
+def test_gemm_c_broadcast(rng: np.random.Generator, c_shape: tuple[int, ...] | None) -> None:
+    inits = {"b": rand(rng, 16, 20)}
+    ins = ["a", "b"]
+    if c_shape is not None:
+        inits["c"] = rand(rng, *c_shape)
+        ins.append("c")
+    case = make_case(
+        [_node("Gemm", ins, ["y"], beta=1.0), _node("Relu", ["y"], ["o"])],
+        {"a": rand(rng, 12, 16)},
+        ["o"],
+        inits,
+    )
+    check(case, f"gemm_c{len(c_shape) if c_shape is not None else 'none'}_{np.prod(c_shape or 0)}", k=16)
+
+
+def test_batched_matmul_4d_with_broadcast(rng: np.random.Generator) -> None:
+    case = make_case(
+        [_node("MatMul", ["a", "b"], ["y"]), _node("Sigmoid", ["y"], ["o"])],
+        {"a": rand(rng, 2, 1, 8, 16), "b": rand(rng, 1, 3, 16, 12)},
+        ["o"],
+    )
+    check(case, "bmm_4d_bcast", k=16, method="batched_gemm")
+
+
+def test_batched_matmul_3d(rng: np.random.Generator) -> None:
+    case = make_case(
+        [_node("MatMul", ["a", "b"], ["y"]), _node("Add", ["y", "r"], ["o"])],
+        {"a": rand(rng, 4, 24, 40), "b": rand(rng, 4, 40, 36), "r": rand(rng, 4, 24, 36)},
+        ["o"],
+    )
+    check(case, "bmm_3d_residual", k=40, method="batched_gemm")
+
+
+@pytest.mark.parametrize(
+    ("a_shape", "b_shape"),
+    [((16,), (16, 8)), ((3, 5, 16), (16,)), ((16,), (16,)), ((2, 16), (3, 16, 4)), ((16,), (2, 16, 5))],
+)
+def test_matmul_1d_operands(rng: np.random.Generator, a_shape: tuple, b_shape: tuple) -> None:
+    case = make_case(
+        [_node("MatMul", ["a", "b"], ["y"]), _node("Mul", ["y", "s"], ["o"])],
+        {"a": rand(rng, *a_shape), "b": rand(rng, *b_shape)},
+        ["o"],
+        {"s": np.array(3.0, dtype=np.float32)},
+    )
+    check(case, f"mm1d_{len(a_shape)}_{len(b_shape)}_{a_shape[0]}", k=16)
+
+
+def test_attention_scores_fold_head_split_and_k_transpose(rng: np.random.Generator) -> None:
+    """Reshape -> Transpose(0,2,1,3) on Q and Reshape -> Transpose(0,2,3,1) on K become strides."""
+    b, s, h, d = 2, 8, 4, 6
+    shape = np.array([b, s, h, d], dtype=np.int64)
+    case = make_case(
+        [
+            _node("Reshape", ["q", "shape"], ["q4"]),
+            _node("Transpose", ["q4"], ["qt"], perm=[0, 2, 1, 3]),
+            _node("Reshape", ["k", "shape"], ["k4"]),
+            _node("Transpose", ["k4"], ["kt"], perm=[0, 2, 3, 1]),
+            _node("MatMul", ["qt", "kt"], ["scores"]),
+            _node("Mul", ["scores", "scale"], ["scaled"]),
+            _node("Add", ["scaled", "mask"], ["o"]),
+        ],
+        {"q": rand(rng, b, s, h * d), "k": rand(rng, b, s, h * d), "mask": rand(rng, b, 1, 1, s)},
+        ["o"],
+        {"shape": shape, "scale": np.array(1.0 / np.sqrt(d), dtype=np.float32)},
+    )
+    kernel = check(case, "attn_scores", k=d, method="batched_gemm")
+    assert "AfTrans" in kernel.source  # K^T read in place, not copied
+    assert "pa[" not in kernel.source and "pb[" not in kernel.source
+
+
+def test_attention_context_with_value_transpose(rng: np.random.Generator) -> None:
+    b, s, h, d = 2, 8, 4, 6
+    case = make_case(
+        [
+            _node("Reshape", ["v", "shape"], ["v4"]),
+            _node("Transpose", ["v4"], ["vt"], perm=[0, 2, 1, 3]),
+            _node("MatMul", ["p", "vt"], ["o"]),
+        ],
+        {"p": rand(rng, b, h, s, s), "v": rand(rng, b, s, h * d)},
+        ["o"],
+        {"shape": np.array([b, s, h, d], dtype=np.int64)},
+        template="single",
+    )
+    check(case, "attn_context", k=s, method="batched_gemm")
+
+
+def test_view_blas_cannot_read_is_packed(rng: np.random.Generator) -> None:
+    # Transpose(2,0,1) of [M,K,B] gives [B,M,K] with no unit-stride axis: packed per tile.
+    case = make_case(
+        [
+            _node("Transpose", ["a"], ["at"], perm=[2, 0, 1]),
+            _node("MatMul", ["at", "w"], ["y"]),
+            _node("Relu", ["y"], ["o"]),
+        ],
+        {"a": rand(rng, 10, 16, 3)},
+        ["o"],
+        {"w": rand(rng, 16, 7)},
+    )
+    check(case, "mm_packed", k=16, method="batched_gemm_packed")
+
+
+def test_epilogue_writes_every_returned_value(rng: np.random.Generator) -> None:
+    # The raw product and the activated value are both kernel outputs; Clip bounds are inputs.
+    case = make_case(
+        [_node("MatMul", ["x", "w"], ["y"]), _node("Clip", ["y", "lo", "hi"], ["o"])],
+        {"x": rand(rng, 20, 16) * 4},
+        ["y", "o"],
+        {"w": rand(rng, 16, 12), "lo": np.array(0.0, np.float32), "hi": np.array(6.0, np.float32)},
+    )
+    check(case, "mm_two_outputs", k=16, scale=4.0)
+
+
+def test_chain_linear_gelu_linear(rng: np.random.Generator) -> None:
+    case = make_case(
+        [
+            _node("MatMul", ["x", "w1"], ["h"]),
+            _node("Add", ["h", "b1"], ["hb"]),
+            *_gelu_erf("hb", "a"),
+            _node("MatMul", ["a", "w2"], ["y"]),
+            _node("Add", ["y", "b2"], ["z"]),
+            _node("Add", ["z", "x"], ["o"]),
+        ],
+        {"x": rand(rng, 2, 40, 32)},
+        ["o"],
+        {
+            "w1": rand(rng, 32, 64),
+            "b1": rand(rng, 64),
+            "w2": rand(rng, 64, 32) * 0.25,
+            "b2": rand(rng, 32),
+            **GELU_CONSTS,
+        },
+        template="anchor_chain",
+    )
+    kernel = check(case, "chain_gelu", k=64, method="matmul_chain")
+    assert kernel.source.count("AF_SGEMM(AfRowMajor") == 2
+
+
+@pytest.mark.parametrize("new_shape", [(24, 48), (96, 12), (12, 96)])
+def test_chain_linear_reshape_linear(rng: np.random.Generator, new_shape: tuple[int, int]) -> None:
+    # [3, 8, 16] x [16, 48] -> Relu -> Reshape to new_shape -> x [new_shape[1], 10] (Gemm + bias).
+    case = make_case(
+        [
+            _node("MatMul", ["x", "w1"], ["h"]),
+            _node("Relu", ["h"], ["hr"]),
+            _node("Reshape", ["hr", "shape"], ["h2"]),
+            _node("Gemm", ["h2", "w2", "b2"], ["o"], transB=1, alpha=0.5),
+        ],
+        {"x": rand(rng, 3, 8, 16)},
+        ["o"],
+        {
+            "w1": rand(rng, 16, 48),
+            "shape": np.array(new_shape, dtype=np.int64),
+            "w2": rand(rng, 10, new_shape[1]),
+            "b2": rand(rng, 10),
+        },
+        template="anchor_chain",
+    )
+    check(case, f"chain_reshape_{new_shape[1]}", k=max(16, new_shape[1]) * 4, method="matmul_chain")
+
+
+def test_non_elementwise_epilogue_is_refused(rng: np.random.Generator) -> None:
+    case = make_case(
+        [_node("MatMul", ["x", "w"], ["y"]), _node("Softmax", ["y"], ["o"], axis=-1)],
+        {"x": rand(rng, 4, 8)},
+        ["o"],
+        {"w": rand(rng, 8, 8)},
+    )
+    spec, _ = spec_for(case, "bad_epilogue")
+    with pytest.raises(CodegenUnsupported, match="Softmax"):
+        emit_anchor(spec)
+
+
+def test_epilogue_that_broadcasts_the_product_is_refused(rng: np.random.Generator) -> None:
+    case = make_case(
+        [_node("MatMul", ["x", "w"], ["y"]), _node("Add", ["y", "r"], ["o"])],
+        {"x": rand(rng, 4, 8), "r": rand(rng, 3, 4, 8)},
+        ["o"],
+        {"w": rand(rng, 8, 8)},
+    )
+    spec, _ = spec_for(case, "bad_broadcast")
+    with pytest.raises(CodegenUnsupported, match="broadcast"):
+        emit_anchor(spec)

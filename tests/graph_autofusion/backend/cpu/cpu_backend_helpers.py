@@ -1,0 +1,133 @@
+"""Shared by the CPU backend tests: hand-built (fused) models and the onnxruntime reference.
+
+Tolerance: fp32 results must match onnxruntime (optimizations disabled) within rtol 1e-5 and
+atol 1e-6, the bar the backend promises (docs/fused-format.md, DESIGN.md §1).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper
+
+from graph_autofusion.backend.cpu.cache import KernelCache
+from graph_autofusion.backend.cpu.runtime import CompiledModel, compile_model
+
+RTOL = 1e-5
+ATOL = 1e-6
+FUSED_DOMAIN = "ai.graph_autofusion"
+IR_VERSION = 9  # what the pinned onnxruntime accepts
+
+Spec = tuple[Sequence[int], int]  # (shape, elem_type)
+
+
+def make_model(
+    nodes: Sequence[onnx.NodeProto],
+    inputs: Mapping[str, Spec | Sequence[int]],
+    outputs: Sequence[str],
+    initializers: Mapping[str, np.ndarray] | None = None,
+    opset: int = 18,
+) -> onnx.ModelProto:
+    """A canonical model with static shapes everywhere (shape inference fills value_info)."""
+    ins = []
+    for name, spec in inputs.items():
+        shape, elem = spec if isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[1], int) and not isinstance(spec[0], int) else (spec, onnx.TensorProto.FLOAT)  # noqa: E501
+        ins.append(helper.make_tensor_value_info(name, elem, list(shape)))
+    inits = [onnx.numpy_helper.from_array(np.asarray(v), k) for k, v in (initializers or {}).items()]
+    graph = helper.make_graph(list(nodes), "test", ins, [helper.make_empty_tensor_value_info(o) for o in outputs], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=IR_VERSION)
+    model = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+    known = {vi.name: vi for vi in [*model.graph.value_info, *model.graph.output]}
+    del model.graph.output[:]
+    for o in outputs:
+        model.graph.output.append(known[o])
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def fuse_all(model: onnx.ModelProto, template: str, pattern: str = "test") -> onnx.ModelProto:
+    """Wrap every node of `model` into one fused kernel (docs/fused-format.md)."""
+    graph = model.graph
+    init_names = {t.name for t in graph.initializer}
+    produced = {o for n in graph.node for o in n.output}
+    external: list[str] = []
+    for n in graph.node:
+        for i in n.input:
+            if i and i not in produced and i not in external:
+                external.append(i)
+    outs = [o.name for o in graph.output]
+    body_vi = [vi for vi in graph.value_info if vi.name not in outs]
+    fn = helper.make_function(
+        FUSED_DOMAIN,
+        "fused_0",
+        external,
+        outs,
+        list(graph.node),
+        opset_imports=[helper.make_opsetid("", model.opset_import[0].version)],
+    )
+    fn.value_info.extend(body_vi)
+    fn.doc_string = json.dumps({"pattern": pattern, "template": template, "members": [n.name or n.op_type for n in graph.node]})
+    call = helper.make_node("fused_0", external, outs, domain=FUSED_DOMAIN, name="fused_0")
+    del init_names
+    new_graph = helper.make_graph([call], graph.name, list(graph.input), list(graph.output), list(graph.initializer))
+    new_graph.value_info.extend([vi for vi in graph.value_info if vi.name in outs])
+    fused = helper.make_model(
+        new_graph,
+        opset_imports=[*model.opset_import, helper.make_opsetid(FUSED_DOMAIN, 1)],
+        ir_version=IR_VERSION,
+        functions=[fn],
+    )
+    return fused
+
+
+def random_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    inits = {t.name for t in model.graph.initializer}
+    feeds = {}
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        shape = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
+        if dtype.kind == "f":
+            feeds[vi.name] = rng.standard_normal(shape).astype(dtype)
+        elif dtype == np.bool_:
+            feeds[vi.name] = rng.integers(0, 2, shape).astype(dtype)
+        else:
+            feeds[vi.name] = rng.integers(0, 5, shape).astype(dtype)
+    return feeds
+
+
+def ort_run(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.intra_op_num_threads = 1
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(None, dict(feeds)), strict=True))
+
+
+def assert_close(actual: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray],
+                 rtol: float = RTOL, atol: float = ATOL) -> None:
+    assert list(actual) == list(expected)
+    for name, want in expected.items():
+        got = actual[name]
+        assert got.shape == want.shape, f"{name}: shape {got.shape} != {want.shape}"
+        assert got.dtype == want.dtype, f"{name}: dtype {got.dtype} != {want.dtype}"
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=name)
+
+
+def check(model: onnx.ModelProto, cache: KernelCache, template: str | None = None, seed: int = 0,
+          feeds: Mapping[str, np.ndarray] | None = None) -> CompiledModel:
+    """Compile `model` (fused into one `template` kernel when given) and compare with onnxruntime."""
+    feeds = dict(feeds) if feeds is not None else random_feeds(model, seed)
+    expected = ort_run(model, feeds)
+    target = fuse_all(model, template) if template else model
+    compiled = compile_model(target, cache=cache, threads=2)
+    assert compiled.stats["host_ops"] == [], compiled.stats["host_ops"]
+    assert_close(compiled(feeds), expected)
+    return compiled
