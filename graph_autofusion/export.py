@@ -115,7 +115,7 @@ def export(graph: Graph, plan: Plan) -> onnx.ModelProto:
                                   value_info=value_info)
     opsets = [o for o in src.opset_import if o.domain != DOMAIN] + [helper.make_opsetid(DOMAIN, 1)]
     model = helper.make_model(new_graph, opset_imports=opsets, functions=list(functions.values()),
-                              producer_name="graph_autofusion", ir_version=max(src.ir_version, 10))
+                              producer_name="graph_autofusion", ir_version=10)  # functions with value_info need IR 10; onnxruntime reads it
     for prop in src.metadata_props:
         model.metadata_props.add().CopyFrom(prop)
     return model

@@ -8,12 +8,16 @@ opset 18), of small hand-written versions of each zoo architecture.
 PyTorch is *not* a dependency of the project.  Run this script from a separate environment, e.g.::
 
     python3.11 -m venv /tmp/torchvenv
-    /tmp/torchvenv/bin/pip install torch==2.13.0 onnx==1.23.2 onnxscript
+    /tmp/torchvenv/bin/pip install torch==2.13.0 onnx==1.23.2 onnxscript==0.7.2
     /tmp/torchvenv/bin/python scripts/export_torch_fixtures.py [--out tests/data/torch_exports]
 
-It writes ``<model>_tiny_<style>_opset<N>.onnx`` (each well under 1 MB) and prints each file's
-op-type histogram.  The modules mirror the layer structure of the architectures the zoo imitates
-(Hugging Face BERT and GPT-2, torchvision ResNet and MobileNetV2, a timm-style ViT) at toy sizes.
+It writes ``<model>_tiny_<style>_opset<N>.onnx`` (each well under 1 MB, about 2.3 MB in all),
+plus ``<model>_tiny_<style>_dynamic_opset<N>.onnx`` for BERT and GPT-2 exported with symbolic
+batch and sequence axes, and prints each file's op-type histogram.  The export is deterministic
+(``torch.manual_seed(0)``); tests/graph_autofusion/zoo/test_zoo_fidelity.py compares the zoo's
+graphs with these files.  The modules mirror the layer structure of the architectures the zoo
+imitates (Hugging Face BERT and GPT-2, torchvision ResNet and MobileNetV2, a timm-style ViT) at
+toy sizes.
 """
 
 from __future__ import annotations

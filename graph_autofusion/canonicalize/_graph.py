@@ -29,8 +29,8 @@ from ..onnx_utils import (
     copy_fields,
     copy_messages,
     default_opset,
+    iter_graphs,
     node_inputs,
-    outer_scope_inputs,
     subgraphs,
     tensor_nbytes,
 )
@@ -63,9 +63,6 @@ class WorkGraph:
         self.input_names = frozenset(i.name for i in self.inputs)  # the inputs never change names
         self.outputs: list[ValueInfoProto] = [_copy(o) for o in graph.output]
         self.nodes: list[NodeProto] = [_copy(n) for n in graph.node]
-        self.opsets: dict[str, int] = {}
-        for opset in model.opset_import:
-            self.opsets["" if opset.domain == "ai.onnx" else opset.domain] = opset.version
         self.opset = default_opset(model) or 0
         self.types: dict[str, TypeProto] = {}
         for info in graph.value_info:
@@ -91,6 +88,12 @@ class WorkGraph:
             for node in self.nodes:
                 taken.update(node.input)
                 taken.update(node.output)
+                for sub in subgraphs(node):  # ONNX forbids shadowing outer names in subgraphs
+                    for graph in iter_graphs(sub):
+                        taken.update(i.name for i in graph.input)
+                        taken.update(t.name for t in graph.initializer)
+                        for inner in graph.node:
+                            taken.update(inner.output)
             self._taken = taken
         name, i = base, 0
         while name in self._taken:
@@ -145,16 +148,6 @@ class WorkGraph:
                 readers[name].append(node)
         return readers
 
-    def rename_uses(self, old: str, new: str) -> None:
-        """Make every reader of `old` (subgraphs included) read `new` instead."""
-        for node in self.nodes:
-            for i, name in enumerate(node.input):
-                if name == old:
-                    node.input[i] = new
-            if old in outer_scope_inputs(node):
-                for graph in subgraphs(node):
-                    _rename_in_graph(graph, old, new)
-
     # -- output ---------------------------------------------------------------------------------
     def to_model(self, *, light: bool = False, final: bool = False) -> ModelProto:
         """Write the graph as a ModelProto.
@@ -199,7 +192,7 @@ class WorkGraph:
         return order
 
 
-def _rename_in_graph(graph: GraphProto, old: str, new: str) -> None:
+def rename_in_graph(graph: GraphProto, old: str, new: str) -> None:
     """Rename outer-scope reads of `old` inside a subgraph (stopping where the subgraph shadows it)."""
     defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
     if old in defined:
@@ -209,7 +202,7 @@ def _rename_in_graph(graph: GraphProto, old: str, new: str) -> None:
             if name == old:
                 node.input[i] = new
         for sub in subgraphs(node):
-            _rename_in_graph(sub, old, new)
+            rename_in_graph(sub, old, new)
         if old in node.output:
             return
     for output in graph.output:

@@ -17,7 +17,7 @@ import numpy as np
 from onnx import AttributeProto, NodeProto, helper
 from onnx.reference import ReferenceEvaluator
 
-from ..onnx_utils import has_subgraph, static_shape
+from ..onnx_utils import has_subgraph, static_shape, tensor_nbytes
 from ._graph import WorkGraph
 
 #: A folded output above this many elements that is also larger than the node's inputs is not folded.
@@ -45,7 +45,7 @@ class ConstantFolder:
     def __init__(self, work: WorkGraph) -> None:
         self.work = work
         self._evaluators: dict[bytes, ReferenceEvaluator] = {}
-        self.skipped: set[str] = set()  # output names of nodes not folded because too large
+        self.skipped: set[str] = set()  # first outputs of nodes left unfolded because too large
 
     def run(self) -> int:
         """One sweep in topological order; returns the number of nodes folded away."""
@@ -77,8 +77,9 @@ class ConstantFolder:
         inputs = [i for i in node.input if i]
         if not inputs or not all(work.is_constant(i) for i in inputs):
             return False
-        input_bytes = sum(work.array(i).nbytes for i in inputs)
+        input_bytes = sum(tensor_nbytes(work.initializers[i]) for i in inputs)
         if self._too_big(outputs, input_bytes):
+            self.skipped.add(outputs[0])
             return False
         try:
             values = self._evaluate(node)
@@ -94,7 +95,7 @@ class ConstantFolder:
                 array = array.astype(expected)
             arrays.append((name, array))
         if any(a.size > HUGE_ELEMENTS and a.nbytes > input_bytes for _, a in arrays):
-            self.skipped.update(outputs)
+            self.skipped.add(outputs[0])
             return False
         for name, array in arrays:
             work.set_constant(name, array)
@@ -124,7 +125,6 @@ class ConstantFolder:
             dtype = self._expected_dtype(name)
             nbytes = elements * (dtype.itemsize if dtype is not None else 1)
             if elements > HUGE_ELEMENTS and nbytes > input_bytes:
-                self.skipped.add(name)
                 return True
         return False
 

@@ -49,6 +49,8 @@ def _attr(node: NodeProto, name: str, default: float) -> float:
 def _fold_pair(work: WorkGraph, conv: NodeProto, bn: NodeProto) -> bool:
     if any(bn.output[1:]) or _attr(bn, "training_mode", 0):
         return False  # training form: it also updates running statistics
+    if not _attr(bn, "spatial", 1):
+        return False  # opset < 9 per-position statistics
     params = list(bn.input[1:5])
     weight_names = [conv.input[1]] + ([conv.input[2]] if len(conv.input) > 2 and conv.input[2] else [])
     if len(params) != 4 or not all(work.is_constant(n) for n in params + weight_names):
@@ -65,7 +67,7 @@ def _fold_pair(work: WorkGraph, conv: NodeProto, bn: NodeProto) -> bool:
         channels = weight.shape[1] * group
     scale, bias, mean, var = (np.asarray(work.array(n), dtype=np.float64) for n in params)
     if any(p.shape != (channels,) for p in (scale, bias, mean, var)):
-        return False  # e.g. the pre-opset-9 non-spatial form with per-position statistics
+        return False
     conv_bias = (
         np.asarray(work.array(weight_names[1]), dtype=np.float64)
         if len(weight_names) > 1

@@ -43,6 +43,8 @@ MAX_FOLD_ROUNDS = 8
 def canonicalize(model: ModelProto, config: FusionConfig) -> tuple[ModelProto, dict[str, int]]:
     """Return a new, canonical model and how much each pass did; `model` is not modified.
 
+    `model` is what `load_model` returns (checked, sorted, external data resolved).
+
     Counts: dims bound, inference runs, nodes folded, folds skipped as too large, BNs folded,
     Identity/Dropout nodes removed, dead nodes removed, unused initializers removed, tensors whose
     shape came from onnxruntime, nodes given a name.
@@ -69,7 +71,7 @@ def canonicalize(model: ModelProto, config: FusionConfig) -> tuple[ModelProto, d
     counts["remove_identity"] += remove_identity(work)  # Dropouts whose mode folded to False
     counts["eliminate_dead_code"], counts["unused_initializers"] = eliminate_dead_code(work)
 
-    if counts["constant_folding"] or counts["fold_batchnorm"] or counts["remove_identity"]:
+    if counts["fold_batchnorm"] or counts["remove_identity"]:  # renamed tensors: re-check the types
         infer_shapes(work)
         counts["shape_inference"] += 1
     missing = unknown_tensors(work)

@@ -109,40 +109,54 @@ class MatMulEpilogue(_AnchorEpilogue):
 class Gelu(Pattern):
     name = "gelu"
     description = "GELU written out by exporters: x·0.5·(1+erf(x/√2)) or the tanh approximation"
+    _POINTWISE = (OpKind.ELEMENTWISE, OpKind.BROADCAST)
 
     def match(self, graph: Graph) -> Iterable[Match]:
         out = []
         for node in graph:
             if node.op_type not in ("Erf", "Tanh"):
                 continue
-            # Walk back over the elementwise ops that compute the erf/tanh argument from x.
-            body = {node.index}
-            frontier = [node]
-            x = None
+            # The elementwise ops (at most 5 deep) that compute the erf/tanh argument.
+            ancestors: dict[int, Node] = {}
+            frontier = [(node, 0)]
             while frontier:
-                n = frontier.pop()
+                n, depth = frontier.pop()
                 for p in graph.predecessors(n):
-                    if p.kind in (OpKind.ELEMENTWISE, OpKind.BROADCAST) and p.index not in body and len(body) < 6:
-                        body.add(p.index)
-                        frontier.append(p)
-                    elif p.kind not in (OpKind.ELEMENTWISE, OpKind.BROADCAST):
-                        x = n.inputs[0]
-            if x is None:
+                    if p.kind in self._POINTWISE and p.index not in ancestors and depth < 5:
+                        ancestors[p.index] = p
+                        frontier.append((p, depth + 1))
+            tail = _epilogue_chain(graph, node)[:4]
+            chosen = None
+            for k, t in enumerate(tail):
+                for x in graph.activation_inputs(t):
+                    if x in t.inputs and x != (tail[k - 1].outputs[0] if k else node.outputs[0]):
+                        body = self._body(graph, x, ancestors)
+                        if body:
+                            chosen = (k, body)
+            if chosen is None:
                 continue
-            # Forward: the ops after erf/tanh until the one that multiplies by x.
-            tail = _epilogue_chain(graph, node)
-            closing = None
-            for i, t in enumerate(tail[:4]):
-                if x in t.inputs:
-                    closing = i
-            if closing is None:
-                continue
-            members = sorted(body | {t.index for t in tail[: closing + 1]})
-            nxt = tail[closing + 1] if closing + 1 < len(tail) else None
-            if nxt is not None and nxt.op_type == "Mul":
-                members.append(nxt.index)  # the trailing ·0.5 of the erf form
-            out.append([graph.nodes[i].name for i in members])
+            k, body = chosen
+            members = body | {node.index} | {t.index for t in tail[: k + 1]}
+            nxt = tail[k + 1] if k + 1 < len(tail) else None
+            if nxt is not None and nxt.op_type == "Mul" and len(graph.activation_inputs(nxt)) == 1:
+                members.add(nxt.index)  # the trailing ·0.5 of the erf form
+            out.append([graph.nodes[i].name for i in sorted(members)])
         return out
+
+    @staticmethod
+    def _body(graph: Graph, x: str, ancestors: dict[int, Node]) -> set[int]:
+        """Ancestors of erf/tanh that read x (directly or through each other)."""
+        body: set[int] = set()
+        changed = True
+        while changed:
+            changed = False
+            for i, n in ancestors.items():
+                if i in body:
+                    continue
+                if x in n.inputs or any(graph.values[v].producer in body for v in n.inputs if v):
+                    body.add(i)
+                    changed = True
+        return body
 
 
 class LayerNorm(Pattern):

@@ -3,6 +3,7 @@
     from graph_autofusion import zoo
     model = zoo.build("bert_base", num_layers=2, hidden=64, heads=4, seq_len=16)
     model = zoo.build("resnet50", style="dynamo", dynamic_batch=True)
+    inputs = zoo.example_inputs(model, bind={"batch": 4})   # valid ids, masks and images
 
 Each builder's defaults are the real architecture; every size is a keyword so that tests can
 build small variants.  Weights are random (`numpy.random.default_rng(seed)`, fp32, scaled so
@@ -28,6 +29,7 @@ import onnx
 from .arguments import UnknownZooModelError, ZooArgumentError
 from .bert import bert_base
 from .gpt2 import gpt2
+from .inputs import example_inputs
 from .mlp import mlp
 from .mobilenet import mobilenet_v2
 from .resnet import resnet50
@@ -69,6 +71,7 @@ __all__ = [
     "ZooArgumentError",
     "bert_base",
     "build",
+    "example_inputs",
     "gpt2",
     "mlp",
     "mobilenet_v2",

@@ -109,21 +109,16 @@ class GraphBuilder:
 
     # -- nodes ----------------------------------------------------------------------------------
 
-    def node(
-        self, op_type: str, inputs: Sequence[str], *, outputs: int = 1, out: str | None = None, **attrs: Any
-    ) -> list[str]:
-        """Append one node; `out` names its (single) output, e.g. a graph output like "logits"."""
+    def node(self, op_type: str, inputs: Sequence[str], *, outputs: int = 1, **attrs: Any) -> list[str]:
+        """Append one node (attributes given as None are left out) and return its output names."""
         name, outs = self._node_names(op_type, outputs)
-        if out is not None:
-            self._taken.add(out)
-            outs = [out]
         attrs = {k: v for k, v in attrs.items() if v is not None}
         self.nodes.append(helper.make_node(op_type, list(inputs), outs, name=name, **attrs))
         return outs
 
-    def op(self, op_type: str, *inputs: str, out: str | None = None, **attrs: Any) -> str:
+    def op(self, op_type: str, *inputs: str, **attrs: Any) -> str:
         """Append a single-output node and return its output's name."""
-        return self.node(op_type, inputs, out=out, **attrs)[0]
+        return self.node(op_type, inputs, **attrs)[0]
 
     # -- data -----------------------------------------------------------------------------------
 

@@ -8,17 +8,28 @@ Note on `omp_set_num_threads`: OpenMP keeps the thread count per *calling thread
 implicit task). A thread that never called it uses the process-wide default, which libgomp reads
 from `OMP_NUM_THREADS` once, when it loads. So the runtime should call `set_omp_threads` in the
 thread that runs the kernels (it costs nanoseconds), or use `omp_threads()` around a run.
+
+Fork: libgomp is not fork-safe. Once a process has run a parallel region, a child it forks hangs
+in its first parallel region with more than one thread (the child inherits the pool's bookkeeping
+but not its threads). So a forked child of a process that had libgomp loaded is switched to one
+OpenMP thread, and `set_omp_threads` keeps it there (with a warning). Celery's prefork pool is the
+case that matters: load and run kernels in the worker children (inside tasks or
+`worker_process_init`), never in the parent before it forks, and children keep full threads.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
+
+log = logging.getLogger(__name__)
+_forked_after_openmp = False
 
 
 def available_cpus() -> int:
@@ -49,10 +60,58 @@ def _libgomp() -> ctypes.CDLL:
 
 
 def set_omp_threads(n: int) -> None:
-    """Set the OpenMP team size for parallel regions started from the calling thread."""
+    """Set the OpenMP team size for parallel regions started from the calling thread.
+
+    In a process forked from one that had libgomp loaded, this stays at 1 (see the module notes).
+    """
     if n < 1:
         raise ValueError(f"thread count must be >= 1, got {n}")
+    if n > 1 and _forked_after_openmp:
+        log.warning(
+            "OpenMP kept at 1 thread: this process was forked after OpenMP was loaded, and libgomp "
+            "would hang; load kernels after the fork (in the worker process) to use %d threads",
+            n,
+        )
+        n = 1
     _libgomp().omp_set_num_threads(n)
+
+
+def configure_kernel_threads(n: int | None = None) -> int:
+    """The one call a runtime makes before running kernels from the calling thread.
+
+    OpenMP gets `n` threads (default: the usable cores) and BLAS one, because kernels own the
+    parallel loop and call BLAS inside it. Returns the OpenMP thread count in effect.
+    """
+    from graph_autofusion.backend.cpu import blas  # the BLAS is loaded only when kernels run
+
+    n = available_cpus() if n is None else n
+    set_omp_threads(n)
+    blas.set_blas_threads(1)
+    return get_omp_threads()
+
+
+def forked_after_openmp() -> bool:
+    """Whether this process is a fork of one that had libgomp loaded (so it runs 1 thread)."""
+    return _forked_after_openmp
+
+
+def _libgomp_mapped() -> bool:
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            return any("libgomp" in line for line in maps)
+    except OSError:
+        return False
+
+
+def _after_fork_in_child() -> None:
+    global _forked_after_openmp
+    if _libgomp_mapped():
+        _forked_after_openmp = True
+        _libgomp().omp_set_num_threads(1)  # the child has one thread: its default is now 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def get_omp_threads() -> int:

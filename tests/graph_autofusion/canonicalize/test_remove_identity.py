@@ -76,3 +76,23 @@ def test_identity_of_a_weight_is_rewired_not_copied():
     assert ops(result) == ["MatMul"]
     assert [t.name for t in result.graph.initializer] == ["w"]
     assert list(result.graph.node[0].input) == ["x", "w"]
+
+
+def test_identity_chains_and_two_outputs_from_one_tensor():
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"]),
+        helper.make_node("Identity", ["r"], ["a"]),
+        helper.make_node("Identity", ["a"], ["y1"]),  # chain into an output: Relu now writes 'y1'
+        helper.make_node("Identity", ["a"], ["y2"]),  # same tensor, second output: this copy stays
+        helper.make_node("Neg", ["a"], ["z"]),
+    ]
+    outputs = [tensor("y1", [2]), tensor("y2", [2]), tensor("z", [2])]
+    model = build_model(nodes, [tensor("x", [2])], outputs)
+    result, counts = canonicalize(model, FusionConfig())
+    assert counts["remove_identity"] == 2
+    assert [(n.op_type, list(n.input), list(n.output)) for n in result.graph.node] == [
+        ("Relu", ["x"], ["y1"]),
+        ("Identity", ["y1"], ["y2"]),
+        ("Neg", ["y1"], ["z"]),
+    ]
+    assert_same_outputs(model, result, random_feeds(model))

@@ -9,9 +9,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from zoo_cases import SMALL, feeds
+from zoo_cases import SMALL
 
 from graph_autofusion import zoo
+from graph_autofusion.zoo import example_inputs
 
 
 def build(name: str, **kwargs: object) -> onnx.ModelProto:
@@ -66,7 +67,7 @@ def test_torchscript_style_runs_at_its_oldest_opset(name: str) -> None:
     model = build(name, style="torchscript", opset=13)
     onnx.checker.check_model(model, full_check=True)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    assert all(np.isfinite(out).all() for out in session.run(None, feeds(model)))
+    assert all(np.isfinite(out).all() for out in session.run(None, example_inputs(model)))
 
 
 def test_torchscript_attention_reshapes_come_from_shape_chains() -> None:

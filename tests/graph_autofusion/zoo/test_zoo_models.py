@@ -6,9 +6,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from zoo_cases import SMALL, feeds
+from zoo_cases import SMALL
 
 from graph_autofusion import zoo
+from graph_autofusion.zoo import example_inputs
 
 
 def run(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -36,7 +37,7 @@ def test_model_is_valid_and_runs_finite(name: str, style: str, dynamic: bool) ->
     onnx.checker.check_model(model, full_check=True)
     # Dynamic models must accept sizes other than the ones they were built with.
     bind = {"batch": 3, "sequence": 5} if dynamic else {}
-    outputs = run(model, feeds(model, bind))
+    outputs = run(model, example_inputs(model, bind=bind))
     assert len(outputs) == len(model.graph.output)
     for value, out in zip(model.graph.output, outputs, strict=True):
         assert out.shape == declared_shape(value, bind)
@@ -51,7 +52,7 @@ def test_both_styles_compute_the_same_function(name: str) -> None:
     kwargs = SMALL[name][1]
     script = zoo.build(name, style="torchscript", **kwargs)
     dynamo = zoo.build(name, style="dynamo", **kwargs)
-    inputs = feeds(script)
+    inputs = example_inputs(script)
     for a, b in zip(run(script, inputs), run(dynamo, inputs), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
@@ -63,7 +64,7 @@ def test_folding_batchnorm_keeps_the_function(name: str) -> None:
     folded = zoo.build(name, fold_batchnorm=True, **kwargs)
     assert any(n.op_type == "BatchNormalization" for n in kept.graph.node)
     assert not any(n.op_type == "BatchNormalization" for n in folded.graph.node)
-    inputs = feeds(kept)
+    inputs = example_inputs(kept)
     np.testing.assert_allclose(run(kept, inputs)[0], run(folded, inputs)[0], rtol=1e-4, atol=1e-4)
 
 
@@ -76,7 +77,7 @@ def test_bert_below_opset_17_decomposes_layernorm_and_agrees(opset: int) -> None
     ops = [n.op_type for n in model.graph.node]
     assert "LayerNormalization" not in ops
     assert {"ReduceMean", "Sub", "Pow", "Sqrt", "Div"} <= set(ops)
-    inputs = feeds(model)
+    inputs = example_inputs(model)
     for a, b in zip(run(reference, inputs), run(model, inputs), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
 
@@ -86,7 +87,7 @@ def test_dynamo_style_accepts_newer_opsets(opset: int) -> None:
     model = zoo.build("vit_b16", style="dynamo", opset=opset, **SMALL["vit_b16"][1])
     onnx.checker.check_model(model, full_check=True)
     assert model.opset_import[0].version == opset
-    assert np.isfinite(run(model, feeds(model))[0]).all()
+    assert np.isfinite(run(model, example_inputs(model))[0]).all()
 
 
 @pytest.mark.parametrize("style", ["torchscript", "dynamo"])
@@ -151,3 +152,19 @@ def test_full_size_mobilenet_v2_has_the_published_structure() -> None:
     assert sum(1 for n in model.graph.node if n.op_type == "Add") == 10  # residual blocks
     params = sum(int(np.prod(t.dims)) for t in model.graph.initializer if len(t.dims) > 1)
     assert 3_400_000 < params < 3_600_000  # 3.5 M parameters, as published
+
+
+def test_example_inputs_respect_vocab_mask_and_bound_dims() -> None:
+    model = zoo.build("bert_base", dynamic_batch=True, **{**SMALL["bert_base"][1], "vocab": 7})
+    inputs = example_inputs(model, bind={"batch": 3, "sequence": 4})
+    assert inputs["input_ids"].shape == (3, 4) and inputs["input_ids"].max() < 7
+    assert set(np.unique(inputs["attention_mask"])) == {0, 1}
+    defaults = example_inputs(model)  # unbound symbols take the built sizes
+    assert defaults["input_ids"].shape == (2, 16)
+
+
+def test_example_inputs_refuse_foreign_models() -> None:
+    model = zoo.build("mlp", **SMALL["mlp"][1])
+    del model.metadata_props[:]
+    with pytest.raises(zoo.ZooArgumentError):
+        example_inputs(model)

@@ -9,9 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import onnx
-
 FIXTURES = Path(__file__).resolve().parents[2] / "data" / "torch_exports"
 
 _TRANSFORMER = {
@@ -57,24 +54,3 @@ SMALL: dict[str, tuple[str, dict[str, Any]]] = {
         },
     ),
 }
-
-
-def feeds(model: onnx.ModelProto, bind: dict[str, int] | None = None, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random inputs for `model`; symbolic dims take their value from `bind`."""
-    rng = np.random.default_rng(seed)
-    out = {}
-    for value in model.graph.input:
-        dims = [
-            d.dim_value if d.HasField("dim_value") else (bind or {})[d.dim_param]
-            for d in value.type.tensor_type.shape.dim
-        ]
-        if value.type.tensor_type.elem_type == onnx.TensorProto.INT64:
-            if "mask" in value.name:
-                mask = np.ones(dims, np.int64)
-                mask[..., -1] = 0  # one padded position, so the additive mask does something
-                out[value.name] = mask
-            else:
-                out[value.name] = rng.integers(0, 64, dims, dtype=np.int64)
-        else:
-            out[value.name] = rng.standard_normal(dims).astype(np.float32)
-    return out

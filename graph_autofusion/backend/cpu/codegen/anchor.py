@@ -112,7 +112,8 @@ class _Kernel:
         spec = self.spec
         members = ", ".join(spec.members) or ", ".join(n.name or n.op_type for n in spec.nodes)
         header = [
-            f"/* kernel {spec.symbol}: template {spec.template}" + (f", pattern {spec.pattern}" if spec.pattern else ""),
+            f"/* kernel {spec.symbol}: template {spec.template}"
+            + (f", pattern {spec.pattern}" if spec.pattern else ""),
             f" * members: {members}",
             f" * ops: {' -> '.join(n.op_type for n in spec.nodes)}",
             f" * method: {method}; {description}",
@@ -166,7 +167,9 @@ def _emit_conv(kernel: _Kernel, node: onnx.NodeProto, rest: list[onnx.NodeProto]
     ops = kernel.ops
     for name in node.input[:2]:
         if name in kernel.producers:
-            raise CodegenUnsupported(f"{node.op_type} input {name!r} comes through a view; conv reads dense inputs")
+            raise CodegenUnsupported(
+                f"{node.op_type} input {name!r} comes through a view; conv reads dense inputs"
+            )
     geom = conv_geometry(node, ops)
     y = node.output[0]
     y_shape = ops.shape(y)
@@ -178,8 +181,16 @@ def _emit_conv(kernel: _Kernel, node: onnx.NodeProto, rest: list[onnx.NodeProto]
         ops.shapes[source] = y_shape
         pre.append(Step("Add", (source, node.input[2]), y))
         overrides[node.input[2]] = bias_shape(node, ops)
-    epi = build_epilogue(ops, source=source, anchor_output=y, domain=y_shape, split=2, pre_steps=pre,
-                         nodes=rest, shape_overrides=overrides)
+    epi = build_epilogue(
+        ops,
+        source=source,
+        anchor_output=y,
+        domain=y_shape,
+        split=2,
+        pre_steps=pre,
+        nodes=rest,
+        shape_overrides=overrides,
+    )
     y_ptr, call = _destination(kernel, epi, y)
     x_ptr, w_ptr = ops.pointer(node.input[0]), ops.pointer(node.input[1])
     if node.op_type == "ConvTranspose":
@@ -189,7 +200,8 @@ def _emit_conv(kernel: _Kernel, node: onnx.NodeProto, rest: list[onnx.NodeProto]
         kernel.helpers = helpers + kernel.helpers
     desc = (
         f"{node.op_type} {geom.n}x{geom.cin}x{geom.h}x{geom.w} -> {geom.cout}x{geom.oh}x{geom.ow}, "
-        f"kernel {geom.kh}x{geom.kw}, stride {geom.sh}x{geom.sw}, group {geom.group}; epilogue {epi.describe()}"
+        f"kernel {geom.kh}x{geom.kw}, stride {geom.sh}x{geom.sw}, group {geom.group}; "
+        f"epilogue {epi.describe()}"
     )
     uses_blas = method != "conv_depthwise"
     return kernel.assemble(body, method, uses_blas, desc)
@@ -238,8 +250,16 @@ def _emit_gemm(kernel: _Kernel, node: onnx.NodeProto, rest: list[onnx.NodeProto]
     y_shape = ops.shape(y)
     source, pre, overrides = _gemm_pre_steps(kernel, node, p)
     split = len(y_shape) - 1 if has_cols else len(y_shape)
-    epi = build_epilogue(ops, source=source, anchor_output=y, domain=y_shape, split=split, pre_steps=pre,
-                         nodes=rest, shape_overrides=overrides)
+    epi = build_epilogue(
+        ops,
+        source=source,
+        anchor_output=y,
+        domain=y_shape,
+        split=split,
+        pre_steps=pre,
+        nodes=rest,
+        shape_overrides=overrides,
+    )
     if math.prod(y_shape) == 0:
         return kernel.assemble(["  (void)args;"], "gemm", False, "empty output")
     y_ptr, call = _destination(kernel, epi, y)
@@ -294,8 +314,16 @@ def _emit_chain(kernel: _Kernel, anchors: list[int]) -> AnchorKernel:
     y1 = first.output[0]
     y1_shape = ops.shape(y1)
     src1, pre1, ov1 = _gemm_pre_steps(kernel, first, p1)
-    epi1 = build_epilogue(ops, source=src1, anchor_output=y1, domain=y1_shape, split=len(y1_shape) - 1,
-                          pre_steps=pre1, nodes=epi1_nodes, shape_overrides=ov1)
+    epi1 = build_epilogue(
+        ops,
+        source=src1,
+        anchor_output=y1,
+        domain=y1_shape,
+        split=len(y1_shape) - 1,
+        pre_steps=pre1,
+        nodes=epi1_nodes,
+        shape_overrides=ov1,
+    )
     if mid not in epi1.values:
         raise CodegenUnsupported("the chain's intermediate is not computed by the first stage")
     flat1 = [v for v in epi1.values if v in ops.outputs]
@@ -321,13 +349,28 @@ def _emit_chain(kernel: _Kernel, anchors: list[int]) -> AnchorKernel:
         alpha2 = float(attrs.get("alpha", 1.0))  # type: ignore[arg-type]
     if br != k2:
         raise CodegenUnsupported(f"chained matmul inner dimensions differ: {h2_shape} x {b2.shape}")
-    p2 = GemmProblem((), m2, bc, k2, Matrix("h", m2, k2, k2, 1, ()),
-                     Matrix(ops.pointer(b2.base), br, bc, brs, bcs, ()), alpha2)
+    p2 = GemmProblem(
+        (),
+        m2,
+        bc,
+        k2,
+        Matrix("h", m2, k2, k2, 1, ()),
+        Matrix(ops.pointer(b2.base), br, bc, brs, bcs, ()),
+        alpha2,
+    )
     y2 = second.output[0]
     y2_shape = ops.shape(y2)
     src2, pre2, ov2 = _gemm_pre_steps(kernel, second, p2)
-    epi2 = build_epilogue(ops, source=src2, anchor_output=y2, domain=y2_shape, split=len(y2_shape) - 1,
-                          pre_steps=pre2, nodes=epi2_nodes, shape_overrides=ov2)
+    epi2 = build_epilogue(
+        ops,
+        source=src2,
+        anchor_output=y2,
+        domain=y2_shape,
+        split=len(y2_shape) - 1,
+        pre_steps=pre2,
+        nodes=epi2_nodes,
+        shape_overrides=ov2,
+    )
     y_ptr, call2 = _destination(kernel, epi2, y2)
     body = emit_chain_body(p1, p2, y_ptr, call1, call2, ratio)
     desc = (

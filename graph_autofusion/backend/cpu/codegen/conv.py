@@ -28,7 +28,7 @@ import onnx
 
 from .common import CodegenUnsupported, attrs_of
 from .epilogue import Operands
-from .gemm import PARALLEL_MIN_MACS, EpilogueCall
+from .gemm import PARALLEL_MIN_MACS, EpilogueCall, parallel_or_serial
 
 # Floats in one per-thread im2col tile: 96K floats = 384 KiB, inside a 512 KiB-1 MiB L2 with
 # room left for the weight panel OpenBLAS packs.
@@ -126,8 +126,22 @@ def conv_geometry(node: onnx.NodeProto, ops: Operands) -> ConvGeometry:
     if cin % group or cout % group or y[1] != cout:
         raise CodegenUnsupported(f"{node.op_type} channels do not split into {group} groups")
     return ConvGeometry(
-        n=x[0], cin=cin, cout=cout, group=group, h=size[0], w=size[1], oh=out[0], ow=out[1],
-        kh=k[0], kw=k[1], sh=s[0], sw=s[1], dh=d[0], dw=d[1], pt=begin[0], pl=begin[1],
+        n=x[0],
+        cin=cin,
+        cout=cout,
+        group=group,
+        h=size[0],
+        w=size[1],
+        oh=out[0],
+        ow=out[1],
+        kh=k[0],
+        kw=k[1],
+        sh=s[0],
+        sw=s[1],
+        dh=d[0],
+        dw=d[1],
+        pt=begin[0],
+        pl=begin[1],
     )
 
 
@@ -222,7 +236,7 @@ def emit_conv_body(
         f"  float *restrict Y = {y_ptr};",
         f"  /* {method}: {tasks} tasks = {g.n} images x {g.group} groups x {ptn} pixel tiles of {pt}"
         f" x {ctn} channel tiles of {ct}; K = {g.kdim} */",
-        "  #pragma omp parallel" + (" if(1)" if parallel else " if(0)"),
+        "  #pragma omp parallel",
         "  {",
     ]
     if im2col:
@@ -249,7 +263,8 @@ def emit_conv_body(
     lines += [
         f"      const long row0 = n * {g.cout}L + g * {g.cog}L + c0;",
         f"      float *y = Y + row0 * {p}L + p0;",
-        f"      AF_SGEMM(AfRowMajor, AfNoTrans, AfNoTrans, (af_blasint)(c1 - c0), (af_blasint)(p1 - p0), {g.kdim},"
+        f"      AF_SGEMM(AfRowMajor, AfNoTrans, AfNoTrans, (af_blasint)(c1 - c0), (af_blasint)(p1 - p0),"
+        f" {g.kdim},"
         f" 1.0f, Wt + (g * {g.cog}L + c0) * {g.kdim}L, {g.kdim}, bm, (af_blasint)ldb, 0.0f, y, {p});",
     ]
     if epilogue is not None:
@@ -258,7 +273,7 @@ def emit_conv_body(
     if im2col:
         lines.append("    free(col);")
     lines.append("  }")
-    return helpers, lines, method
+    return helpers, parallel_or_serial(lines, parallel), method
 
 
 def _depthwise_body(
@@ -275,7 +290,7 @@ def _depthwise_body(
         f"  const float *restrict Wt = {w_ptr};",
         f"  float *restrict Y = {y_ptr};",
         f"  /* conv_depthwise: {planes} channel planes, {g.kh}x{g.kw} window, padded plane {hp}x{wp} */",
-        "  #pragma omp parallel" + (" if(1)" if parallel else " if(0)"),
+        "  #pragma omp parallel",
         "  {",
         f"    float *pad = (float *)malloc(sizeof(float) * {hp * wp});",
         "    #pragma omp for schedule(static)",
@@ -308,7 +323,7 @@ def _depthwise_body(
     if epilogue is not None:
         lines.append("      " + epilogue("y", f"{g.pixels}L", "plane", "plane + 1", "0", f"{g.pixels}L"))
     lines += ["    }", "    free(pad);", "  }"]
-    return lines
+    return parallel_or_serial(lines, parallel)
 
 
 def emit_conv_transpose_body(
@@ -330,15 +345,17 @@ def emit_conv_transpose_body(
         f"  float *restrict Y = {y_ptr};",
         f"  /* conv_transpose_col2im: {tasks} tasks = {g.n} images x {g.group} groups x {ctn} channel"
         f" blocks of {ct}; sgemm [{ct * khw}x{g.cig}]x[{g.cig}x{hw}] then scatter-add */",
-        "  #pragma omp parallel" + (" if(1)" if parallel else " if(0)"),
+        "  #pragma omp parallel",
         "  {",
         f"    float *col = (float *)malloc(sizeof(float) * {ct * khw * hw});",
         "    #pragma omp for schedule(static)",
         f"    for (long task = 0; task < {tasks}L; ++task) {{",
-        f"      const long cb = task % {ctn}L, g = (task / {ctn}L) % {g.group}L, n = task / {ctn * g.group}L;",
+        f"      const long cb = task % {ctn}L, g = (task / {ctn}L) % {g.group}L,"
+        f" n = task / {ctn * g.group}L;",
         f"      const long c0 = cb * {ct}L, c1 = c0 + {ct}L < {g.cog}L ? c0 + {ct}L : {g.cog}L;",
         f"      const float *xg = X + (n * {g.cin}L + g * {g.cig}L) * {hw}L;",
-        f"      AF_SGEMM(AfRowMajor, AfTrans, AfNoTrans, (af_blasint)((c1 - c0) * {khw}L), {hw}, {g.cig}, 1.0f,"
+        f"      AF_SGEMM(AfRowMajor, AfTrans, AfNoTrans, (af_blasint)((c1 - c0) * {khw}L), {hw},"
+        f" {g.cig}, 1.0f,"
         f" Wt + g * {g.cig * g.cog * khw}L + c0 * {khw}L, {g.cog * khw}, xg, {hw}, 0.0f, col, {hw});",
         f"      const long row0 = n * {g.cout}L + g * {g.cog}L + c0;",
         f"      float *y = Y + row0 * {ohw}L;",
@@ -365,7 +382,7 @@ def emit_conv_transpose_body(
     if epilogue is not None:
         lines.append("      " + epilogue("y", f"{ohw}L", "row0", "row0 + (c1 - c0)", "0", f"{ohw}L"))
     lines += ["    }", "    free(col);", "  }"]
-    return lines, "conv_transpose_col2im"
+    return parallel_or_serial(lines, parallel), "conv_transpose_col2im"
 
 
 def bias_shape(node: onnx.NodeProto, ops: Operands) -> tuple[int, ...]:

@@ -311,7 +311,8 @@ def emit_epilogue(
         stores.append(f"      o{j}r[c] = {local[name]};")
 
     lines = [
-        f"/* epilogue: {epi.describe()} over {list(domain)} (rows {list(row_dims)}, columns {list(col_dims)}) */",
+        f"/* epilogue: {epi.describe()} over {list(domain)}"
+        f" (rows {list(row_dims)}, columns {list(col_dims)}) */",
         f"static void {fn_name}(void *const *args, float *restrict tile, long ldt, long r0, long r1, "
         "long c0, long c1) {",
         "  (void)args;",

@@ -21,7 +21,6 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import onnx
 
 from .common import CodegenUnsupported, attrs_of, c_literal
@@ -210,6 +209,14 @@ def gemm_problem(node: onnx.NodeProto, a: View, b: View, ops: Operands) -> GemmP
     return GemmProblem((), ar, bc, ac, pa, pb, float(attrs.get("alpha", 1.0)))
 
 
+def parallel_or_serial(lines: list[str], parallel: bool) -> list[str]:
+    """Keep the OpenMP pragmas of a generated body, or drop them when the work is too small to
+    pay for a fork/join (the loop then runs on the calling thread with no OpenMP call at all)."""
+    if parallel:
+        return lines
+    return [line for line in lines if "#pragma omp" not in line]
+
+
 def _round_up(x: int, q: int) -> int:
     return -(-x // q) * q
 
@@ -316,7 +323,7 @@ def emit_gemm_body(p: GemmProblem, y_ptr: str, epilogue: EpilogueCall | None) ->
     call = sgemm_tile(p, batch_var="bi", dst="y", ldd=f"{p.n}L", indent="      ")
     lines = [f"  float *restrict Y = {y_ptr};"]
     lines.append(f"  /* {tasks} tiles of {mb}x{nb} (batch {p.batch_count}, M={p.m}, N={p.n}, K={p.k}) */")
-    lines.append("  #pragma omp parallel" + (f" if({tasks} > 1)" if parallel else " if(0)"))
+    lines.append("  #pragma omp parallel")
     lines.append("  {")
     if call.packs_a:
         lines.append(f"    float *pa = (float *)malloc(sizeof(float) * {mb * p.k});")
@@ -340,6 +347,7 @@ def emit_gemm_body(p: GemmProblem, y_ptr: str, epilogue: EpilogueCall | None) ->
     if call.packs_b:
         lines.append("    free(pb);")
     lines.append("  }")
+    lines = parallel_or_serial(lines, parallel)
     method = "batched_gemm" if p.batch else "gemm"
     if call.packs_a or call.packs_b:
         method += "_packed"
@@ -362,7 +370,6 @@ def emit_chain_body(
     if p1.batch or p2.batch:
         raise CodegenUnsupported("a matmul chain needs weights shared across the batch")
     num, den = ratio
-    step = max(8, den // math.gcd(den, num) if den % num else 1)
     step = math.lcm(8, den // math.gcd(num, den))
     target = max(step, (TILE_ROWS // 2 // step) * step)
     blocks = max(1, -(-p1.m // target))
@@ -377,8 +384,9 @@ def emit_chain_body(
     full2 = GemmProblem((), p2.m, p2.n, p2.k, p2.a, p2.b, p2.alpha)
     lines = [
         f"  float *restrict Y = {y_ptr};",
-        f"  /* {blocks} row blocks of {mb}: [{p1.m}x{p1.k}]x[{p1.k}x{p1.n}] -> [{p2.m}x{k2}]x[{k2}x{p2.n}] */",
-        "  #pragma omp parallel" + (f" if({blocks} > 1)" if blocks > 1 else " if(0)"),
+        f"  /* {blocks} row blocks of {mb}: [{p1.m}x{p1.k}]x[{p1.k}x{p1.n}]"
+        f" -> [{p2.m}x{k2}]x[{k2}x{p2.n}] */",
+        "  #pragma omp parallel",
         "  {",
         f"    float *h = (float *)malloc(sizeof(float) * {mb * p1.n});",
     ]
@@ -413,12 +421,7 @@ def emit_chain_body(
     if call1.packs_b or call2_probe.packs_b:
         lines.append("    free(pb);")
     lines.append("  }")
-    return lines
-
-
-def const_alpha_beta(node: onnx.NodeProto) -> tuple[float, float]:
-    attrs = attrs_of(node)
-    return float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
+    return parallel_or_serial(lines, blocks > 1 and p1.macs + p2.macs >= PARALLEL_MIN_MACS)
 
 
 def gemm_c_shape(c_shape: Sequence[int], m: int, n: int) -> tuple[int, ...]:
@@ -427,16 +430,3 @@ def gemm_c_shape(c_shape: Sequence[int], m: int, n: int) -> tuple[int, ...]:
     if len(shape) > 2 or any(d not in (1, full) for d, full in zip(shape[::-1], (n, m), strict=False)):
         raise CodegenUnsupported(f"Gemm C of shape {shape} does not broadcast to {[m, n]}")
     return shape
-
-
-__all__ = [
-    "GemmProblem",
-    "Matrix",
-    "View",
-    "emit_chain_body",
-    "emit_gemm_body",
-    "gemm_problem",
-    "matmul_problem",
-    "np",
-    "trace_view",
-]

@@ -22,7 +22,7 @@ ATOL = 1e-6
 FUSED_DOMAIN = "ai.graph_autofusion"
 IR_VERSION = 9  # what the pinned onnxruntime accepts
 
-Spec = tuple[Sequence[int], int]  # (shape, elem_type)
+Spec = tuple[Sequence[int], int]  # (shape, elem_type); a bare shape means float
 
 
 def make_model(
@@ -35,7 +35,10 @@ def make_model(
     """A canonical model with static shapes everywhere (shape inference fills value_info)."""
     ins = []
     for name, spec in inputs.items():
-        shape, elem = spec if isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[1], int) and not isinstance(spec[0], int) else (spec, onnx.TensorProto.FLOAT)  # noqa: E501
+        if len(spec) == 2 and isinstance(spec[0], (list, tuple)):  # (shape, elem_type)
+            shape, elem = spec[0], int(spec[1])  # type: ignore[arg-type]
+        else:
+            shape, elem = spec, onnx.TensorProto.FLOAT
         ins.append(helper.make_tensor_value_info(name, elem, list(shape)))
     inits = [onnx.numpy_helper.from_array(np.asarray(v), k) for k, v in (initializers or {}).items()]
     graph = helper.make_graph(list(nodes), "test", ins, [helper.make_empty_tensor_value_info(o) for o in outputs], inits)

@@ -7,10 +7,11 @@ source with the project's compiler driver (real cc, real OpenBLAS) into a per-se
 it through ctypes and compares with onnxruntime with graph optimizations disabled.
 
 Tolerance: BLAS sums in a different order than onnxruntime's MLAS, so a K-term dot product of
-O(1) values differs by up to ~eps*sqrt(K) per unit of magnitude. We use rtol=1e-5 and
-atol = 1e-5 * sqrt(K) * scale, where `scale` is the magnitude of the values entering the
-contraction (inputs are uniform in [-1, 1], so scale = 1); the observed error is reported on
-failure.
+O(1) values differs by a few eps*sqrt(K) per unit of magnitude. We use rtol=1e-5 and
+atol = 3e-6 * sqrt(K) * scale, where `scale` is the magnitude of the values entering the
+contraction (inputs are uniform in [-1, 1], so scale = 1). On the development host (OpenBLAS
+SkylakeX kernels) the worst observed error was 6e-7 * sqrt(K) (K = 576 conv), so the bound has a
+5x margin for other BLAS kernels; set AF_SHOW_ERR=1 to print the observed error of every case.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from graph_autofusion.backend.cpu.compiler import KernelSource, compile_kernels
 from graph_autofusion.backend.cpu.kernel_spec import KernelSpec, TensorInfo
 
 RTOL = 1e-5
-ATOL_PER_SQRT_K = 1e-5
+ATOL_PER_SQRT_K = 3e-6
 
 _CACHE: KernelCache | None = None
 
@@ -155,5 +156,7 @@ def check(case: Case, symbol: str, *, k: int, method: str | None = None, scale: 
     for name, g, w in zip((o.name for o in case.model.graph.output), got, want, strict=True):
         assert g.shape == w.shape, (name, g.shape, w.shape)
         err = float(np.max(np.abs(g - w))) if g.size else 0.0
+        if os.environ.get("AF_SHOW_ERR"):
+            print(f"{symbol}: max abs err {err:.3g} (atol {atol:.3g})")
         np.testing.assert_allclose(g, w, rtol=RTOL, atol=atol, err_msg=f"{name}: max abs err {err:.3g}")
     return kernel

@@ -30,11 +30,13 @@ def _conv_case(
     extra_inits: dict | None = None,
     extra_inputs: dict | None = None,
     **attrs: object,
-):  # noqa: ANN202
+):
     ins = ["x", "w"] + (["b"] if bias else [])
     inits = {"w": rand(rng, *w_shape)}
     if bias:
-        inits["b"] = rand(rng, w_shape[1] * int(attrs.get("group", 1)) if op == "ConvTranspose" else w_shape[0])
+        inits["b"] = rand(
+            rng, w_shape[1] * int(attrs.get("group", 1)) if op == "ConvTranspose" else w_shape[0]
+        )
     nodes = [helper.make_node(op, ins, ["y"], **attrs)]
     last = "y"
     if relu:
@@ -64,7 +66,13 @@ def test_conv3x3_stride1_pad1_bias_relu(rng: np.random.Generator) -> None:
 
 def test_conv3x3_stride2_with_batchnorm_affine_and_residual(rng: np.random.Generator) -> None:
     case = _conv_case(
-        rng, (2, 8, 9, 9), (12, 8, 3, 3), bias=False, relu=False, strides=[2, 2], pads=[1, 1, 1, 1],
+        rng,
+        (2, 8, 9, 9),
+        (12, 8, 3, 3),
+        bias=False,
+        relu=False,
+        strides=[2, 2],
+        pads=[1, 1, 1, 1],
         extra=[
             helper.make_node("Mul", ["y", "scale"], ["ys"]),
             helper.make_node("Add", ["ys", "shift"], ["yb"]),
@@ -95,7 +103,12 @@ def test_conv_small_image_splits_output_channels(rng: np.random.Generator) -> No
 def test_depthwise(rng: np.random.Generator, k: int, stride: int) -> None:
     # MobileNetV2-style depthwise conv + Clip(0, 6).
     case = _conv_case(
-        rng, (1, 16, 14, 14), (16, 1, k, k), relu=False, group=16, strides=[stride, stride],
+        rng,
+        (1, 16, 14, 14),
+        (16, 1, k, k),
+        relu=False,
+        group=16,
+        strides=[stride, stride],
         pads=[k // 2] * 4,
         extra=[helper.make_node("Clip", ["y", "lo", "hi"], ["o"])],
         extra_inits={"lo": np.array(0.0, np.float32), "hi": np.array(6.0, np.float32)},
@@ -142,8 +155,12 @@ def test_conv_1x1_strided_goes_through_im2col(rng: np.random.Generator) -> None:
 def test_conv_transpose(rng: np.random.Generator, attrs: dict, x_shape: tuple, w_shape: tuple) -> None:
     case = _conv_case(rng, x_shape, w_shape, op="ConvTranspose", **attrs)
     group = int(attrs.get("group", 1))
-    check(case, f"convt_{len(attrs)}_{x_shape[0]}_{w_shape[1]}", k=_k(w_shape, group, transpose=True),
-          method="conv_transpose_col2im")
+    check(
+        case,
+        f"convt_{len(attrs)}_{x_shape[0]}_{w_shape[1]}",
+        k=_k(w_shape, group, transpose=True),
+        method="conv_transpose_col2im",
+    )
 
 
 def test_conv3d_is_refused(rng: np.random.Generator) -> None:

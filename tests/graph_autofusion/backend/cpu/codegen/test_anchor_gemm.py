@@ -16,7 +16,7 @@ def rng() -> np.random.Generator:
     return np.random.default_rng(1234)
 
 
-def _node(op: str, ins: list[str], outs: list[str], **attrs: object):  # noqa: ANN202
+def _node(op: str, ins: list[str], outs: list[str], **attrs: object):
     return helper.make_node(op, ins, outs, **attrs)
 
 
@@ -47,6 +47,7 @@ def test_matmul_bias_relu_flattens_batch_into_one_gemm(rng: np.random.Generator)
     )
     kernel = check(case, "mm_bias_relu", k=32, method="gemm")
     assert "epilogue" in kernel.source and kernel.uses_blas
+    assert "#pragma omp" not in kernel.source  # too small for a fork/join
     assert kernel.source.count("AF_SGEMM(AfRowMajor") == 1
 
 
@@ -59,7 +60,7 @@ def test_matmul_bias_gelu_erf_form_tiled_and_parallel(rng: np.random.Generator) 
         {"w": rand(rng, 64, 300), "b": rand(rng, 300), **GELU_CONSTS},
     )
     kernel = check(case, "mm_bias_gelu", k=64, method="gemm")
-    assert "#pragma omp parallel if(" in kernel.source and "if(0)" not in kernel.source
+    assert "#pragma omp parallel" in kernel.source  # several tiles, worth a thread team
     assert "erff(" in kernel.source and "0.5f" in kernel.source  # scalars baked in
 
 
