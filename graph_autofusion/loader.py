@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 from onnx import ModelProto, TensorProto
@@ -276,17 +277,45 @@ def _sorted(model: ModelProto, *, copy: bool) -> ModelProto:
     return model
 
 
+#: Typed storage fields holding one value per element (complex types hold two).
+_PER_ELEMENT = {
+    TensorProto.FLOAT: ("float_data", 1),
+    TensorProto.DOUBLE: ("double_data", 1),
+    TensorProto.INT64: ("int64_data", 1),
+    TensorProto.INT32: ("int32_data", 1),
+    TensorProto.UINT64: ("uint64_data", 1),
+    TensorProto.UINT32: ("uint64_data", 1),
+    TensorProto.COMPLEX64: ("float_data", 2),
+    TensorProto.COMPLEX128: ("double_data", 2),
+}
+
+
+def _check_tensor_data(tensor: TensorProto) -> None:
+    """The data of a weight must match its shape (the checker skips the large ones we hide from it)."""
+    if tensor.HasField("raw_data"):
+        want = expected_nbytes(tensor)
+        have = len(tensor.raw_data)
+        unit = "bytes"
+    elif tensor.data_type in _PER_ELEMENT:
+        field, per = _PER_ELEMENT[tensor.data_type]
+        want = per * (int(np.prod(tensor.dims, dtype=np.int64)) if tensor.dims else 1)
+        have = len(getattr(tensor, field))  # len() of a repeated field copies nothing
+        unit = "values"
+    else:
+        return
+    if want is not None and have != want:
+        raise InvalidModelError(
+            f"initializer {tensor.name!r} holds {have} {unit} but its shape {list(tensor.dims)} "
+            f"and type need {want}; the file is corrupt or truncated.",
+            code="invalid_graph",
+            tensor=tensor.name,
+        )
+
+
 def _check_structure(model: ModelProto) -> None:
     """onnx.checker on a light copy (large weights as typed inputs), plus the weights' byte sizes."""
     for tensor in model.graph.initializer:
-        want = expected_nbytes(tensor)
-        if want is not None and tensor.HasField("raw_data") and len(tensor.raw_data) != want:
-            raise InvalidModelError(
-                f"initializer {tensor.name!r} holds {len(tensor.raw_data)} bytes but its shape "
-                f"{list(tensor.dims)} and type need {want}; the file is corrupt or truncated.",
-                code="invalid_graph",
-                tensor=tensor.name,
-            )
+        _check_tensor_data(tensor)
     light, _ = light_model(model)
     try:
         onnx.checker.check_model(light)

@@ -33,6 +33,7 @@ from ..onnx_utils import (
     node_inputs,
     subgraphs,
     tensor_nbytes,
+    unique_name,
 )
 
 _Message = TypeVar("_Message", NodeProto, ValueInfoProto, TypeProto)
@@ -95,12 +96,7 @@ class WorkGraph:
                         for inner in graph.node:
                             taken.update(inner.output)
             self._taken = taken
-        name, i = base, 0
-        while name in self._taken:
-            i += 1
-            name = f"{base}_{i}"
-        self._taken.add(name)
-        return name
+        return unique_name(base, self._taken)
 
     # -- constants ------------------------------------------------------------------------------
     def is_constant(self, name: str) -> bool:

@@ -2,6 +2,7 @@
 
     from graph_autofusion import zoo
     model = zoo.build("bert_base", num_layers=2, hidden=64, heads=4, seq_len=16)
+    model = zoo.build("gpt2", **zoo.TINY["gpt2"])             # the small variant tests use
     model = zoo.build("resnet50", style="dynamo", dynamic_batch=True)
     inputs = zoo.example_inputs(model, bind={"batch": 4})   # valid ids, masks and images
 
@@ -44,6 +45,43 @@ MODELS: dict[str, Callable[..., onnx.ModelProto]] = {
     "mlp": mlp,
 }
 
+_TINY_TRANSFORMER = {
+    "num_layers": 2,
+    "hidden": 32,
+    "heads": 2,
+    "seq_len": 16,
+    "batch": 2,
+    "vocab": 64,
+    "max_positions": 32,
+}
+
+#: Small variants for tests and CI (each builds in milliseconds and runs in onnxruntime in well
+#: under a second): ``build(name, **TINY[name])``.  They match the tiny PyTorch modules whose real
+#: exports are the zoo's fidelity fixtures (scripts/export_torch_fixtures.py).
+TINY: dict[str, dict[str, Any]] = {
+    "resnet50": {"image_size": 32, "width": 4, "layers": (1, 1, 1, 1), "num_classes": 10, "batch": 2},
+    "mobilenet_v2": {
+        "width_mult": 0.25,
+        "image_size": 32,
+        "num_classes": 10,
+        "batch": 2,
+        "setting": ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 2, 2)),
+        "last_channel": 160,
+    },
+    "bert_base": dict(_TINY_TRANSFORMER),
+    "gpt2": dict(_TINY_TRANSFORMER),
+    "vit_b16": {
+        "image_size": 32,
+        "patch": 8,
+        "num_layers": 2,
+        "hidden": 32,
+        "heads": 2,
+        "num_classes": 10,
+        "batch": 2,
+    },
+    "mlp": {"in_features": 64, "hidden": (32, 16), "num_classes": 10, "batch": 2},
+}
+
 
 def build(name: str, **kwargs: Any) -> onnx.ModelProto:
     """Build zoo model `name` with the builder's keyword arguments.
@@ -67,6 +105,7 @@ def build(name: str, **kwargs: Any) -> onnx.ModelProto:
 
 __all__ = [
     "MODELS",
+    "TINY",
     "UnknownZooModelError",
     "ZooArgumentError",
     "bert_base",

@@ -43,7 +43,6 @@ def bert_base(
     check_positive(intermediate=inner, max_positions=max_positions)
     check_divides("hidden", hidden, "heads", heads)
     check_at_most("seq_len", seq_len, "max_positions", max_positions)
-    head_dim = hidden // heads
     b = GraphBuilder(
         style=style,
         opset=opset,
@@ -60,24 +59,7 @@ def bert_base(
         with b.scope("encoder"), b.scope(f"layer.{i}"):
             with b.scope("attention"):
                 with b.scope("self"):
-                    q = linear(b, x, hidden, hidden, name="query", gemm=False)
-                    q = b.op("Transpose", view_heads(b, q, LEAD, heads, head_dim), perm=HEADS_FIRST)
-                    k = view_heads(
-                        b, linear(b, x, hidden, hidden, name="key", gemm=False), LEAD, heads, head_dim
-                    )
-                    v = linear(b, x, hidden, hidden, name="value", gemm=False)
-                    v = b.op("Transpose", view_heads(b, v, LEAD, heads, head_dim), perm=HEADS_FIRST)
-                    k_t = b.op("Transpose", k, perm=KEY_TRANSPOSED)
-                    ctx = attention_context(
-                        b,
-                        q,
-                        k_t,
-                        v,
-                        lead=LEAD,
-                        hidden=hidden,
-                        divisor=math.sqrt(head_dim),
-                        additive_mask=ext_mask,
-                    )
+                    ctx = _self_attention(b, x, ext_mask, hidden=hidden, heads=heads)
                 with b.scope("output"):
                     y = linear(b, ctx, hidden, hidden, name="dense", gemm=False)
                     x = layer_norm(b, b.op("Add", y, x), hidden, name="LayerNorm", eps=1e-12)
@@ -98,6 +80,20 @@ def bert_base(
         dynamic_batch=dynamic_batch, seed=seed,
     )  # fmt: skip
     return b.build("bert_base", args)
+
+
+def _self_attention(b: GraphBuilder, x: str, mask: str, *, hidden: int, heads: int) -> str:
+    """Separate query/key/value Linears, heads split by view + permute, scaled by 1/sqrt(d)."""
+    head_dim = hidden // heads
+    q = linear(b, x, hidden, hidden, name="query", gemm=False)
+    q = b.op("Transpose", view_heads(b, q, LEAD, heads, head_dim), perm=HEADS_FIRST)
+    k = view_heads(b, linear(b, x, hidden, hidden, name="key", gemm=False), LEAD, heads, head_dim)
+    v = linear(b, x, hidden, hidden, name="value", gemm=False)
+    v = b.op("Transpose", view_heads(b, v, LEAD, heads, head_dim), perm=HEADS_FIRST)
+    k_t = b.op("Transpose", k, perm=KEY_TRANSPOSED)
+    return attention_context(
+        b, q, k_t, v, lead=LEAD, hidden=hidden, divisor=math.sqrt(head_dim), additive_mask=mask
+    )
 
 
 def _embeddings(

@@ -157,8 +157,11 @@ def test_list_jobs_pages_with_cursor(client: httpx.Client) -> None:
 
 def test_targets_patterns_health(client: httpx.Client) -> None:
     assert client.get("/targets", headers=auth()).json() == {"targets": []}
-    patterns = client.get("/patterns", headers=auth())
-    assert patterns.status_code == 200 and isinstance(patterns.json()["patterns"], list)
+    from graph_autofusion.plan.patterns import builtin_patterns
+
+    patterns = client.get("/patterns", headers=auth()).json()["patterns"]
+    assert [p["name"] for p in patterns] == [p.name for p in builtin_patterns()]
+    assert all(p["description"] for p in patterns)
     assert client.get("/healthz").json()["status"] == "ok"
     body = assert_problem(client.get("/readyz"), 503, "not_ready")
     assert body["store"] is True and body["broker"] is True and body["workers"] == 0
@@ -180,10 +183,10 @@ def test_unknown_route_and_method_are_problems(client: httpx.Client) -> None:
     assert_problem(client.delete("/fuse", headers=auth()), 405, "method_not_allowed")
 
 
-def test_openapi_documents_problems() -> None:
+def test_openapi_documents_problems(tmp_path) -> None:
     from autofusion_service import Settings, create_app
 
-    spec = create_app(Settings(data_dir="/tmp/af-openapi-check")).openapi()
+    spec = create_app(Settings(data_dir=tmp_path)).openapi()
     for path, item in spec["paths"].items():
         for method, op in item.items():
             for status, response in op["responses"].items():

@@ -29,10 +29,15 @@ def test_zoo_model_fuses_and_matches_onnxruntime(name: str, style: str) -> None:
     onnx.checker.check_model(fused.model, full_check=True)
     report = fused.report()
     assert report["kernels"]["after"] < report["kernels"]["before"]
-    assert fused.get_fusion_count() == sum(1 for n in fused.model.graph.node if n.domain == "ai.graph_autofusion")
+    assert fused.get_fusion_count() == sum(
+        1 for n in fused.model.graph.node if n.domain == "ai.graph_autofusion"
+    )
     assert report["estimates"]["bytes_moved"]["after"] < report["estimates"]["bytes_moved"]["before"]
     assert report["estimates"]["latency_us"]["after"] < report["estimates"]["latency_us"]["before"]
-    assert report["estimates"]["peak_memory_bytes"]["after"] <= report["estimates"]["peak_memory_bytes"]["before"]
+    assert (
+        report["estimates"]["peak_memory_bytes"]["after"]
+        <= report["estimates"]["peak_memory_bytes"]["before"]
+    )
     result = fused.verify(runner="onnxruntime")
     assert result.passed, result.to_dict()
     json.dumps(report)  # serializable as is

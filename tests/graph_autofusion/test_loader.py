@@ -201,3 +201,13 @@ def test_subgraphs_load():
     model = small_model(nodes=nodes)
     model.graph.ClearField("initializer")
     assert [n.op_type for n in load_model(model, CONFIG).graph.node] == ["ReduceSum", "Cast", "If"]
+
+
+def test_typed_weights_with_the_wrong_count_are_invalid_graph():
+    model = small_model()
+    weight = model.graph.initializer[0]
+    weight.ClearField("raw_data")
+    weight.float_data.extend([1.0] * 15)  # shape [4, 4] needs 16
+    error = refusal(model)
+    assert error.code == "invalid_graph"
+    assert "holds 15 values" in error.message

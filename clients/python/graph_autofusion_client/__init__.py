@@ -7,7 +7,7 @@ them, and fetch the fused model without installing the compiler::
 
     with Client("http://fusion.internal:8000", api_key="...") as client:
         job = client.fuse("model.onnx", "fused.onnx", config={"max_fusion_size": 32})
-        print(job.id, job.report().kernels)
+        print(job.id, job.report().kernels.after)
 
 Everything public is importable from here; the underscored modules are private.
 """
@@ -35,13 +35,18 @@ from ._job import AsyncJob, Job
 from ._models import (
     ArtifactRef,
     Artifacts,
+    BeforeAfter,
+    Estimates,
     FusedGroup,
     JobPage,
     JobState,
     JobStatus,
     Links,
     ModelInfo,
+    Objective,
+    OperatorCounts,
     PatternInfo,
+    PatternStats,
     Problem,
     Progress,
     RefusedCandidate,
@@ -59,7 +64,9 @@ __all__ = [
     "AsyncJob",
     "AuthenticationError",
     "AutofusionError",
+    "BeforeAfter",
     "Client",
+    "Estimates",
     "FusedGroup",
     "FusionConfig",
     "IntegrityError",
@@ -76,7 +83,10 @@ __all__ = [
     "Links",
     "ModelInfo",
     "NotFoundError",
+    "Objective",
+    "OperatorCounts",
     "PatternInfo",
+    "PatternStats",
     "PayloadTooLargeError",
     "Problem",
     "Progress",

@@ -8,11 +8,11 @@ carriage returns turn a log file into one unreadable line.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from ._job import _JobView
-from ._models import Report
+from ._models import BeforeAfter, Report
 
 BAR_WIDTH = 24
 
@@ -62,41 +62,57 @@ class ProgressPrinter:
             self._drawn = False
 
 
-def _flatten(prefix: str, value: Any) -> Iterable[tuple[str, str]]:
-    if isinstance(value, dict):
-        for key, inner in value.items():
-            yield from _flatten(f"{prefix}.{key}" if prefix else str(key), inner)
-    elif isinstance(value, list):
-        yield prefix, str(len(value))
-    elif isinstance(value, float):
-        yield prefix, f"{value:.4g}"
-    elif value is not None:
-        yield prefix, str(value)
+def _human_bytes(value: float | int | None) -> str:
+    if value is None:
+        return "?"
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(size) < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"  # pragma: no cover
+
+
+def _arrow(pair: BeforeAfter, fmt: Callable[[Any], str] = str) -> str | None:
+    if pair.before is None and pair.after is None:
+        return None
+    return f"{fmt(pair.before)} -> {fmt(pair.after)}"
 
 
 def statistics_rows(job: _JobView, report: Report | None) -> list[tuple[str, str]]:
-    """The rows of the final table: the job's identity, then every statistic the report carries.
-
-    The report is rendered generically (numbers as they are, lists by their length, nested objects
-    as dotted keys) so that a statistic the engine adds shows up without a client release.
-    """
-    rows: list[tuple[str, str]] = [("job", job.id), ("status", job.status.value), ("target", job.target)]
+    """The rows of the final table: the job's identity, then what fusion did and is estimated to buy."""
+    rows: list[tuple[str, str | None]] = [
+        ("job", job.id),
+        ("status", job.status.value),
+        ("target", job.target),
+    ]
     if job.model is not None:
-        rows.append(("model", f"{job.model.filename or '-'} ({job.model.size} bytes)"))
+        rows.append(("model", f"{job.model.filename or '-'} ({_human_bytes(job.model.size)})"))
     if job.artifacts.model is not None:
         fused = job.artifacts.model
-        rows.append(("fused model", f"{fused.size} bytes, sha256 {fused.digest[:12]}"))
+        rows.append(("fused model", f"{_human_bytes(fused.size)}, sha256 {fused.digest[:12]}"))
     if job.error is not None:
         rows.append(("error", f"[{job.error.code}] {job.error.detail or job.error.title}"))
     if report is not None:
-        data = report.model_dump(mode="json")
-        for key in ("operators", "kernels", "fusions", "groups", "refused"):
-            rows.extend(_flatten(key, data.pop(key, None)))
-        for code, count in sorted(report.refused_by_code().items()):
-            rows.append((f"refused {code}", str(count)))
-        for key, value in data.items():
-            rows.extend(_flatten(key, value))
-    return rows
+        ops = report.operators
+        est = report.estimates
+        latency = _arrow(est.latency_us, lambda v: f"{v:.1f} us" if v is not None else "?")
+        speedup = est.speedup
+        rows += [
+            (
+                "operators",
+                f"{ops.original} (canonical {ops.canonical})" if ops.original is not None else None,
+            ),
+            ("kernels", _arrow(report.kernels)),
+            ("fusions", None if report.fusions is None else str(report.fusions)),
+            ("bytes moved", _arrow(est.bytes_moved, _human_bytes)),
+            ("peak memory", _arrow(est.peak_memory_bytes, _human_bytes)),
+            (f"latency ({est.profile or '?'})", latency),
+            ("est. speedup", None if speedup is None else f"{speedup:.2f}x"),
+            ("strategy", report.strategy),
+            ("refused", ", ".join(f"{code} x{n}" for code, n in report.refusals().items()) or "none"),
+        ]
+    return [(name, value) for name, value in rows if value is not None]
 
 
 def render_table(rows: list[tuple[str, str]]) -> str:

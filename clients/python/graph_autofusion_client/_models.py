@@ -134,6 +134,44 @@ class PatternInfo(_Resource):
     description: str = ""
 
 
+class BeforeAfter(_Resource):
+    """A quantity without fusion (``before``) and with it (``after``)."""
+
+    before: float | int | None = None
+    after: float | int | None = None
+
+    @property
+    def ratio(self) -> float | None:
+        """``before / after`` (e.g. the estimated speedup for latency), when both are known."""
+        if not self.before or not self.after:
+            return None
+        return self.before / self.after
+
+
+class OperatorCounts(_Resource):
+    original: int | None = None
+    canonical: int | None = Field(default=None, description="After canonicalization (folding, DCE).")
+
+
+class Objective(_Resource):
+    name: str | None = None
+    value: float | None = None
+
+
+class Estimates(_Resource):
+    """What the cost model predicts fusion buys on the hardware ``profile``."""
+
+    profile: str | None = None
+    bytes_moved: BeforeAfter = Field(default_factory=BeforeAfter)
+    peak_memory_bytes: BeforeAfter = Field(default_factory=BeforeAfter)
+    latency_us: BeforeAfter = Field(default_factory=BeforeAfter)
+    objective: Objective | None = None
+
+    @property
+    def speedup(self) -> float | None:
+        return self.latency_us.ratio
+
+
 class FusedGroup(_Resource):
     """One fused kernel: which pattern formed it and which original nodes it holds."""
 
@@ -141,36 +179,56 @@ class FusedGroup(_Resource):
     pattern: str | None = None
     template: str | None = None
     members: list[str] = Field(default_factory=list)
+    op_types: list[str] = Field(default_factory=list)
+    inputs: list[str] = Field(default_factory=list)
+    outputs: list[str] = Field(default_factory=list)
+    bytes: int | None = None
+    bytes_saved: int | None = None
+    flops: int | None = None
+    estimated_us: float | None = None
 
 
 class RefusedCandidate(_Resource):
     """A fusion the planner considered and declined, with its stable reason code (``NF00x``)."""
 
-    code: str | None = None
-    reason: str | None = None
-    producer: str | None = None
-    consumer: str | None = None
+    code: str
+    reason: str | None = Field(default=None, description="The code's title, e.g. 'would create a cycle'.")
+    detail: str | None = None
+    source: str | None = Field(default=None, description="'pattern:<name>' or 'strategy:<name>'.")
+    groups: list[list[str]] = Field(default_factory=list, description="Node names of each group involved.")
+
+
+class PatternStats(_Resource):
+    matched: int = 0
+    applied: int = 0
+    refused: int = 0
 
 
 class Report(_Resource):
     """Statistics and decisions of a finished job (``GET /jobs/{id}/report``).
 
-    Counts may be plain integers or per-kind breakdowns depending on the engine version, so they are
-    typed loosely; ``groups`` and ``refused`` are lists of typed entries; everything else the engine
-    adds is kept in ``model_extra``.
+    The engine's report is typed where a pipeline is likely to read it (counts, groups, refusals,
+    estimates); every other section (``canonicalize``, ``compile``, ``verification``, …) is kept as
+    plain JSON in ``model_extra``, so a newer engine never breaks an older client.
     """
 
-    operators: Any = None
-    kernels: Any = None
-    fusions: Any = None
-    groups: list[FusedGroup] | int = Field(default_factory=list)
-    refused: list[RefusedCandidate] | int = Field(default_factory=list)
-    estimates: dict[str, Any] | Any = Field(default_factory=dict)
+    operators: OperatorCounts = Field(default_factory=OperatorCounts)
+    kernels: BeforeAfter = Field(default_factory=BeforeAfter)
+    fusions: int | None = None
+    groups: list[FusedGroup] = Field(default_factory=list)
+    refused: list[RefusedCandidate] = Field(default_factory=list)
+    refused_by_code: dict[str, int] = Field(default_factory=dict)
+    estimates: Estimates = Field(default_factory=Estimates)
+    strategy: str | None = None
+    templates: dict[str, int] = Field(default_factory=dict)
+    patterns: dict[str, PatternStats] = Field(default_factory=dict)
+    timings_ms: dict[str, float] = Field(default_factory=dict)
 
-    def refused_by_code(self) -> dict[str, int]:
+    def refusals(self) -> dict[str, int]:
         """How many candidates each reason code refused — answers "why was this not fused"."""
+        if self.refused_by_code:
+            return dict(self.refused_by_code)
         counts: dict[str, int] = {}
-        for candidate in self.refused if isinstance(self.refused, list) else []:
-            key = candidate.code or "unknown"
-            counts[key] = counts.get(key, 0) + 1
+        for candidate in self.refused:
+            counts[candidate.code] = counts.get(candidate.code, 0) + 1
         return counts

@@ -17,6 +17,7 @@ import pytest
 
 API_KEYS = {"tenant-a": "key-a", "tenant-b": "key-b"}
 READY_TIMEOUT = 90.0
+UPLOAD_LIMIT_MB = 4  # above the zoo MLP (about 2 MiB), so the 413 test stays cheap
 
 
 def free_port() -> int:
@@ -47,7 +48,7 @@ class LiveService:
         env = {
             **os.environ,
             "AUTOFUSION_API_KEYS": ",".join(f"{t}:{k}" for t, k in API_KEYS.items()),
-            "AUTOFUSION_MAX_UPLOAD_MB": "1",
+            "AUTOFUSION_MAX_UPLOAD_MB": str(UPLOAD_LIMIT_MB),
             "PYTHONUNBUFFERED": "1",
             **self.env_overrides,
         }

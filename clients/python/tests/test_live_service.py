@@ -30,7 +30,7 @@ from graph_autofusion_client import (
     UnknownTargetError,
 )
 
-from ._live import LiveService, free_port, new_service, service_available
+from ._live import UPLOAD_LIMIT_MB, LiveService, free_port, new_service, service_available
 from ._onnx_models import tiny_mlp, zoo_mlp
 
 pytestmark = pytest.mark.skipif(not service_available(), reason="autofusion_service is not installed")
@@ -80,10 +80,20 @@ def test_fuse_submits_waits_and_downloads_verified_results(fused: dict[str, Any]
 
 
 def test_report_is_typed(client: Client, fused: dict[str, Any]) -> None:
+    import onnx
+
     report = client.report(fused["job"].id)
-    for key in ("operators", "kernels", "fusions", "groups", "refused", "estimates"):
-        assert key in report.model_fields_set, key
-    assert isinstance(report.groups, list | int)
+    assert report.operators.original is not None and report.operators.original > 0
+    assert report.kernels.before is not None and report.kernels.after is not None
+    assert 0 < report.kernels.after <= report.kernels.before
+    assert report.fusions == len(report.groups)
+    fused_model = onnx.load(str(fused["model"]))
+    calls = [node for node in fused_model.graph.node if node.domain == "ai.graph_autofusion"]
+    assert len(calls) >= len(report.groups) > 0  # every fused group is a kernel in the model
+    member_names = {name for group in report.groups for name in group.members}
+    assert member_names and all(group.template for group in report.groups)
+    assert sum(report.refusals().values()) == len(report.refused)
+    assert report.estimates.latency_us.after is not None
 
 
 def test_submission_is_idempotent_and_reattachable(live_service: LiveService, fused: dict[str, Any]) -> None:
@@ -164,7 +174,7 @@ def test_unknown_target(client: Client) -> None:
 
 def test_payload_too_large(client: Client) -> None:
     with pytest.raises(PayloadTooLargeError) as info:
-        client.submit(io.BytesIO(b"\0" * (2 * 1024 * 1024)))  # the fixture caps uploads at 1 MiB
+        client.submit(io.BytesIO(b"\0" * ((UPLOAD_LIMIT_MB + 1) * 1024 * 1024)))
     assert info.value.status == 413
 
 

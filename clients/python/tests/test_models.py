@@ -22,15 +22,23 @@ def test_terminal_statuses() -> None:
 def test_report_is_typed_but_permissive() -> None:
     report = Report.model_validate(
         {
-            "operators": 12,
-            "kernels": 5,
-            "fusions": 7,
+            "operators": {"original": 12, "canonical": 10},
+            "kernels": {"before": 9, "after": 4},
+            "fusions": 3,
             "groups": [{"name": "g0", "pattern": "pointwise", "members": ["a", "b"], "flops": 3}],
-            "refused": [{"code": "NF002", "reason": "cycle"}, {"code": "NF002"}, {"code": "NF008"}],
-            "estimates": {"speedup": 1.7},
-            "peak_memory": 1024,
+            "refused": [
+                {"code": "NF002", "reason": "would create a cycle", "groups": [["a"], ["c"]]},
+                {"code": "NF002", "reason": "would create a cycle"},
+                {"code": "NF008", "source": "strategy:latency"},
+            ],
+            "estimates": {"profile": "cpu", "latency_us": {"before": 30.0, "after": 12.0}},
+            "verification": {"passed": True},
         }
     )
     assert report.groups[0].members == ["a", "b"]
-    assert report.refused_by_code() == {"NF002": 2, "NF008": 1}
-    assert report.model_extra == {"peak_memory": 1024}
+    assert report.refused[0].groups == [["a"], ["c"]]
+    assert report.refusals() == {"NF002": 2, "NF008": 1}
+    assert report.kernels.ratio == 9 / 4
+    assert report.estimates.speedup == 2.5
+    assert report.model_extra == {"verification": {"passed": True}}
+    assert Report.model_validate({}).estimates.speedup is None  # an empty report still parses

@@ -35,9 +35,9 @@ from typing import Any
 import onnx
 
 from ...errors import InvalidModelError
+from .extract import extract
 from .isa import host_level, parse_level, target_isa
 from .runtime import CompiledModel, KernelInfo
-from .extract import extract
 
 FORMAT = "graph_autofusion.bundle"
 VERSION = 1
@@ -95,7 +95,11 @@ def save_bundle(compiled: CompiledModel, path: str | Path) -> Path:
             "isa": target_isa().name,
             "machine": platform.machine(),
             "compiler": {"version": cc.version, "target": cc.target},
-            "driver": {"digest": compiled.driver_digest, "file": driver_rel, "sha256": _sha256(root / driver_rel)},
+            "driver": {
+                "digest": compiled.driver_digest,
+                "file": driver_rel,
+                "sha256": _sha256(root / driver_rel),
+            },
             "kernels": kernels,
             "host_ops": dict(compiled.unsupported),
         }
@@ -182,14 +186,27 @@ def _load_dir(root: Path, threads: int | None) -> CompiledModel:
     kernels: dict[str, KernelInfo] = {}
     for symbol, entry in manifest["kernels"].items():
         file = checked(entry, f"kernel {symbol}")
-        kernels[symbol] = KernelInfo(symbol, entry["template"], entry["method"], bool(entry["uses_blas"]),
-                                     entry["digest"], file, cached=True)
+        kernels[symbol] = KernelInfo(
+            symbol,
+            entry["template"],
+            entry["method"],
+            bool(entry["uses_blas"]),
+            entry["digest"],
+            file,
+            cached=True,
+        )
     missing = [s for s in plan.specs if s not in kernels and s not in manifest.get("host_ops", {})]
     if missing:
         raise BundleError(f"the bundle has no artifact for kernel {missing[0]}", code="bundle_corrupt")
     driver = checked(manifest["driver"], "driver")
-    compiled = CompiledModel(plan, kernels, manifest.get("host_ops", {}), driver_path=driver,
-                             driver_digest=manifest["driver"]["digest"], threads=threads)
+    compiled = CompiledModel(
+        plan,
+        kernels,
+        manifest.get("host_ops", {}),
+        driver_path=driver,
+        driver_digest=manifest["driver"]["digest"],
+        threads=threads,
+    )
     compiled.stats["cache"] = {"hits": len(kernels), "misses": 0}
     compiled.stats["compile_seconds"] = 0.0
     return compiled

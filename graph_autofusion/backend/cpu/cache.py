@@ -222,9 +222,9 @@ class KernelCache:
         """
         final = self.path_for(digest)
         with self._digest_lock(digest):
-            if final.is_file():
+            if final.is_file():  # another process won the race (possibly as a unit alias)
                 _touch(final)
-                return final, False
+                return self.resolve(digest) or final, False
             if source is not None:
                 self._write_atomic(self.source_path(digest), lambda tmp: tmp.write_text(source))
             try:

@@ -34,7 +34,9 @@ Usage (what the code generators and the runtime call)::
   and an error still names the broken kernel.
 * `Artifact(digest, path, name, cached, uses_blas)`: `cached` is True for a cache hit (including
   one another process produced while this one waited). Several artifacts may share a path
-  (combined units; identical kernels); `dlopen` loads a shared object once per process.
+  (combined units; identical kernels); `dlopen` loads a shared object once per process. `path`
+  is always the real shared object (`<its digest>.so`): anything that copies artifacts (a bundle)
+  should copy each distinct `path` once, named by `path.name`, not once per kernel digest.
 * `kernel_digest(src)` / `kernel_flags(src)`: the cache key and the exact command-line flags.
 * `compiler_identity()` → `CompilerInfo(path, version, target, command)`: `$AUTOFUSION_CC` (may
   carry arguments, e.g. `"ccache gcc"`), else `cc`; cached per process.
@@ -42,8 +44,11 @@ Usage (what the code generators and the runtime call)::
   `~/.cache/graph_autofusion/kernels`; `cache.default_cache()` is the per-process instance used
   when `cache=None`, so its `stats` (hits, misses, evictions, bytes) accumulate for reports and
   `/metrics`.
-* Threads: `threads.set_omp_threads(n)` (per calling thread, see threads.py) and
-  `blas.set_blas_threads(n)` (process-wide; kernels expect 1, which `blas.load_blas()` sets).
+* Threads: `threads.configure_kernel_threads(n)` before running kernels from a thread (OpenMP
+  gets n threads, BLAS 1); `threads.set_omp_threads(n)` is per calling thread, and
+  `blas.set_blas_threads(n)` process-wide (kernels expect 1, which `blas.load_blas()` sets).
+  libgomp is not fork-safe: a process forked after OpenMP was loaded runs kernels on one thread
+  (see threads.py); load kernels in worker processes, after the fork.
 
 Flags, and why: `-O3 -fPIC -shared -std=c11 -ffp-contract=off -fno-math-errno -fno-trapping-math
 -fno-semantic-interposition -fopenmp`, plus the ISA level (`isa.target_isa()`, x86-64-v3 by
@@ -178,7 +183,7 @@ def _identity_for(spec: str) -> CompilerInfo:
     version = _probe(command, "--version").splitlines()
     target = _probe(command, "-dumpmachine").strip()
     return CompilerInfo(
-        path=os.path.realpath(command[-1] if len(command) > 1 else resolved),
+        path=os.path.realpath(shutil.which(argv[-1]) or argv[-1]),  # the compiler behind any wrapper
         version=version[0].strip() if version else "unknown",
         target=target or platform.machine(),
         command=command,
@@ -426,25 +431,26 @@ def _build_misses(
     progress: Callable[[int, int], None] | None,
     total: int,
 ) -> None:
-    """Compile the misses in a thread pool, filling `results`; raise the first failure."""
-    units: dict[str, tuple[KernelSource, list[str]]] = {}
-    if combine and len(misses) > 1:
-        for members in _plan_units(misses, unique, workers):
-            if len(members) > 1:
-                unit = _combined_unit([unique[d] for d in members])
-                units[kernel_digest(unit, info=info, isa=isa)] = (unit, members)
-    keep.update(units)
-    in_units = {d for _, members in units.values() for d in members}
+    """Compile the misses in a thread pool, filling `results`; raise the first failure.
 
-    def build_one(digest: str) -> dict[str, tuple[Path, bool]]:
+    A combined unit that fails is split in two and retried (down to single kernels), so one
+    broken kernel among n costs about 2*log2(n) extra unit builds rather than n separate ones,
+    and the error that is finally raised comes from the kernel's own build.
+    """
+    Result = dict[str, tuple[Path, bool]]
+    units: dict[str, tuple[KernelSource, list[str]]] = {}
+
+    def build_one(digest: str, keep_now: frozenset[str]) -> Result:
         src = unique[digest]
-        path, created = cache.put(digest, lambda out: _build(src, info, isa, out), source=src.text, keep=keep)
+        path, created = cache.put(
+            digest, lambda out: _build(src, info, isa, out), source=src.text, keep=keep_now
+        )
         return {digest: (path, not created)}
 
-    def build_unit(unit_digest: str) -> dict[str, tuple[Path, bool]]:
+    def build_unit(unit_digest: str, keep_now: frozenset[str]) -> Result:
         unit, members = units[unit_digest]
         path, created = cache.put(
-            unit_digest, lambda out: _build(unit, info, isa, out), source=unit.source, keep=keep
+            unit_digest, lambda out: _build(unit, info, isa, out), source=unit.source, keep=keep_now
         )
         for member in members:
             cache.alias(member, unit_digest)
@@ -452,13 +458,24 @@ def _build_misses(
 
     failures: dict[str, BaseException] = {}
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="autofusion-cc") as pool:
-        jobs: dict[Future[dict[str, tuple[Path, bool]]], tuple[str, str]] = {}
-        for unit_digest in units:
-            jobs[pool.submit(build_unit, unit_digest)] = ("unit", unit_digest)
-        for digest in misses:
-            if digest not in in_units:
-                jobs[pool.submit(build_one, digest)] = ("one", digest)
-        pending = set(jobs)
+        jobs: dict[Future[Result], tuple[str, str]] = {}
+
+        def submit(members: list[str]) -> Future[Result]:
+            # Workers read `keep` while this thread grows it: hand each job a frozen copy.
+            if len(members) == 1:
+                fut = pool.submit(build_one, members[0], frozenset(keep))
+                jobs[fut] = ("one", members[0])
+                return fut
+            unit = _combined_unit([unique[d] for d in members])
+            unit_digest = kernel_digest(unit, info=info, isa=isa)
+            units[unit_digest] = (unit, members)
+            keep.add(unit_digest)
+            fut = pool.submit(build_unit, unit_digest, frozenset(keep))
+            jobs[fut] = ("unit", unit_digest)
+            return fut
+
+        plan = _plan_units(misses, unique, workers) if combine else [[d] for d in misses]
+        pending = {submit(members) for members in plan}
         while pending:
             finished, pending = wait(pending, return_when=FIRST_EXCEPTION)
             for fut in finished:
@@ -471,11 +488,9 @@ def _build_misses(
                     if progress is not None:
                         progress(len(results), total)
                 elif kind == "unit" and isinstance(exc, CompilationError) and not failures:
-                    # Find the kernel at fault (or build the members apart if names clashed).
-                    for member in units[key][1]:
-                        retry = pool.submit(build_one, member)
-                        jobs[retry] = ("one", member)
-                        pending.add(retry)
+                    members = units[key][1]
+                    half = len(members) // 2
+                    pending |= {submit(members[:half]), submit(members[half:])}
                 else:
                     failures[key] = exc
             if failures:

@@ -128,12 +128,15 @@ def constant_value(node: onnx.NodeProto) -> np.ndarray:
             return np.array(value, dtype=np.int64)
         if attr.name == "value_ints":
             return np.array(value, dtype=np.int64)
-    raise UnsupportedModelError(f"Constant node {node.name!r} carries no value this backend reads",
-                                code="unsupported_constant")
+    raise UnsupportedModelError(
+        f"Constant node {node.name!r} carries no value this backend reads", code="unsupported_constant"
+    )
 
 
 def _info_of_array(name: str, value: np.ndarray) -> TensorInfo:
-    return TensorInfo(name, tuple(int(d) for d in value.shape), onnx.helper.np_dtype_to_tensor_dtype(value.dtype))
+    return TensorInfo(
+        name, tuple(int(d) for d in value.shape), onnx.helper.np_dtype_to_tensor_dtype(value.dtype)
+    )
 
 
 def _opset(model: onnx.ModelProto) -> int:
@@ -186,24 +189,41 @@ def spec_digest(spec: KernelSpec) -> str:
         parts.append([canon(t.name), list(t.shape), t.elem_type])
     for node in spec.nodes:
         attrs = sorted((a.name, a.SerializeToString(deterministic=True).hex()) for a in node.attribute)
-        parts.append([node.op_type, node.domain, [canon(i) for i in node.input], [canon(o) for o in node.output],
-                      attrs])
+        parts.append(
+            [
+                node.op_type,
+                node.domain,
+                [canon(i) for i in node.input],
+                [canon(o) for o in node.output],
+                attrs,
+            ]
+        )
     for name in list(names):
         info = spec.tensors.get(name)
         if info is not None:
             parts.append([canon(name), list(info.shape), info.elem_type])
     for name in sorted(spec.constants, key=lambda n: canon(n)):
         value = np.ascontiguousarray(spec.constants[name])
-        parts.append([canon(name), str(value.dtype), list(value.shape), hashlib.sha256(value.tobytes()).hexdigest()])
+        parts.append(
+            [canon(name), str(value.dtype), list(value.shape), hashlib.sha256(value.tobytes()).hexdigest()]
+        )
     blob = json.dumps(parts, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()
 
 
 def _finish_spec(spec: KernelSpec) -> KernelSpec:
     symbol = f"af_{spec.template}_{spec_digest(spec)[:16]}"
-    return KernelSpec(symbol=symbol, template=spec.template, nodes=spec.nodes, inputs=spec.inputs,
-                      outputs=spec.outputs, tensors=spec.tensors, constants=spec.constants, pattern=spec.pattern,
-                      members=spec.members)
+    return KernelSpec(
+        symbol=symbol,
+        template=spec.template,
+        nodes=spec.nodes,
+        inputs=spec.inputs,
+        outputs=spec.outputs,
+        tensors=spec.tensors,
+        constants=spec.constants,
+        pattern=spec.pattern,
+        members=spec.members,
+    )
 
 
 def _function_doc(fn: onnx.FunctionProto) -> dict[str, object]:
@@ -214,16 +234,28 @@ def _function_doc(fn: onnx.FunctionProto) -> dict[str, object]:
     return doc if isinstance(doc, dict) else {}
 
 
-def _infer_body(fn: onnx.FunctionProto, inputs: list[TensorInfo], outputs: list[TensorInfo],
-                opset_import: list[onnx.OperatorSetIdProto]) -> dict[str, TensorInfo]:
+def _infer_body(
+    fn: onnx.FunctionProto,
+    inputs: list[TensorInfo],
+    outputs: list[TensorInfo],
+    opset_import: list[onnx.OperatorSetIdProto],
+) -> dict[str, TensorInfo]:
     """Shape inference over a function body whose value_info is incomplete (a fallback)."""
     graph = onnx.helper.make_graph(
         list(fn.node),
         "body",
-        [onnx.helper.make_tensor_value_info(f, t.elem_type, t.shape) for f, t in zip(fn.input, inputs, strict=True)],
-        [onnx.helper.make_tensor_value_info(f, t.elem_type, t.shape) for f, t in zip(fn.output, outputs, strict=True)],
+        [
+            onnx.helper.make_tensor_value_info(f, t.elem_type, t.shape)
+            for f, t in zip(fn.input, inputs, strict=True)
+        ],
+        [
+            onnx.helper.make_tensor_value_info(f, t.elem_type, t.shape)
+            for f, t in zip(fn.output, outputs, strict=True)
+        ],
     )
-    model = onnx.helper.make_model(graph, opset_imports=[o for o in opset_import if o.domain in ("", "ai.onnx")])
+    model = onnx.helper.make_model(
+        graph, opset_imports=[o for o in opset_import if o.domain in ("", "ai.onnx")]
+    )
     inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
     return _collect(list(inferred.graph.value_info))
 
@@ -248,7 +280,8 @@ def extract(model: onnx.ModelProto) -> ExecutionPlan:
         missing = [o for o in missing if o not in tensors]
         if missing:
             raise UnsupportedModelError(
-                f"tensor {missing[0]!r} has no static shape; bind symbolic dims with FusionConfig.input_shapes "
+                f"tensor {missing[0]!r} has no static shape; bind symbolic dims with "
+                f"FusionConfig.input_shapes "
                 f"({len(missing)} tensor(s) without one)",
                 code="dynamic_shape",
                 tensors=missing[:10],
@@ -287,8 +320,16 @@ def extract(model: onnx.ModelProto) -> ExecutionPlan:
         specs.setdefault(spec.symbol, spec)
         args = tuple(i for i in node.input if i) if node.domain != FUSED_DOMAIN else tuple(node.input)
         steps.append(KernelStep(spec.symbol, args, tuple(node.output), node.name, node))
-    return ExecutionPlan(model=model, steps=steps, specs=specs, tensors=tensors, inputs=inputs, outputs=outputs,
-                         initializers=initializers, opset=opset)
+    return ExecutionPlan(
+        model=model,
+        steps=steps,
+        specs=specs,
+        tensors=tensors,
+        inputs=inputs,
+        outputs=outputs,
+        initializers=initializers,
+        opset=opset,
+    )
 
 
 def _is_plain_view(node: onnx.NodeProto) -> bool:
@@ -301,12 +342,15 @@ def _kernel_constants(names: list[str], initializers: dict[str, np.ndarray]) -> 
     return {n: initializers[n] for n in names if n in initializers and _small(initializers[n])}
 
 
-def _single_spec(node: onnx.NodeProto, template: str, tensors: dict[str, TensorInfo],
-                 initializers: dict[str, np.ndarray]) -> KernelSpec:
+def _single_spec(
+    node: onnx.NodeProto, template: str, tensors: dict[str, TensorInfo], initializers: dict[str, np.ndarray]
+) -> KernelSpec:
     ins = [tensors[i] for i in node.input if i]
-    outs = [tensors[o] if o in tensors else None for o in node.output]
+    outs = [tensors.get(o) for o in node.output]
     if any(o is None for o in outs):
-        raise UnsupportedModelError(f"an output of node {node.name!r} has no static shape", code="dynamic_shape")
+        raise UnsupportedModelError(
+            f"an output of node {node.name!r} has no static shape", code="dynamic_shape"
+        )
     body = onnx.NodeProto()
     body.CopyFrom(node)
     # Absent optional inputs in the middle stay "" in the body; trailing ones are dropped.
@@ -324,8 +368,13 @@ def _single_spec(node: onnx.NodeProto, template: str, tensors: dict[str, TensorI
     )
 
 
-def _function_spec(node: onnx.NodeProto, fn: onnx.FunctionProto, tensors: dict[str, TensorInfo],
-                   initializers: dict[str, np.ndarray], model: onnx.ModelProto) -> KernelSpec:
+def _function_spec(
+    node: onnx.NodeProto,
+    fn: onnx.FunctionProto,
+    tensors: dict[str, TensorInfo],
+    initializers: dict[str, np.ndarray],
+    model: onnx.ModelProto,
+) -> KernelSpec:
     doc = _function_doc(fn)
     template = str(doc.get("template") or "pointwise")
     if len(node.input) != len(fn.input) or len(node.output) != len(fn.output):
@@ -342,8 +391,9 @@ def _function_spec(node: onnx.NodeProto, fn: onnx.FunctionProto, tensors: dict[s
     outputs = []
     for formal, actual in zip(fn.output, node.output, strict=True):
         if actual not in tensors:
-            raise UnsupportedModelError(f"output {actual!r} of node {node.name!r} has no static shape",
-                                        code="dynamic_shape")
+            raise UnsupportedModelError(
+                f"output {actual!r} of node {node.name!r} has no static shape", code="dynamic_shape"
+            )
         info = tensors[actual]
         outputs.append(TensorInfo(formal, info.shape, info.elem_type))
     for t in (*inputs, *outputs):

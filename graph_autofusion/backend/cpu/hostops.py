@@ -29,7 +29,9 @@ class HostOp:
             [onnx.helper.make_tensor_value_info(n, tensors[n].elem_type, tensors[n].shape) for n in inputs],
             [onnx.helper.make_tensor_value_info(n, tensors[n].elem_type, tensors[n].shape) for n in outputs],
         )
-        one = onnx.helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
+        one = onnx.helper.make_model(
+            graph, opset_imports=list(model.opset_import), ir_version=model.ir_version
+        )
         one.functions.extend(model.functions)
         self.input_names = inputs
         self.output_names = outputs

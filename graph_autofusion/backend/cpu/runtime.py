@@ -97,10 +97,13 @@ def compile_model(
             driver = art
             continue
         template, method, uses_blas = meta[art.name]
-        kernels[art.name] = KernelInfo(art.name, template, method, uses_blas, art.digest, art.path, art.cached)
+        kernels[art.name] = KernelInfo(
+            art.name, template, method, uses_blas, art.digest, art.path, art.cached
+        )
     assert driver is not None
-    compiled = CompiledModel(plan, kernels, unsupported, driver_path=driver.path, driver_digest=driver.digest,
-                             threads=threads)
+    compiled = CompiledModel(
+        plan, kernels, unsupported, driver_path=driver.path, driver_digest=driver.digest, threads=threads
+    )
     hits = sum(1 for a in artifacts if a.cached)
     compiled.stats["compile_seconds"] = round(time.perf_counter() - started, 4)
     compiled.stats["cache"] = {"hits": hits, "misses": len(artifacts) - hits}
@@ -270,15 +273,17 @@ class CompiledModel:
             if isinstance(step, KernelStep):
                 info = self.kernels[step.symbol]
                 spec = self.plan.specs[step.symbol]
-                per_kernel.append({
-                    "node": step.node_name,
-                    "symbol": step.symbol,
-                    "template": info.template,
-                    "method": info.method,
-                    "pattern": spec.pattern,
-                    "ops": len(spec.nodes),
-                    "cached": info.cached,
-                })
+                per_kernel.append(
+                    {
+                        "node": step.node_name,
+                        "symbol": step.symbol,
+                        "template": info.template,
+                        "method": info.method,
+                        "pattern": spec.pattern,
+                        "ops": len(spec.nodes),
+                        "cached": info.cached,
+                    }
+                )
         hosts = [
             {"node": s.node.name, "op_type": s.node.op_type, "reason": s.reason}
             for s in self._steps
@@ -386,7 +391,8 @@ class CompiledModel:
                     value = np.asarray(value, dtype=info.dtype)
                 except (TypeError, ValueError) as exc:
                     raise RuntimeInputError(
-                        f"input {info.name!r} is not an array of {info.dtype}: {exc}", code="wrong_input_dtype",
+                        f"input {info.name!r} is not an array of {info.dtype}: {exc}",
+                        code="wrong_input_dtype",
                         input=info.name,
                     ) from exc
             if value.dtype != info.dtype:
@@ -399,7 +405,8 @@ class CompiledModel:
                 )
             if tuple(value.shape) != tuple(info.shape):
                 raise RuntimeInputError(
-                    f"input {info.name!r} has shape {list(value.shape)}, the model expects {list(info.shape)}",
+                    f"input {info.name!r} has shape {list(value.shape)}, "
+                    f"the model expects {list(info.shape)}",
                     code="wrong_input_shape",
                     input=info.name,
                     expected=list(info.shape),

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from canon_helpers import build_model, tensor
 from onnx import TensorProto, helper
 
 from graph_autofusion.canonicalize import canonicalize
 from graph_autofusion.config import FusionConfig
-from graph_autofusion.errors import InvalidConfigError, UnboundDimensionError
+from graph_autofusion.errors import InvalidConfigError, UnboundDimensionError, UnsupportedModelError
 
 
 def bert_like_inputs() -> object:
@@ -84,3 +85,12 @@ def test_a_value_conflicting_with_a_static_dim_is_a_config_error():
     with pytest.raises(InvalidConfigError, match="fixes it at 8") as info:
         canonicalize(model, FusionConfig(input_shapes={"x": [1, 9]}))
     assert info.value.code == "invalid_input_shapes"
+
+
+def test_non_tensor_inputs_are_unsupported():
+    sequence = helper.make_tensor_sequence_value_info("seq", TensorProto.FLOAT, [2])
+    nodes = [helper.make_node("SequenceAt", ["seq", "zero"], ["y"])]
+    model = build_model(nodes, [sequence], [tensor("y", [2])], {"zero": np.int64(0)})
+    with pytest.raises(UnsupportedModelError) as info:
+        canonicalize(model, FusionConfig())
+    assert info.value.code == "unsupported_input"

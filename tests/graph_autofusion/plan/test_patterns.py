@@ -13,9 +13,15 @@ from graph_autofusion import FusionConfig, Pattern
 
 def add_relu_model():  # noqa: ANN201
     return model(
-        [node("Add", ["x", "b"], ["s"], "add"), node("Relu", ["s"], ["r"], "relu"),
-         node("Hardmax", ["r"], ["h"], "hm"), node("Mul", ["h", "x"], ["y"], "mul")],
-        [("x", [4, 8])], ["y"], inits=[("b", np.ones(8, dtype=np.float32))],
+        [
+            node("Add", ["x", "b"], ["s"], "add"),
+            node("Relu", ["s"], ["r"], "relu"),
+            node("Hardmax", ["r"], ["h"], "hm"),
+            node("Mul", ["h", "x"], ["y"], "mul"),
+        ],
+        [("x", [4, 8])],
+        ["y"],
+        inits=[("b", np.ones(8, dtype=np.float32))],
     )
 
 
@@ -42,8 +48,9 @@ def test_python_pattern_applies() -> None:
 
 def test_json_pattern_applies_through_config() -> None:
     spec = {"name": "add_relu_json", "sequence": [{"op": "Add", "shape": {"rank": 2}}, {"op": "Relu"}]}
-    config = FusionConfig.model_validate({"patterns": [spec], "enable_auto_fusion": False,
-                                          "disabled_patterns": ["pointwise_chain"]})
+    config = FusionConfig.model_validate(
+        {"patterns": [spec], "enable_auto_fusion": False, "disabled_patterns": ["pointwise_chain"]}
+    )
     fused = gaf.fuse(add_relu_model(), json.loads(config.model_dump_json()))
     assert fused.report()["patterns"]["add_relu_json"]["applied"] == 1
     assert fused.get_fusion_count() == 1
@@ -51,8 +58,10 @@ def test_json_pattern_applies_through_config() -> None:
 
 def test_json_pattern_constraints_filter_matches() -> None:
     spec = {"name": "rank3_only", "sequence": [{"op": "Add", "shape": {"rank": 3}}, {"op": "Relu"}]}
-    fused = gaf.fuse(add_relu_model(), {"patterns": [spec], "enable_auto_fusion": False,
-                                        "disabled_patterns": ["pointwise_chain"]})
+    fused = gaf.fuse(
+        add_relu_model(),
+        {"patterns": [spec], "enable_auto_fusion": False, "disabled_patterns": ["pointwise_chain"]},
+    )
     assert fused.report()["patterns"]["rank3_only"]["matched"] == 0
 
 
@@ -73,8 +82,16 @@ def test_builtin_patterns_are_named_and_can_be_disabled() -> None:
     from graph_autofusion.plan import builtin_patterns
 
     names = [p.label() for p in builtin_patterns()]
-    for wanted in ("pointwise_chain", "conv_epilogue", "matmul_epilogue", "matmul_chain", "reduction_fusion",
-                   "layer_norm", "softmax", "gelu"):
+    for wanted in (
+        "pointwise_chain",
+        "conv_epilogue",
+        "matmul_epilogue",
+        "matmul_chain",
+        "reduction_fusion",
+        "layer_norm",
+        "softmax",
+        "gelu",
+    ):
         assert wanted in names
     assert all(p.description for p in builtin_patterns())
 

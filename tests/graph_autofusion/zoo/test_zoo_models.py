@@ -168,3 +168,21 @@ def test_example_inputs_refuse_foreign_models() -> None:
     del model.metadata_props[:]
     with pytest.raises(zoo.ZooArgumentError):
         example_inputs(model)
+
+
+def test_models_are_identical_across_processes() -> None:
+    """No dependence on hash seeds or other per-process state."""
+    import hashlib
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import hashlib; from graph_autofusion import zoo; "
+        "print(hashlib.sha256(zoo.build('bert_base', style='dynamo', dynamic_batch=True, "
+        "**zoo.TINY['bert_base']).SerializeToString()).hexdigest())"
+    )
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    other = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    here = zoo.build("bert_base", style="dynamo", dynamic_batch=True, **zoo.TINY["bert_base"])
+    assert other.stdout.strip() == hashlib.sha256(here.SerializeToString()).hexdigest()

@@ -17,7 +17,7 @@ import importlib
 from dataclasses import dataclass
 
 from ..kernel_spec import KernelSpec
-from . import pool, single  # noqa: F401  (registers node rules)
+from . import pool, single
 from .common import CodegenUnsupported
 from .pointwise import emit_pointwise
 from .reduction import emit_reduction
@@ -32,7 +32,7 @@ class GeneratedKernel:
     method: str = ""  # how an anchor computes its contraction (im2col, direct 1x1, ...)
 
 
-def anchor_module():  # noqa: ANN201 - the module or None
+def anchor_module():
     """The anchor generator module, or None while it is not available."""
     try:
         return importlib.import_module("graph_autofusion.backend.cpu.codegen.anchor")

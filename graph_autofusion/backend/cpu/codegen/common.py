@@ -50,7 +50,7 @@ static inline int64_t af_mod(int64_t a, int64_t b) {
 """
 
 
-class CodegenUnsupported(Exception):  # noqa: N818 - an internal signal, not a user error
+class CodegenUnsupported(Exception):
     """Raised when a kernel is outside what the generators handle; the runtime then runs the
     kernel's nodes as host ops (listed in the model's stats), never silently."""
 

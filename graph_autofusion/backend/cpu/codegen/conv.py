@@ -35,8 +35,13 @@ from .gemm import PARALLEL_MIN_MACS, EpilogueCall, parallel_or_serial
 COL_TILE_FLOATS = 96 * 1024
 # Floats in one output tile finished by the epilogue while hot.
 OUT_TILE_FLOATS = 64 * 1024
-# Tasks to aim for when splitting a conv over output channels as well as pixels.
-MIN_TASKS = 8
+# Narrowest pixel tile: OpenBLAS re-packs the weight panel (Cout x K) on every call, amortized
+# over the tile's pixels, so tiles narrower than this lose more to packing than they gain in
+# cache residency.
+MIN_PIXEL_TILE = 128
+# Tasks to aim for when splitting a conv over output channels as well as pixels (every split
+# re-packs the im2col panel once more, so only as many as two threads need to balance).
+MIN_TASKS = 4
 
 
 @dataclass(frozen=True)
@@ -159,7 +164,7 @@ def _round_up(x: int, q: int) -> int:
 
 
 def _pixel_tile(pixels: int, kdim: int) -> int:
-    pt = max(32, COL_TILE_FLOATS // max(1, kdim))
+    pt = max(MIN_PIXEL_TILE, COL_TILE_FLOATS // max(1, kdim))
     if pt >= pixels:
         return pixels
     count = -(-pixels // pt)

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import onnx
 
+from ..kernel_spec import KernelSpec
 from .common import (
     PARALLEL_MIN_ELEMENTS,
     Block,
@@ -32,7 +33,6 @@ from .common import (
     numel,
     reshape_index,
 )
-from ..kernel_spec import KernelSpec
 
 
 def emit_pointwise(spec: KernelSpec, description: str = "") -> str:

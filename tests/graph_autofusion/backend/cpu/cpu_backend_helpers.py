@@ -41,7 +41,9 @@ def make_model(
             shape, elem = spec, onnx.TensorProto.FLOAT
         ins.append(helper.make_tensor_value_info(name, elem, list(shape)))
     inits = [onnx.numpy_helper.from_array(np.asarray(v), k) for k, v in (initializers or {}).items()]
-    graph = helper.make_graph(list(nodes), "test", ins, [helper.make_empty_tensor_value_info(o) for o in outputs], inits)
+    graph = helper.make_graph(
+        list(nodes), "test", ins, [helper.make_empty_tensor_value_info(o) for o in outputs], inits
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=IR_VERSION)
     model = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
     known = {vi.name: vi for vi in [*model.graph.value_info, *model.graph.output]}
@@ -73,10 +75,14 @@ def fuse_all(model: onnx.ModelProto, template: str, pattern: str = "test") -> on
         opset_imports=[helper.make_opsetid("", model.opset_import[0].version)],
     )
     fn.value_info.extend(body_vi)
-    fn.doc_string = json.dumps({"pattern": pattern, "template": template, "members": [n.name or n.op_type for n in graph.node]})
+    fn.doc_string = json.dumps(
+        {"pattern": pattern, "template": template, "members": [n.name or n.op_type for n in graph.node]}
+    )
     call = helper.make_node("fused_0", external, outs, domain=FUSED_DOMAIN, name="fused_0")
     del init_names
-    new_graph = helper.make_graph([call], graph.name, list(graph.input), list(graph.output), list(graph.initializer))
+    new_graph = helper.make_graph(
+        [call], graph.name, list(graph.input), list(graph.output), list(graph.initializer)
+    )
     new_graph.value_info.extend([vi for vi in graph.value_info if vi.name in outs])
     fused = helper.make_model(
         new_graph,
@@ -114,8 +120,12 @@ def ort_run(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str
     return dict(zip(names, sess.run(None, dict(feeds)), strict=True))
 
 
-def assert_close(actual: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray],
-                 rtol: float = RTOL, atol: float = ATOL) -> None:
+def assert_close(
+    actual: Mapping[str, np.ndarray],
+    expected: Mapping[str, np.ndarray],
+    rtol: float = RTOL,
+    atol: float = ATOL,
+) -> None:
     assert list(actual) == list(expected)
     for name, want in expected.items():
         got = actual[name]
@@ -124,8 +134,13 @@ def assert_close(actual: Mapping[str, np.ndarray], expected: Mapping[str, np.nda
         np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=name)
 
 
-def check(model: onnx.ModelProto, cache: KernelCache, template: str | None = None, seed: int = 0,
-          feeds: Mapping[str, np.ndarray] | None = None) -> CompiledModel:
+def check(
+    model: onnx.ModelProto,
+    cache: KernelCache,
+    template: str | None = None,
+    seed: int = 0,
+    feeds: Mapping[str, np.ndarray] | None = None,
+) -> CompiledModel:
     """Compile `model` (fused into one `template` kernel when given) and compare with onnxruntime."""
     feeds = dict(feeds) if feeds is not None else random_feeds(model, seed)
     expected = ort_run(model, feeds)

@@ -211,12 +211,15 @@ def test_combined_unit_with_clashing_names_falls_back_to_one_object_each(cache: 
 
 
 def test_broken_kernel_in_a_combined_batch_is_named(cache: KernelCache) -> None:
-    sources = [
-        _scale_kernel(0),
-        KernelSource("the_broken_one", "void b(void) { undeclared_fn(); }"),
-        _scale_kernel(1),
-    ]
+    sources = [_scale_kernel(i) for i in range(7)]
+    sources.insert(5, KernelSource("the_broken_one", "void b(void) { undeclared_fn(); }"))
     with pytest.raises(CompilationError) as info:
         compile_kernels(sources, cache=cache, jobs=1, combine=True)
-    assert info.value.details["kernel"] == "the_broken_one"
+    assert info.value.details["kernel"] == "the_broken_one"  # found by splitting the unit
+    assert "undeclared_fn" in info.value.details["stderr"]
     assert not any(name.startswith(".tmp-") for name in _files(cache))
+    # The halves without the broken kernel were built as units and are reused now.
+    arts = compile_kernels([s for s in sources if s.name != "the_broken_one"], cache=cache, combine=True)
+    assert sum(a.cached for a in arts) >= 3
+    for i, art in enumerate(arts):
+        _run_scale(art, i)

@@ -29,8 +29,9 @@ def test_chain_with_broadcast_is_one_kernel(kernel_cache) -> None:
         helper.make_node("Tanh", ["m"], ["g"]),
         helper.make_node("Sigmoid", ["g"], ["y"]),
     ]
-    model = make_model(nodes, {"x": [2, 3, 8, 5], "s": [3, 1, 1]}, ["y"],
-                       {"b": np.linspace(-1, 1, 5, dtype=np.float32)})
+    model = make_model(
+        nodes, {"x": [2, 3, 8, 5], "s": [3, 1, 1]}, ["y"], {"b": np.linspace(-1, 1, 5, dtype=np.float32)}
+    )
     compiled = check(model, kernel_cache, "pointwise")
     assert compiled.stats["kernels"] == 1
 
@@ -43,10 +44,18 @@ def test_transpose_then_elementwise(kernel_cache, perm) -> None:
 
 @pytest.mark.parametrize(
     ("starts", "ends", "axes", "steps"),
-    [([1], [4], [1], [1]), ([-1], [-100], [2], [-1]), ([0, 1], [5, 9], [1, 2], [2, 3]), ([2], [100], [0], [1])],
+    [
+        ([1], [4], [1], [1]),
+        ([-1], [-100], [2], [-1]),
+        ([0, 1], [5, 9], [1, 2], [2, 3]),
+        ([2], [100], [0], [1]),
+    ],
 )
 def test_slice(kernel_cache, starts, ends, axes, steps) -> None:
-    nodes = [helper.make_node("Slice", ["x", "st", "en", "ax", "sp"], ["s"]), helper.make_node("Neg", ["s"], ["y"])]
+    nodes = [
+        helper.make_node("Slice", ["x", "st", "en", "ax", "sp"], ["s"]),
+        helper.make_node("Neg", ["s"], ["y"]),
+    ]
     inits = {"st": i64(*starts), "en": i64(*ends), "ax": i64(*axes), "sp": i64(*steps)}
     check(make_model(nodes, {"x": [4, 6, 9]}, ["y"], inits), kernel_cache, "pointwise")
 
@@ -57,7 +66,9 @@ def test_concat_of_computed_inputs(kernel_cache) -> None:
         helper.make_node("Abs", ["b"], ["ab"]),
         helper.make_node("Concat", ["ea", "ab", "c"], ["y"], axis=1),
     ]
-    check(make_model(nodes, {"a": [2, 3, 4], "b": [2, 1, 4], "c": [2, 5, 4]}, ["y"]), kernel_cache, "pointwise")
+    check(
+        make_model(nodes, {"a": [2, 3, 4], "b": [2, 1, 4], "c": [2, 5, 4]}, ["y"]), kernel_cache, "pointwise"
+    )
 
 
 def test_concat_on_last_axis_alone(kernel_cache) -> None:
@@ -73,10 +84,15 @@ def test_gather_constant_indices_with_negatives(kernel_cache) -> None:
 
 def test_gather_runtime_indices_embedding(kernel_cache) -> None:
     table = np.random.default_rng(1).standard_normal((10, 6)).astype(np.float32)
-    nodes = [helper.make_node("Gather", ["table", "ids"], ["e"]), helper.make_node("Add", ["e", "pos"], ["y"])]
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["e"]),
+        helper.make_node("Add", ["e", "pos"], ["y"]),
+    ]
     model = make_model(nodes, {"ids": ([2, 4], I64), "pos": [4, 6]}, ["y"], {"table": table})
-    feeds = {"ids": np.array([[0, 9, -1, 3], [5, 5, 2, -10]], dtype=np.int64),
-             "pos": np.ones((4, 6), dtype=np.float32)}
+    feeds = {
+        "ids": np.array([[0, 9, -1, 3], [5, 5, 2, -10]], dtype=np.int64),
+        "pos": np.ones((4, 6), dtype=np.float32),
+    }
     check(model, kernel_cache, "pointwise", feeds=feeds)
 
 

@@ -21,8 +21,20 @@ def i64(*v: int) -> np.ndarray:
     return np.array(v, dtype=np.int64)
 
 
-@pytest.mark.parametrize("op", ["ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2",
-                                "ReduceL1", "ReduceSumSquare", "ReduceLogSumExp"])
+@pytest.mark.parametrize(
+    "op",
+    [
+        "ReduceMean",
+        "ReduceSum",
+        "ReduceMax",
+        "ReduceMin",
+        "ReduceProd",
+        "ReduceL2",
+        "ReduceL1",
+        "ReduceSumSquare",
+        "ReduceLogSumExp",
+    ],
+)
 @pytest.mark.parametrize(("axes", "keepdims"), [([-1], 1), ([1, 2], 0), ([0], 1)])
 def test_reduce_ops(kernel_cache, op, axes, keepdims) -> None:
     nodes = [helper.make_node(op, ["x", "axes"], ["y"], keepdims=keepdims)]
@@ -77,9 +89,13 @@ def test_decomposed_layernorm_is_one_kernel(kernel_cache) -> None:
         helper.make_node("Mul", ["n", "gamma"], ["g"]),
         helper.make_node("Add", ["g", "beta"], ["y"]),
     ]
-    inits = {"ax": i64(-1), "two": np.float32(2.0), "eps": np.float32(1e-5),
-             "gamma": rng.standard_normal(hidden).astype(np.float32),
-             "beta": rng.standard_normal(hidden).astype(np.float32)}
+    inits = {
+        "ax": i64(-1),
+        "two": np.float32(2.0),
+        "eps": np.float32(1e-5),
+        "gamma": rng.standard_normal(hidden).astype(np.float32),
+        "beta": rng.standard_normal(hidden).astype(np.float32),
+    }
     model = make_model(nodes, {"x": [2, 5, hidden], "res": [2, 5, hidden]}, ["h", "y"], inits)
     compiled = check(model, kernel_cache, "reduction")
     assert compiled.stats["kernels"] == 1
@@ -88,8 +104,11 @@ def test_decomposed_layernorm_is_one_kernel(kernel_cache) -> None:
 @pytest.mark.parametrize(("shape", "axis"), [([4, 16], -1), ([2, 3, 4, 5], 2), ([3, 10], 0)])
 def test_layernormalization_op(kernel_cache, shape, axis) -> None:
     rng = np.random.default_rng(4)
-    norm = shape[axis:] if axis >= 0 else shape[axis:]
-    inits = {"g": rng.standard_normal(norm).astype(np.float32), "b": rng.standard_normal(norm).astype(np.float32)}
+    norm = shape[axis:]
+    inits = {
+        "g": rng.standard_normal(norm).astype(np.float32),
+        "b": rng.standard_normal(norm).astype(np.float32),
+    }
     nodes = [helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], axis=axis, epsilon=1e-5)]
     check(make_model(nodes, {"x": shape}, ["y"], inits, opset=17), kernel_cache)
 
@@ -103,16 +122,21 @@ def test_batchnorm_affine_global_average_pool_add(kernel_cache) -> None:
         helper.make_node("GlobalAveragePool", ["r"], ["p"]),
         helper.make_node("Add", ["p", "bias"], ["y"]),
     ]
-    inits = {"scale": rng.standard_normal((4, 1, 1)).astype(np.float32),
-             "shift": rng.standard_normal((4, 1, 1)).astype(np.float32),
-             "bias": rng.standard_normal((4, 1, 1)).astype(np.float32)}
+    inits = {
+        "scale": rng.standard_normal((4, 1, 1)).astype(np.float32),
+        "shift": rng.standard_normal((4, 1, 1)).astype(np.float32),
+        "bias": rng.standard_normal((4, 1, 1)).astype(np.float32),
+    }
     model = make_model(nodes, {"x": [2, 4, 5, 6]}, ["y"], inits)
     compiled = check(model, kernel_cache, "reduction")
     assert compiled.stats["kernels"] == 1
 
 
 def test_global_max_pool_and_large_rows_parallel(kernel_cache) -> None:
-    check(make_model([helper.make_node("GlobalMaxPool", ["x"], ["y"])], {"x": [1, 3, 7, 7]}, ["y"]), kernel_cache)
+    check(
+        make_model([helper.make_node("GlobalMaxPool", ["x"], ["y"])], {"x": [1, 3, 7, 7]}, ["y"]),
+        kernel_cache,
+    )
     model = make_model([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], {"x": [64, 1024]}, ["y"])
     source = emit_reduction(next(iter(extract(model).specs.values())))
     assert "omp parallel" in source and "omp simd reduction" in source
@@ -120,8 +144,12 @@ def test_global_max_pool_and_large_rows_parallel(kernel_cache) -> None:
 
 
 def test_long_sum_stays_accurate(kernel_cache) -> None:
-    model = make_model([helper.make_node("ReduceSum", ["x", "ax"], ["y"], keepdims=0)], {"x": [2, 50000]}, ["y"],
-                       {"ax": i64(1)})
+    model = make_model(
+        [helper.make_node("ReduceSum", ["x", "ax"], ["y"], keepdims=0)],
+        {"x": [2, 50000]},
+        ["y"],
+        {"ax": i64(1)},
+    )
     feeds = {"x": (np.random.default_rng(6).standard_normal((2, 50000)) + 3).astype(np.float32)}
     compiled = check(model, kernel_cache, feeds=feeds)
     exact = feeds["x"].astype(np.float64).sum(axis=1)

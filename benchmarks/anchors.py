@@ -1,0 +1,224 @@
+"""Anchor kernel speed: generated Conv / MatMul kernels (with a bias + ReLU epilogue) against
+onnxruntime (ORT_ENABLE_ALL, which fuses Conv+Relu and MatMul+Add itself) on the same model.
+
+Shapes: the conv shape classes of ResNet-50 (stem 7x7/2, 1x1 reduce/expand, 3x3 at each stage,
+3x3 stride 2, 1x1 stride-2 downsample), two MobileNetV2 depthwise convs, and the three GEMMs of a
+BERT-base layer at sequence length 128 (as MatMul + Add + Relu). Batch 1.
+
+For each shape and thread count: the median latency of our kernel, of onnxruntime, and their
+ratio (ours / ort; below 1.0 means we are faster), plus the method the generator chose. Runs are
+interleaved (ours, ort, ours, ...) so a noisy neighbour hurts both sides alike.
+
+Run: `.venv/bin/python benchmarks/anchors.py [--threads 1,2] [--reps 15] [--only resnet|bert|dw]
+[--json]` (about a minute on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from graph_autofusion.backend.cpu.cache import KernelCache
+from graph_autofusion.backend.cpu.codegen.anchor import emit_anchor
+from graph_autofusion.backend.cpu.compiler import KernelSource, compile_kernels
+from graph_autofusion.backend.cpu.kernel_spec import KernelSpec, TensorInfo
+from graph_autofusion.backend.cpu.threads import set_omp_threads
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    family: str  # resnet | dw | bert
+    kind: str  # conv | matmul
+    dims: tuple[int, ...]  # conv: (cin, cout, hw, k, stride, group); matmul: (m, k, n)
+
+
+SHAPES = [
+    Shape("stem 7x7/2 3->64 224", "resnet", "conv", (3, 64, 224, 7, 2, 1)),
+    Shape("1x1 64->64 56", "resnet", "conv", (64, 64, 56, 1, 1, 1)),
+    Shape("1x1 256->64 56", "resnet", "conv", (256, 64, 56, 1, 1, 1)),
+    Shape("3x3 64->64 56", "resnet", "conv", (64, 64, 56, 3, 1, 1)),
+    Shape("1x1 64->256 56", "resnet", "conv", (64, 256, 56, 1, 1, 1)),
+    Shape("3x3/2 128->128 56", "resnet", "conv", (128, 128, 56, 3, 2, 1)),
+    Shape("3x3 256->256 14", "resnet", "conv", (256, 256, 14, 3, 1, 1)),
+    Shape("1x1/2 1024->2048 14", "resnet", "conv", (1024, 2048, 14, 1, 2, 1)),
+    Shape("3x3 512->512 7", "resnet", "conv", (512, 512, 7, 3, 1, 1)),
+    Shape("1x1 2048->512 7", "resnet", "conv", (2048, 512, 7, 1, 1, 1)),
+    Shape("dw 3x3 144 56", "dw", "conv", (144, 144, 56, 3, 1, 144)),
+    Shape("dw 3x3/2 96 112", "dw", "conv", (96, 96, 112, 3, 2, 96)),
+    Shape("bert 128x768x768", "bert", "matmul", (128, 768, 768)),
+    Shape("bert 128x768x3072", "bert", "matmul", (128, 768, 3072)),
+    Shape("bert 128x3072x768", "bert", "matmul", (128, 3072, 768)),
+]
+
+
+def _model(shape: Shape, rng: np.random.Generator) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    f32 = TensorProto.FLOAT
+    if shape.kind == "conv":
+        cin, cout, hw, k, stride, group = shape.dims
+        x = rng.standard_normal((1, cin, hw, hw)).astype(np.float32)
+        w = (rng.standard_normal((cout, cin // group, k, k)) / np.sqrt(cin // group * k * k)).astype(np.float32)
+        b = rng.standard_normal(cout).astype(np.float32)
+        nodes = [
+            helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[k // 2] * 4, strides=[stride] * 2, group=group),
+            helper.make_node("Relu", ["y"], ["o"]),
+        ]
+        inits = {"w": w, "b": b}
+    else:
+        m, kk, n = shape.dims
+        x = rng.standard_normal((1, m, kk)).astype(np.float32)
+        inits = {
+            "w": (rng.standard_normal((kk, n)) / np.sqrt(kk)).astype(np.float32),
+            "b": rng.standard_normal(n).astype(np.float32),
+        }
+        nodes = [
+            helper.make_node("MatMul", ["x", "w"], ["y"]),
+            helper.make_node("Add", ["y", "b"], ["z"]),
+            helper.make_node("Relu", ["z"], ["o"]),
+        ]
+    graph = helper.make_graph(
+        nodes,
+        "bench",
+        [helper.make_tensor_value_info("x", f32, list(x.shape))],
+        [helper.make_tensor_value_info("o", f32, None)],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return onnx.shape_inference.infer_shapes(model, strict_mode=True), {"x": x, **inits}
+
+
+def _spec(model: onnx.ModelProto, symbol: str) -> KernelSpec:
+    g = model.graph
+    infos = {}
+    for vi in (*g.input, *g.value_info, *g.output):
+        t = vi.type.tensor_type
+        infos[vi.name] = TensorInfo(vi.name, tuple(d.dim_value for d in t.shape.dim), t.elem_type)
+    for init in g.initializer:
+        infos[init.name] = TensorInfo(init.name, tuple(init.dims), init.data_type)
+    params = ["x", *(i.name for i in g.initializer)]
+    return KernelSpec(
+        symbol=symbol,
+        template="anchor",
+        nodes=tuple(g.node),
+        inputs=tuple(infos[n] for n in params),
+        outputs=(infos["o"],),
+        tensors=infos,
+        constants={i.name: numpy_helper.to_array(i) for i in g.initializer},
+    )
+
+
+def _median_pair(ours: Callable[[], None], theirs: Callable[[], None], reps: int) -> tuple[float, float]:
+    for _ in range(3):
+        ours()
+        theirs()
+    a, b = [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        ours()
+        t1 = time.perf_counter()
+        theirs()
+        t2 = time.perf_counter()
+        a.append(t1 - t0)
+        b.append(t2 - t1)
+    return statistics.median(a), statistics.median(b)
+
+
+@dataclass
+class Row:
+    shape: str
+    method: str
+    threads: int
+    ours_ms: float
+    ort_ms: float
+    ratio: float
+    gflops: float
+    max_abs_err: float
+
+
+def run(shapes: list[Shape], thread_counts: list[int], reps: int, cache: KernelCache) -> list[Row]:
+    rng = np.random.default_rng(0)
+    rows: list[Row] = []
+    for idx, shape in enumerate(shapes):
+        model, values = _model(shape, rng)
+        spec = _spec(model, f"bench_anchor_{idx}")
+        kernel = emit_anchor(spec)
+        (art,) = compile_kernels([KernelSource(spec.symbol, kernel.source, uses_blas=kernel.uses_blas)], cache=cache)
+        fn = getattr(art.load(), spec.symbol)
+        fn.restype = None
+        fn.argtypes = [ctypes.c_void_p]
+        ins = [np.ascontiguousarray(values[t.name]) for t in spec.inputs]
+        out = np.empty(spec.outputs[0].shape, dtype=np.float32)
+        ptrs = (ctypes.c_void_p * (len(ins) + 1))(*[a.ctypes.data for a in (*ins, out)])
+        out_shape = spec.outputs[0].shape
+        if shape.kind == "conv":
+            cin, cout, _, k, _, group = shape.dims
+            flops = 2 * int(np.prod(out_shape)) * (cin // group) * k * k
+        else:
+            m, kk, n = shape.dims
+            flops = 2 * m * kk * n
+        for nt in thread_counts:
+            opts = ort.SessionOptions()
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            opts.intra_op_num_threads = nt
+            opts.inter_op_num_threads = 1
+            sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+            feeds = {"x": values["x"]}
+            set_omp_threads(nt)
+            ours, theirs = _median_pair(lambda: fn(ptrs), lambda: sess.run(None, feeds), reps)
+            want = sess.run(None, feeds)[0]
+            fn(ptrs)
+            rows.append(
+                Row(
+                    shape=shape.name,
+                    method=kernel.method,
+                    threads=nt,
+                    ours_ms=ours * 1e3,
+                    ort_ms=theirs * 1e3,
+                    ratio=ours / theirs,
+                    gflops=flops / ours / 1e9,
+                    max_abs_err=float(np.max(np.abs(out - want))),
+                )
+            )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
+    parser.add_argument("--reps", type=int, default=15, help="timed runs per measurement (median)")
+    parser.add_argument("--only", choices=["resnet", "dw", "bert"], help="one shape family")
+    parser.add_argument("--json", action="store_true", help="print rows as JSON")
+    args = parser.parse_args()
+    threads = [int(t) for t in args.threads.split(",")]
+    shapes = [s for s in SHAPES if args.only in (None, s.family)]
+    with tempfile.TemporaryDirectory(prefix="af-bench-anchors-") as tmp:
+        rows = run(shapes, threads, args.reps, KernelCache(tmp))
+    if args.json:
+        print(json.dumps([asdict(r) for r in rows], indent=2))
+        return
+    print(f"{'shape':24} {'method':18} {'thr':>3} {'ours ms':>9} {'ort ms':>9} {'ratio':>6} {'GFLOP/s':>8} {'max err':>8}")
+    for r in rows:
+        print(
+            f"{r.shape:24} {r.method:18} {r.threads:3d} {r.ours_ms:9.3f} {r.ort_ms:9.3f} {r.ratio:6.2f} "
+            f"{r.gflops:8.1f} {r.max_abs_err:8.1e}"
+        )
+    for nt in threads:
+        ratios = [r.ratio for r in rows if r.threads == nt]
+        geo = float(np.exp(np.mean(np.log(ratios))))
+        print(f"threads={nt}: geometric mean ratio ours/ort {geo:.2f}, worst {max(ratios):.2f}")
+
+
+if __name__ == "__main__":
+    main()

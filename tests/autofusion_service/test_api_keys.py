@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autofusion_service.auth import ensure_key, hash_key, load_keyring, parse_api_keys
+from autofusion_service.settings import Settings
+
+
+def test_keys_are_kept_as_hashes_only() -> None:
+    table = parse_api_keys(f" alice:k1 , bob:sha256:{hash_key('k2')} ")
+    assert table == {hash_key("k1"): "alice", hash_key("k2"): "bob"}
+
+
+@pytest.mark.parametrize("spec", ["alice", ":k", "alice:", "al ice:k", "bob:sha256:xyz"])
+def test_bad_key_specs_are_refused(spec: str) -> None:
+    with pytest.raises(ValueError):
+        parse_api_keys(spec)
+
+
+def test_generated_key_is_printed_once_and_stored_hashed(tmp_path) -> None:
+    settings = Settings(data_dir=tmp_path)
+    key = ensure_key(settings)
+    assert key and ensure_key(settings) is None
+    stored = (tmp_path / "api_keys.json").read_text()
+    assert key not in stored and json.loads(stored)[0]["sha256"] == hash_key(key)
+    ring = load_keyring(settings)
+    assert ring.tenant_for(key) == "default" and ring.tenant_for(key + "x") is None
+    assert ensure_key(Settings(data_dir=tmp_path / "other", api_keys="a:b")) is None
+
+
+def test_time_limits_must_be_ordered() -> None:
+    with pytest.raises(ValueError, match="soft_time_limit < hard_time_limit < visibility_timeout"):
+        Settings(soft_time_limit=10, hard_time_limit=10, visibility_timeout=100)
+    with pytest.raises(ValueError):
+        Settings(soft_time_limit=10, hard_time_limit=20, visibility_timeout=15)
+
+
+def test_settings_read_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.setenv("AUTOFUSION_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("AUTOFUSION_MAX_UPLOAD_MB", "2")
+    monkeypatch.setenv("AUTOFUSION_REDIS_URL", "redis://h:1/0")
+    s = Settings()
+    assert s.data_dir == tmp_path and s.max_upload_bytes == 2 * 1024 * 1024 and not s.embedded

@@ -1,0 +1,100 @@
+"""Bundles: save a compiled model, load it in another process without compiling, detect tampering."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cpu_backend_helpers import assert_close, fuse_all, make_model, random_feeds
+from onnx import helper
+
+import graph_autofusion as gaf
+from graph_autofusion.backend.cpu.bundle import BundleError, load
+from graph_autofusion.backend.cpu.runtime import compile_model
+
+LOADER = textwrap.dedent(
+    """
+    import sys, time
+    import numpy as np
+    import graph_autofusion as gaf
+    from graph_autofusion.backend.cpu import compiler
+
+    def no_compiling(*args, **kwargs):
+        raise AssertionError("loading a bundle must not compile")
+
+    compiler.compile_kernels = no_compiling
+    started = time.perf_counter()
+    model = gaf.load(sys.argv[1])
+    feeds = dict(np.load(sys.argv[2]))
+    np.savez(sys.argv[3], **model(feeds))
+    print(model.stats["cache"]["misses"], round(time.perf_counter() - started, 3))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def compiled(kernel_cache):
+    nodes = [
+        helper.make_node("Add", ["x", "b"], ["a"]),
+        helper.make_node("Softmax", ["a"], ["s"], axis=-1),
+        helper.make_node("Relu", ["x"], ["r"]),
+    ]
+    model = make_model(nodes, {"x": [3, 10]}, ["s", "r"], {"b": np.linspace(0, 1, 10, dtype=np.float32)})
+    return compile_model(fuse_all(model, "reduction"), cache=kernel_cache)
+
+
+@pytest.mark.parametrize("name", ["bundle", "bundle.tar.gz"])
+def test_bundle_loads_in_another_process_without_compiling(compiled, tmp_path: Path, name: str) -> None:
+    path = compiled.save_bundle(tmp_path / name)
+    feeds = random_feeds(compiled.model)
+    np.savez(tmp_path / "in.npz", **feeds)
+    proc = subprocess.run(
+        [sys.executable, "-c", LOADER, str(path), str(tmp_path / "in.npz"), str(tmp_path / "out.npz")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    misses, _seconds = proc.stdout.split()
+    assert misses == "0"
+    got = dict(np.load(tmp_path / "out.npz"))
+    assert_close({k: got[k] for k in ("s", "r")}, compiled(feeds), rtol=0, atol=0)
+
+
+def test_manifest_names_every_kernel_with_its_sha256(compiled, tmp_path: Path) -> None:
+    path = compiled.save_bundle(tmp_path / "b")
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert set(manifest["kernels"]) == set(compiled.kernels)
+    for entry in manifest["kernels"].values():
+        assert (path / entry["file"]).is_file() and len(entry["sha256"]) == 64
+        assert entry["template"] == "reduction"
+    assert manifest["isa"] and manifest["compiler"]["version"] and len(manifest["model"]["sha256"]) == 64
+    loaded = gaf.load(path)
+    feeds = random_feeds(compiled.model, seed=1)
+    assert_close(loaded(feeds), compiled(feeds), rtol=0, atol=0)
+
+
+def test_tampered_kernel_is_refused(compiled, tmp_path: Path) -> None:
+    path = compiled.save_bundle(tmp_path / "b")
+    manifest = json.loads((path / "manifest.json").read_text())
+    victim = path / next(iter(manifest["kernels"].values()))["file"]
+    victim.write_bytes(victim.read_bytes() + b"\0")
+    with pytest.raises(BundleError) as info:
+        load(path)
+    assert info.value.code == "bundle_corrupt" and "sha256" in info.value.message
+
+
+def test_missing_or_foreign_bundle_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(BundleError) as info:
+        load(tmp_path / "nothing-here")
+    assert info.value.code == "bundle_not_found"
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "manifest.json").write_text(json.dumps({"format": "other"}))
+    with pytest.raises(BundleError, match="manifest"):
+        load(tmp_path / "dir")

@@ -1,0 +1,191 @@
+"""The runtime: input checking, arena planning, dispatch, threads, host ops and zoo models end to end.
+
+Tolerance (fp32): rtol 1e-5, atol 1e-6 against onnxruntime with optimizations disabled, except the
+whole-model runs, which chain many reductions and GEMMs: rtol 1e-4, atol 1e-5 there.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from cpu_backend_helpers import assert_close, check, make_model, ort_run, random_feeds
+from onnx import helper
+
+import graph_autofusion as gaf
+from graph_autofusion import FusionConfig, zoo
+from graph_autofusion.backend.cpu.arena import Buffer, plan_offsets
+from graph_autofusion.backend.cpu.codegen import anchor_module
+from graph_autofusion.backend.cpu.runtime import compile_model
+from graph_autofusion.errors import RuntimeInputError
+
+needs_anchor = pytest.mark.skipif(
+    anchor_module() is None, reason="the anchor generator (codegen/anchor.py) is absent"
+)
+
+
+@pytest.fixture(scope="module")
+def two_input_model(kernel_cache):
+    nodes = [
+        helper.make_node("Add", ["a", "b"], ["s"]),
+        helper.make_node("Mul", ["s", "a"], ["p"]),
+        helper.make_node("Neg", ["s"], ["n"]),
+    ]
+    model = make_model(nodes, {"a": [2, 3], "b": [2, 3]}, ["p", "n"])
+    return model, compile_model(model, cache=kernel_cache, threads=1)
+
+
+def test_inputs_by_name_position_and_outputs_in_model_order(two_input_model) -> None:
+    model, compiled = two_input_model
+    feeds = random_feeds(model)
+    expected = ort_run(model, feeds)
+    by_name = compiled({"b": feeds["b"], "a": feeds["a"]})
+    assert list(by_name) == ["p", "n"]
+    assert_close(by_name, expected)
+    assert_close(compiled.run([feeds["a"], feeds["b"]]), expected)
+    again = compiled(feeds)  # outputs are copies: a second run does not change the first result
+    by_name["p"][...] = 0
+    assert_close(again, expected)
+
+
+@pytest.mark.parametrize(
+    ("feeds", "code", "words"),
+    [
+        ({"a": np.zeros((2, 3), np.float32)}, "missing_input", "'b'"),
+        (
+            {"a": np.zeros((2, 3), np.float32), "b": np.zeros((2, 3), np.float32), "c": 1},
+            "unknown_input",
+            "'c'",
+        ),
+        (
+            {"a": np.zeros((2, 3), np.float64), "b": np.zeros((2, 3), np.float32)},
+            "wrong_input_dtype",
+            "float64",
+        ),
+        (
+            {"a": np.zeros((3, 2), np.float32), "b": np.zeros((2, 3), np.float32)},
+            "wrong_input_shape",
+            "[3, 2]",
+        ),
+        ([np.zeros((2, 3), np.float32)], "wrong_input_count", "2 input(s)"),
+    ],
+)
+def test_bad_inputs_are_precise_errors(two_input_model, feeds, code, words) -> None:
+    _, compiled = two_input_model
+    with pytest.raises(RuntimeInputError) as info:
+        compiled(feeds)
+    assert info.value.code == code
+    assert words in info.value.message
+
+
+def test_arena_reuses_memory_of_dead_tensors(kernel_cache) -> None:
+    nodes = [helper.make_node("Relu", ["x"], ["t0"])]
+    nodes += [helper.make_node("Sigmoid" if k % 2 else "Relu", [f"t{k}"], [f"t{k + 1}"]) for k in range(5)]
+    model = make_model(nodes, {"x": [64, 64]}, ["t5"])
+    compiled = check(model, kernel_cache)
+    one = 64 * 64 * 4
+    assert compiled.stats["arena_bytes"] <= 3 * one  # input + two live intermediates, not all seven
+
+
+def test_plan_offsets_never_overlaps_live_buffers() -> None:
+    rng = np.random.default_rng(0)
+    buffers = []
+    for k in range(60):
+        first = int(rng.integers(-1, 30))
+        buffers.append(Buffer(f"b{k}", int(rng.integers(1, 5000)), first, first + int(rng.integers(0, 8))))
+    offsets, peak = plan_offsets(buffers)
+    for a in buffers:
+        assert offsets[a.name] % 64 == 0 and offsets[a.name] + a.size <= peak
+        for b in buffers:
+            if a is b or a.last < b.first or b.last < a.first:
+                continue
+            assert offsets[a.name] + a.size <= offsets[b.name] or offsets[b.name] + b.size <= offsets[a.name]
+    assert peak < sum(b.size for b in buffers)
+
+
+def test_driver_and_per_kernel_dispatch_agree(kernel_cache) -> None:
+    nodes = [helper.make_node("Exp", ["x"], ["e"]), helper.make_node("Softmax", ["e"], ["y"])]
+    model = make_model(nodes, {"x": [4, 9]}, ["y"])
+    compiled = check(model, kernel_cache)
+    feeds = random_feeds(model, seed=3)
+    first = compiled(feeds)
+    compiled.dispatch = "ctypes"
+    assert_close(compiled(feeds), first, rtol=0, atol=0)
+
+
+def test_threads_are_configurable(kernel_cache) -> None:
+    model = make_model([helper.make_node("Tanh", ["x"], ["y"])], {"x": [256, 512]}, ["y"])
+    feeds = random_feeds(model)
+    one = compile_model(model, cache=kernel_cache, threads=1)
+    two = compile_model(model, cache=kernel_cache, threads=2)
+    assert (one.stats["threads"], two.stats["threads"]) == (1, 2)
+    assert_close(one(feeds), two(feeds), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="threads"):
+        compile_model(model, cache=kernel_cache, threads=0)
+
+
+def test_second_compile_hits_the_cache(kernel_cache) -> None:
+    model = make_model([helper.make_node("Softsign", ["x"], ["y"])], {"x": [7, 3]}, ["y"])
+    compile_model(model, cache=kernel_cache)
+    again = compile_model(model, cache=kernel_cache)
+    assert again.stats["cache"]["misses"] == 0 and again.stats["cache"]["hits"] >= 1
+
+
+def test_op_without_generator_runs_on_host_and_is_listed(kernel_cache) -> None:
+    nodes = [
+        helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=-1),
+        helper.make_node("Relu", ["v"], ["y"]),
+    ]
+    model = make_model(nodes, {"x": [3, 8]}, ["y", "i"], {"k": np.array([3], dtype=np.int64)})
+    compiled = compile_model(model, cache=kernel_cache)
+    (host,) = compiled.stats["host_ops"]
+    assert host["op_type"] == "TopK" and host["reason"]
+    feeds = random_feeds(model)
+    assert_close(compiled(feeds), ort_run(model, feeds))
+
+
+def test_kernel_the_generator_declines_falls_back_to_host(kernel_cache) -> None:
+    nodes = [helper.make_node("Pad", ["x", "pads"], ["y"], mode="wrap")]
+    model = make_model(
+        nodes, {"x": [3, 4]}, ["y"], {"pads": np.array([0, 1, 0, 2], dtype=np.int64)}, opset=19
+    )
+    compiled = compile_model(model, cache=kernel_cache)
+    (host,) = compiled.stats["host_ops"]
+    assert "wrap" in host["reason"]
+    feeds = random_feeds(model)
+    assert_close(compiled(feeds), ort_run(model, feeds))
+
+
+SMALL_ZOO = {
+    "mlp": {"in_features": 32, "hidden": (16, 8)},
+    "bert_base": {"num_layers": 1, "hidden": 32, "heads": 2, "seq_len": 8, "vocab": 50},
+    "gpt2": {"num_layers": 1, "hidden": 32, "heads": 2, "seq_len": 8, "vocab": 50, "max_positions": 16},
+    "vit_b16": {"image_size": 16, "patch": 8, "num_layers": 1, "hidden": 32, "heads": 2, "num_classes": 10},
+    "resnet50": {"image_size": 16, "width": 4, "layers": (1, 1, 1, 1), "num_classes": 10},
+    "mobilenet_v2": {
+        "image_size": 16,
+        "width_mult": 0.25,
+        "num_classes": 10,
+        "setting": ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 1, 2)),
+    },
+}
+
+
+@needs_anchor
+@pytest.mark.parametrize("name", list(SMALL_ZOO))
+def test_zoo_model_unfused_and_fused_match_onnxruntime(kernel_cache, name) -> None:
+    source = zoo.build(name, **SMALL_ZOO[name])
+    feeds = zoo.example_inputs(source)
+    unfused = gaf.fuse(source, config=FusionConfig(max_fusion_size=0))
+    fused = gaf.fuse(source)
+    expected = ort_run(unfused.canonical_reference, feeds)
+    for graph in (unfused, fused):
+        compiled = compile_model(graph.model, cache=kernel_cache)
+        assert compiled.stats["host_ops"] == []
+        assert_close(compiled(feeds), expected, rtol=1e-4, atol=1e-5)
+    assert fused_kernels(fused.model) < fused_kernels(unfused.model)
+
+
+def fused_kernels(model: onnx.ModelProto) -> int:
+    views = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"}
+    return sum(1 for n in model.graph.node if n.op_type not in views)
