@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -61,6 +61,14 @@ class Settings(BaseSettings):
         ge=0,
         description="Fault-injection aid: seconds a worker sleeps after each progress report. Keep 0.",
     )
+
+    @field_validator("api_keys")
+    @classmethod
+    def _keys_parse(cls, value: str) -> str:
+        from .auth import parse_api_keys
+
+        parse_api_keys(value)  # raises ValueError naming the bad entry (never echoing a whole key)
+        return value
 
     @model_validator(mode="after")
     def _limits_are_ordered(self) -> Settings:

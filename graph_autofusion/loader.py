@@ -201,7 +201,10 @@ def _resolve_inside(folder: Path, location: str, tensor_name: str) -> Path:
     if os.path.isabs(location) or Path(location).is_absolute() or location.startswith(("/", "\\")):
         raise refuse("an absolute path")
     # Resolve symlinks *before* deciding: a link inside the folder pointing outside is refused too.
-    target = (folder / location).resolve()
+    try:
+        target = (folder / location).resolve()
+    except (OSError, RuntimeError) as exc:  # a symlink loop, a name too long
+        raise refuse(f"which cannot be resolved ({exc})") from exc
     if not target.is_relative_to(folder):
         raise refuse("which resolves outside the model's folder")
     if not target.is_file():

@@ -157,7 +157,8 @@ class ConstantFolder:
             evaluator = ReferenceEvaluator(graph, opsets={"": work.opset})
             self._evaluators[key] = evaluator
         feeds = {alias: work.array(name) for alias, name in zip(in_names, node.input, strict=True) if name}
-        return list(evaluator.run(None, feeds))
+        with np.errstate(all="ignore"):  # 1/0 folds to inf exactly as it would compute at run time
+            return list(evaluator.run(None, feeds))
 
 
 def _shape_value(node: NodeProto, shape: tuple[int, ...]) -> np.ndarray:

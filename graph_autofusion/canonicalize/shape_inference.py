@@ -31,12 +31,12 @@ def infer_shapes(work: WorkGraph) -> None:
         ) from exc
     for info in list(inferred.graph.value_info) + list(inferred.graph.output):
         known = work.types.get(info.name)
-        if known is None or _better(known):
+        if known is None or _replaceable(known):
             work.types[info.name] = info.type
 
 
-def _better(old: TypeProto) -> bool:
-    """Prefer a static type over a partial one; never replace static information with less."""
+def _replaceable(old: TypeProto) -> bool:
+    """Whether an inferred type may replace `old`: anything but a complete static type may go."""
     old_static = static_shape(old) is not None and bool(old.tensor_type.elem_type)
     return not old_static
 

@@ -124,12 +124,17 @@ class GraphBuilder:
 
     def initializer(self, name: str, value: np.ndarray) -> str:
         name = self.unique(name)
-        self.initializers.append(numpy_helper.from_array(np.array(value, order="C"), name))
+        array = np.asarray(value)
+        if not array.flags.c_contiguous:  # transposed or broadcast views of a drawn weight
+            array = array.copy(order="C")
+        self.initializers.append(numpy_helper.from_array(array, name))
         return name
 
     def normal(self, shape: Sequence[int], std: float) -> np.ndarray:
         """fp32 N(0, std²) draws from the model's generator."""
-        return (self.rng.standard_normal(tuple(shape)) * std).astype(np.float32)
+        values = self.rng.standard_normal(tuple(shape), dtype=np.float32)
+        values *= np.float32(std)
+        return values
 
     def uniform(self, shape: Sequence[int], low: float, high: float) -> np.ndarray:
         return self.rng.uniform(low, high, tuple(shape)).astype(np.float32)
@@ -268,15 +273,20 @@ class GraphBuilder:
 
     def build(self, graph_name: str, metadata: dict[str, Any]) -> onnx.ModelProto:
         """Assemble the model; dynamo-style models also get value_info for every intermediate."""
-        graph = helper.make_graph(self.nodes, graph_name, self.inputs, self.outputs, self.initializers)
+        # Filled in place: make_graph + make_model would copy every weight twice.
         model = helper.make_model(
-            graph,
+            helper.make_graph([], graph_name, [], []),
             opset_imports=[helper.make_opsetid("", self.opset)],
             producer_name=PRODUCER_NAME,
             producer_version=ZOO_VERSION,
             ir_version=8 if self.torchscript else 10,
             doc_string=f"{graph_name}: random weights, {self.style}-style export at opset {self.opset}",
         )
+        graph = model.graph
+        graph.node.extend(self.nodes)
+        graph.input.extend(self.inputs)
+        graph.output.extend(self.outputs)
+        graph.initializer.extend(self.initializers)
         helper.set_model_props(
             model,
             {

@@ -331,13 +331,16 @@ def _build(src: KernelSource, info: CompilerInfo, isa: IsaTarget, output: Path) 
             )
 
 
-def _combined_unit(members: Sequence[KernelSource]) -> KernelSource:
-    """One translation unit holding several kernels: each distinct prelude once, then the bodies."""
-    preludes = list(dict.fromkeys(m.prelude for m in members if m.prelude))
-    names = ", ".join(m.name for m in members)
-    parts = [f"/* combined unit of {len(members)} kernels: {names} */", *preludes]
-    parts += [f"/* ---- kernel {m.name} ---- */\n{m.source}" for m in members]
-    first = members[0]
+def _combined_unit(members: Sequence[tuple[str, KernelSource]]) -> KernelSource:
+    """One translation unit holding several kernels: each distinct prelude once, then the bodies.
+
+    The text depends only on the members' code (kernels are marked by digest, not by name), so
+    the same kernels form the same unit, and the same cache entry, whatever they are called.
+    """
+    preludes = list(dict.fromkeys(src.prelude for _, src in members if src.prelude))
+    parts = [f"/* combined unit of {len(members)} kernels */", *preludes]
+    parts += [f"/* ---- kernel {digest[:16]} ---- */\n{src.source}" for digest, src in members]
+    first = members[0][1]
     return KernelSource(
         name=f"unit_{first.name}"[:128],
         source="\n".join(parts) + "\n",
@@ -466,7 +469,7 @@ def _build_misses(
                 fut = pool.submit(build_one, members[0], frozenset(keep))
                 jobs[fut] = ("one", members[0])
                 return fut
-            unit = _combined_unit([unique[d] for d in members])
+            unit = _combined_unit([(d, unique[d]) for d in members])
             unit_digest = kernel_digest(unit, info=info, isa=isa)
             units[unit_digest] = (unit, members)
             keep.add(unit_digest)

@@ -343,6 +343,42 @@ class CompiledModel:
                         )
                     np.copyto(out, res, casting="unsafe")
 
+    def profile(self, inputs: Mapping[str, Any] | Sequence[Any] | np.ndarray, reps: int = 5) -> list[dict[str, Any]]:
+        """Median time of every kernel and host op over `reps` runs, in execution order."""
+        feeds = self._check_inputs(inputs)
+        rows: list[dict[str, Any]] = []
+        with self._lock:
+            for name, value in feeds.items():
+                np.copyto(self.array(name), value, casting="no")
+            set_omp_threads(self.threads)
+            times: list[list[float]] = []
+            for _ in range(max(1, reps)):
+                kernels = iter(self._per_kernel)
+                names = iter(s for s in self._steps if isinstance(s, KernelStep))
+                lap: list[float] = []
+                rows = []
+                for kind, payload in self._segments:
+                    if kind == "kernels":
+                        for _ in range(payload[0]):
+                            fn, argv = next(kernels)
+                            step = next(names)
+                            t0 = time.perf_counter()
+                            fn(argv)
+                            lap.append(time.perf_counter() - t0)
+                            rows.append({"node": step.node_name, "symbol": step.symbol,
+                                         "template": self.kernels[step.symbol].template})
+                    else:
+                        op, ins, outs = payload
+                        t0 = time.perf_counter()
+                        for out, res in zip(outs, op(ins), strict=True):
+                            np.copyto(out, res, casting="unsafe")
+                        lap.append(time.perf_counter() - t0)
+                        rows.append({"node": op.node.name, "symbol": "", "template": "host"})
+                times.append(lap)
+        for k, row in enumerate(rows):
+            row["ms"] = round(float(np.median([t[k] for t in times])) * 1e3, 4)
+        return rows
+
     def _execute_per_kernel(self) -> None:
         """One ctypes call per kernel (kept to measure what the driver saves)."""
         kernels = iter(self._per_kernel)

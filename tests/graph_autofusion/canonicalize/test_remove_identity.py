@@ -96,3 +96,15 @@ def test_identity_chains_and_two_outputs_from_one_tensor():
         ("Neg", ["y1"], ["z"]),
     ]
     assert_same_outputs(model, result, random_feeds(model))
+
+
+def test_old_opset_dropout_with_ratio_attribute_is_removed():
+    nodes = [
+        helper.make_node("Dropout", ["x"], ["d"], ratio=0.3),
+        helper.make_node("Relu", ["d"], ["y"]),
+    ]
+    model = build_model(nodes, [tensor("x", [2, 3])], [tensor("y", [2, 3])], opset=10)
+    result, counts = canonicalize(model, FusionConfig())
+    assert ops(result) == ["Relu"]
+    assert counts["remove_identity"] == 1
+    assert_same_outputs(model, result, random_feeds(model))

@@ -229,6 +229,9 @@ def emit_conv_body(
     im2col = method == "conv_im2col_tiled"
     pt = _pixel_tile(p, g.kdim)
     ptn = -(-p // pt)
+    if ptn > 1 and (g.n * g.group * ptn) % 2:
+        pt = min(p, _round_up(-(-p // (ptn + 1)), 16))
+        ptn = -(-p // pt)
     base = g.n * g.group * ptn
     ct = _channel_tile(g, base, pt)
     ctn = -(-g.cog // ct)
@@ -284,9 +287,13 @@ def emit_conv_body(
 def _depthwise_body(
     g: ConvGeometry, x_ptr: str, w_ptr: str, y_ptr: str, epilogue: EpilogueCall | None
 ) -> list[str]:
+    """Direct depthwise loop. The zero-padded plane is stored as `sw` column phases (phase q holds
+    padded columns q, q + sw, ...), so every tap reads a unit-stride run even for stride 2 and the
+    inner loop vectorizes without gathers."""
     hp = (g.oh - 1) * g.sh + (g.kh - 1) * g.dh + 1
     wp = (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1
-    # Rows/columns of the input that land inside the padded plane.
+    wq = -(-wp // g.sw)
+    phase = hp * wq
     planes = g.n * g.cout
     macs = planes * g.pixels * g.kh * g.kw
     parallel = planes > 1 and macs >= PARALLEL_MIN_MACS // 4
@@ -294,23 +301,25 @@ def _depthwise_body(
         f"  const float *restrict X = {x_ptr};",
         f"  const float *restrict Wt = {w_ptr};",
         f"  float *restrict Y = {y_ptr};",
-        f"  /* conv_depthwise: {planes} channel planes, {g.kh}x{g.kw} window, padded plane {hp}x{wp} */",
+        f"  /* conv_depthwise: {planes} channel planes, {g.kh}x{g.kw} window, padded plane {hp}x{wp}"
+        f" in {g.sw} column phase(s) */",
         "  #pragma omp parallel",
         "  {",
-        f"    float *pad = (float *)malloc(sizeof(float) * {hp * wp});",
+        f"    float *pad = (float *)malloc(sizeof(float) * {g.sw * phase});",
         "    #pragma omp for schedule(static)",
         f"    for (long plane = 0; plane < {planes}L; ++plane) {{",
         f"      const long c = plane % {g.cout}L;",
         f"      const float *restrict x = X + plane * {g.h * g.w}L;",
         f"      const float *restrict w = Wt + c * {g.kh * g.kw}L;",
         f"      float *restrict y = Y + plane * {g.pixels}L;",
-        f"      memset(pad, 0, sizeof(float) * {hp * wp});",
+        f"      memset(pad, 0, sizeof(float) * {g.sw * phase});",
         f"      for (long ih = 0; ih < {g.h}L; ++ih) {{",
         f"        const long r = ih + {g.pt}L;",
         f"        if (r < 0 || r >= {hp}L) continue;",
         f"        for (long iw = 0; iw < {g.w}L; ++iw) {{",
         f"          const long q = iw + {g.pl}L;",
-        f"          if (q >= 0 && q < {wp}L) pad[r * {wp}L + q] = x[ih * {g.w}L + iw];",
+        f"          if (q >= 0 && q < {wp}L)",
+        f"            pad[(q % {g.sw}L) * {phase}L + r * {wq}L + q / {g.sw}L] = x[ih * {g.w}L + iw];",
         "        }",
         "      }",
         f"      for (long oh = 0; oh < {g.oh}L; ++oh) {{",
@@ -319,8 +328,10 @@ def _depthwise_body(
         f"        for (long kh = 0; kh < {g.kh}L; ++kh) {{",
         f"          for (long kw = 0; kw < {g.kw}L; ++kw) {{",
         f"            const float wv = w[kh * {g.kw}L + kw];",
-        f"            const float *restrict xr = pad + (oh * {g.sh}L + kh * {g.dh}L) * {wp}L + kw * {g.dw}L;",
-        f"            for (long ow = 0; ow < {g.ow}L; ++ow) yr[ow] += wv * xr[ow * {g.sw}L];",
+        f"            const long off = kw * {g.dw}L;",
+        f"            const float *restrict xr = pad + (off % {g.sw}L) * {phase}L"
+        f" + (oh * {g.sh}L + kh * {g.dh}L) * {wq}L + off / {g.sw}L;",
+        f"            for (long ow = 0; ow < {g.ow}L; ++ow) yr[ow] += wv * xr[ow];",
         "          }",
         "        }",
         "      }",

@@ -101,22 +101,23 @@ from graph_autofusion.backend.cpu.cache import KernelCache
 from graph_autofusion.backend.cpu.compiler import KernelSource, compile_kernels
 from graph_autofusion.errors import InvalidConfigError
 
-root, go, me = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+root, go, me, combine = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4] == "1"
 sources = [KernelSource(f"k{i}_{me}", f"int f{i}(int x) {{ return x * {i + 2}; }}\n") for i in range(4)]
 Path(f"{go}.{me}").touch()
 while not go.exists():
     time.sleep(0.005)
-arts = compile_kernels(sources, cache=KernelCache(root), jobs=2)
+arts = compile_kernels(sources, cache=KernelCache(root), jobs=2, combine=combine)
 print(json.dumps([[a.digest, a.cached] for a in arts]))
 """
 
 
-def test_two_processes_fill_the_same_cache(tmp_path: Path) -> None:
+@pytest.mark.parametrize("combine", [False, True], ids=["per-kernel", "combined"])
+def test_two_processes_fill_the_same_cache(tmp_path: Path, combine: bool) -> None:
     root, go = tmp_path / "cache", tmp_path / "go"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[4])}
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", _FILL, str(root), str(go), name],
+            [sys.executable, "-c", _FILL, str(root), str(go), name, str(int(combine))],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -137,9 +138,14 @@ def test_two_processes_fill_the_same_cache(tmp_path: Path) -> None:
     digests = [d for d, _ in outputs[0]]
     assert digests == [d for d, _ in outputs[1]]  # same sources, same keys, whatever the name
     cache = KernelCache(root)
-    assert cache.digests() == sorted(digests)
-    names = sorted(p.name for p in root.iterdir() if p.is_file())
-    assert names == sorted([f"{d}.so" for d in digests] + [f"{d}.c" for d in digests])  # no temporaries
+    assert not any(p.name.startswith(".tmp-") for p in root.iterdir())
+    objects = sorted(p.stem for p in root.iterdir() if p.suffix == ".so" and not p.is_symlink())
+    assert sorted(p.stem for p in root.iterdir() if p.suffix == ".c") == objects  # each with its source
+    if combine:  # the same deterministic units in both processes: built once, members aliased
+        assert len(objects) == 2 and set(cache.digests(aliases=True)) == {*digests, *objects}
+        assert all(cache.resolve(d) is not None for d in digests)
+    else:
+        assert objects == sorted(digests)
     # The per-digest lock means each kernel was built by exactly one of the two processes.
     built = sum(not cached for out in outputs for _, cached in out)
     assert built == len(digests)

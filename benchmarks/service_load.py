@@ -1,0 +1,250 @@
+"""Load benchmark of the fusion service: Redis, the API and worker processes on this machine.
+
+    .venv/bin/python benchmarks/service_load.py --clients 200 --jobs 20 --workers 2
+
+Prints jobs/minute for a burst of distinct submissions, p50/p99 latency of submissions and of
+status polls with `--clients` concurrent pollers, and the end-to-end time of a cached
+resubmission (another tenant submits an identical model: job succeeded and report fetched) of
+`--model` (default ResNet-50 from the zoo). Everything runs as real processes on free ports in a
+temporary directory, which is removed afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+KEYS = {"bench": "bench-key-0123456789", "other": "other-key-0123456789"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))] * 1000
+
+
+def wait_until(check, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except Exception:
+            pass
+        time.sleep(0.1)
+    raise SystemExit(f"timed out waiting for {what}")
+
+
+class Stack:
+    """redis-server + API + workers as subprocesses."""
+
+    def __init__(self, workers: int, tmp: Path) -> None:
+        self.tmp, self.procs = tmp, []
+        redis_port, self.port = free_port(), free_port()
+        self.redis = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(redis_port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(tmp),
+                "--save",
+                "",
+            ],
+            stdout=subprocess.DEVNULL,
+        )
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+            "AUTOFUSION_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
+            "AUTOFUSION_DATA_DIR": str(tmp / "data"),
+            "AUTOFUSION_API_KEYS": ",".join(f"{t}:{k}" for t, k in KEYS.items()),
+            "AUTOFUSION_LOG_LEVEL": "WARNING",
+            "AUTOFUSION_HEARTBEAT_INTERVAL": "1",
+        }
+        self.base = f"http://127.0.0.1:{self.port}"
+        self._spawn(["-m", "autofusion_service", "serve", "--port", str(self.port)], "api")
+        for i in range(workers):
+            self._spawn(["-m", "autofusion_worker", "--targets", "cpu"], f"worker-{i}")
+        headers = {"Authorization": f"Bearer {KEYS['bench']}"}
+        wait_until(lambda: httpx.get(f"{self.base}/healthz").status_code == 200, 60, "the API")
+        wait_until(
+            lambda: (
+                sum(
+                    t["workers"] for t in httpx.get(f"{self.base}/targets", headers=headers).json()["targets"]
+                )
+                >= workers
+            ),
+            120,
+            "the workers",
+        )
+
+    def _spawn(self, args: list[str], name: str) -> None:
+        log = open(self.tmp / f"{name}.log", "wb")  # noqa: SIM115 - lives as long as the process
+        self.procs.append(
+            subprocess.Popen(
+                [sys.executable, *args],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+        self.redis.terminate()
+        self.redis.wait()
+
+
+def small_model(seed: int) -> bytes:
+    from graph_autofusion import zoo
+
+    return zoo.build("mlp", in_features=64, hidden=(64, 32), num_classes=10, seed=seed).SerializeToString()
+
+
+async def submit(client: httpx.AsyncClient, model: bytes, tenant: str = "bench") -> tuple[dict, float]:
+    t = time.perf_counter()
+    r = await client.post(
+        "/fuse", files={"model": ("m.onnx", model)}, headers={"Authorization": f"Bearer {KEYS[tenant]}"}
+    )
+    r.raise_for_status()
+    return r.json(), time.perf_counter() - t
+
+
+async def wait_done(
+    client: httpx.AsyncClient, job_id: str, tenant: str = "bench", timeout: float = 900
+) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = (
+            await client.get(f"/jobs/{job_id}", headers={"Authorization": f"Bearer {KEYS[tenant]}"})
+        ).json()
+        if job["status"] in ("succeeded", "failed", "cancelled"):
+            return job
+        await asyncio.sleep(0.1)
+    raise TimeoutError(job_id)
+
+
+async def throughput(base: str, jobs: int, concurrency: int) -> tuple[float, list[float], list[str]]:
+    models = [small_model(1000 + i) for i in range(jobs)]
+    limits = httpx.Limits(max_connections=concurrency)
+    async with httpx.AsyncClient(base_url=base, timeout=120, limits=limits) as client:
+        start = time.perf_counter()
+        submitted = await asyncio.gather(*(submit(client, m) for m in models))
+        done = await asyncio.gather(*(wait_done(client, job["id"]) for job, _ in submitted))
+        elapsed = time.perf_counter() - start
+    failed = [j["id"] for j in done if j["status"] != "succeeded"]
+    return jobs / elapsed * 60, [lat for _, lat in submitted], failed
+
+
+async def pollers(base: str, job_ids: list[str], clients: int, seconds: float) -> list[float]:
+    latencies: list[float] = []
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    headers = {"Authorization": f"Bearer {KEYS['bench']}"}
+    async with httpx.AsyncClient(base_url=base, timeout=60, limits=limits, headers=headers) as client:
+        stop = time.monotonic() + seconds
+
+        async def poll(i: int) -> None:
+            while time.monotonic() < stop:
+                t = time.perf_counter()
+                r = await client.get(f"/jobs/{job_ids[i % len(job_ids)]}")
+                latencies.append(time.perf_counter() - t)
+                r.raise_for_status()
+
+        await asyncio.gather(*(poll(i) for i in range(clients)))
+    return latencies
+
+
+async def cached_resubmission(base: str, model_name: str) -> tuple[float, float, float]:
+    from graph_autofusion import zoo
+
+    model = zoo.build(model_name).SerializeToString()
+    async with httpx.AsyncClient(base_url=base, timeout=1800) as client:
+        t = time.perf_counter()
+        job, _ = await submit(client, model)
+        done = await wait_done(client, job["id"], timeout=1800)
+        first = time.perf_counter() - t
+        if done["status"] != "succeeded":
+            raise SystemExit(f"{model_name} job failed: {done['error']}")
+        t = time.perf_counter()
+        copy, _ = await submit(client, model, tenant="other")
+        report = await client.get(
+            f"/jobs/{copy['id']}/report", headers={"Authorization": f"Bearer {KEYS['other']}"}
+        )
+        cached = time.perf_counter() - t
+        assert copy["status"] == "succeeded" and report.status_code == 200
+    return first, cached, len(model) / 1e6
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=200, help="concurrent status pollers")
+    parser.add_argument("--jobs", type=int, default=20, help="distinct small jobs for the throughput run")
+    parser.add_argument("--workers", type=int, default=2, help="worker processes")
+    parser.add_argument("--poll-seconds", type=float, default=5.0)
+    parser.add_argument(
+        "--model", default="resnet50", help="zoo model for the cached resubmission ('' skips)"
+    )
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="autofusion-load-"))
+    stack = Stack(args.workers, tmp)
+    try:
+        per_minute, submit_lat, failed = asyncio.run(throughput(stack.base, args.jobs, min(args.jobs, 50)))
+        print(
+            f"throughput      {args.jobs} jobs, {args.workers} workers: {per_minute:.1f} jobs/min"
+            + (f" ({len(failed)} failed)" if failed else "")
+        )
+        print(
+            f"submit latency  p50 {pct(submit_lat, 50):.1f} ms  p99 {pct(submit_lat, 99):.1f} ms "
+            f"({len(submit_lat)} concurrent submissions)"
+        )
+        headers = {"Authorization": f"Bearer {KEYS['bench']}"}
+        ids = [j["id"] for j in httpx.get(f"{stack.base}/jobs?limit=100", headers=headers).json()["items"]]
+        lat = asyncio.run(pollers(stack.base, ids, args.clients, args.poll_seconds))
+        print(
+            f"status latency  p50 {pct(lat, 50):.1f} ms  p99 {pct(lat, 99):.1f} ms  mean "
+            f"{statistics.fmean(lat) * 1000:.1f} ms ({args.clients} concurrent pollers, {len(lat)} requests, "
+            f"{len(lat) / args.poll_seconds:.0f} req/s)"
+        )
+        if args.model:
+            first, cached, mb = asyncio.run(cached_resubmission(stack.base, args.model))
+            print(
+                f"{args.model:<15} first run {first:.1f} s; cached resubmission by another tenant "
+                f"(submit {mb:.0f} MB + report) {cached * 1000:.0f} ms"
+            )
+    finally:
+        stack.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
