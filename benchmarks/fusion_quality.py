@@ -41,13 +41,17 @@ def ort_nodes(model: onnx.ModelProto, level: ort.GraphOptimizationLevel) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--style", default="torchscript", choices=["torchscript", "dynamo"])
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--cost-model", default="memory_bandwidth")
     args = parser.parse_args()
-    header = f"{'model':<14}{'nodes':>7}{'canon':>7}{'k.before':>9}{'k.after':>8}{'lower':>7}" \
-             f"{'ort.ext':>8}{'ort.all':>8}{'plan s':>8}{'fuse s':>8}"
+    header = (
+        f"{'model':<14}{'nodes':>7}{'canon':>7}{'k.before':>9}{'k.after':>8}{'lower':>7}"
+        f"{'ort.ext':>8}{'ort.all':>8}{'plan s':>8}{'fuse s':>8}"
+    )
     print(f"style={args.style} cost_model={args.cost_model}")
     print(header)
     print("-" * len(header))
@@ -63,9 +67,11 @@ def main() -> None:
         bound = lower_bound(fused.plan.graph)
         ext = ort_nodes(model, ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED)
         full = ort_nodes(model, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
-        print(f"{name:<14}{report['operators']['original']:>7}{report['operators']['canonical']:>7}"
-              f"{report['kernels']['before']:>9}{report['kernels']['after']:>8}{bound:>7}{ext:>8}{full:>8}"
-              f"{report['timings_ms']['plan'] / 1e3:>8.2f}{statistics.median(runs):>8.2f}")
+        print(
+            f"{name:<14}{report['operators']['original']:>7}{report['operators']['canonical']:>7}"
+            f"{report['kernels']['before']:>9}{report['kernels']['after']:>8}{bound:>7}{ext:>8}{full:>8}"
+            f"{report['timings_ms']['plan'] / 1e3:>8.2f}{statistics.median(runs):>8.2f}"
+        )
 
 
 if __name__ == "__main__":

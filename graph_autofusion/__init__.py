@@ -41,9 +41,9 @@ _LAZY = {
 __all__ = [
     "CompilationError",
     "FusedGraph",
+    "Fuser",
     "FusionConfig",
     "FusionError",
-    "Fuser",
     "InvalidConfigError",
     "InvalidModelError",
     "ModelTooLargeError",

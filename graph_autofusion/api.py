@@ -35,8 +35,15 @@ class FusedGraph:
     the host CPU on first use and runs them.
     """
 
-    def __init__(self, *, model: onnx.ModelProto, source: onnx.ModelProto, canonical: onnx.ModelProto,
-                 plan: Plan, report: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        *,
+        model: onnx.ModelProto,
+        source: onnx.ModelProto,
+        canonical: onnx.ModelProto,
+        plan: Plan,
+        report: dict[str, Any],
+    ) -> None:
         self.model = model
         self.source = source
         self.canonical = canonical
@@ -66,8 +73,13 @@ class FusedGraph:
         return path
 
     # -- running ---------------------------------------------------------------------------
-    def compile(self, *, cache_dir: str | os.PathLike[str] | None = None, threads: int | None = None,
-                progress: Callable[[int, int], None] | None = None) -> Any:
+    def compile(
+        self,
+        *,
+        cache_dir: str | os.PathLike[str] | None = None,
+        threads: int | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> Any:
         """Generate and compile the kernels for the host CPU; cached by content, so cheap when repeated."""
         from .backend.cpu.cache import KernelCache
         from .backend.cpu.runtime import compile_model
@@ -86,8 +98,15 @@ class FusedGraph:
             self.compile()
         return self._compiled.save_bundle(path)
 
-    def verify(self, inputs: Mapping[str, np.ndarray] | None = None, *, rtol: float = 1e-5, atol: float = 1e-5,
-               runner: str = "runtime", raise_on_failure: bool = False) -> VerificationResult:
+    def verify(
+        self,
+        inputs: Mapping[str, np.ndarray] | None = None,
+        *,
+        rtol: float = 1e-5,
+        atol: float = 1e-5,
+        runner: str = "runtime",
+        raise_on_failure: bool = False,
+    ) -> VerificationResult:
         """Run the source model in onnxruntime and the fused one (compiled kernels by default,
         or `runner="onnxruntime"`) on the same inputs; report max abs/rel error per output."""
         if runner == "onnxruntime":
@@ -95,7 +114,9 @@ class FusedGraph:
         elif runner == "runtime":
             run = self.__call__
         else:
-            raise InvalidConfigError(f"unknown runner {runner!r}; use 'runtime' or 'onnxruntime'", code="invalid_runner")
+            raise InvalidConfigError(
+                f"unknown runner {runner!r}; use 'runtime' or 'onnxruntime'", code="invalid_runner"
+            )
         result = verify(self.canonical_reference, run, inputs=inputs, rtol=rtol, atol=atol, runner=runner)
         if raise_on_failure and not result.passed:
             raise VerificationError(
@@ -112,8 +133,10 @@ class FusedGraph:
 
     def __repr__(self) -> str:
         r = self._report
-        return (f"FusedGraph(operators={r['operators']['canonical']}, kernels={r['kernels']['before']}→"
-                f"{r['kernels']['after']}, fusions={r['fusions']}, strategy={r['strategy']!r})")
+        return (
+            f"FusedGraph(operators={r['operators']['canonical']}, kernels={r['kernels']['before']}→"
+            f"{r['kernels']['after']}, fusions={r['fusions']}, strategy={r['strategy']!r})"
+        )
 
 
 def _has_symbolic_inputs(model: onnx.ModelProto) -> bool:
@@ -135,7 +158,9 @@ class Fuser:
         elif isinstance(pattern, Mapping):
             found = DeclarativePattern(PatternSpec.model_validate(pattern))
         else:
-            raise InvalidConfigError(f"cannot register {type(pattern).__name__} as a pattern", code="invalid_pattern")
+            raise InvalidConfigError(
+                f"cannot register {type(pattern).__name__} as a pattern", code="invalid_pattern"
+            )
         self._patterns.append(found)
         return found
 
@@ -171,8 +196,15 @@ class Fuser:
         fused = export(graph, the_plan)
         lap("export")
         timings["total"] = sum(timings.values())
-        report = build_report(original_nodes=len(source.graph.node), graph=graph, plan=the_plan, config=config,
-                              hw=hw, canonicalize_counts=counts, timings=timings)
+        report = build_report(
+            original_nodes=len(source.graph.node),
+            graph=graph,
+            plan=the_plan,
+            config=config,
+            hw=hw,
+            canonicalize_counts=counts,
+            timings=timings,
+        )
         return FusedGraph(model=fused, source=source, canonical=canonical, plan=the_plan, report=report)
 
 
@@ -187,8 +219,13 @@ def _as_config(config: FusionConfig | Mapping[str, Any] | None) -> FusionConfig:
         raise InvalidConfigError(f"invalid fusion config: {err}", code="invalid_config") from None
 
 
-def fuse(model: ModelSource, config: FusionConfig | Mapping[str, Any] | None = None, *,
-         patterns: Sequence[Pattern | PatternSpec | Mapping[str, Any]] = (), progress: Progress | None = None) -> FusedGraph:
+def fuse(
+    model: ModelSource,
+    config: FusionConfig | Mapping[str, Any] | None = None,
+    *,
+    patterns: Sequence[Pattern | PatternSpec | Mapping[str, Any]] = (),
+    progress: Progress | None = None,
+) -> FusedGraph:
     """Load, canonicalize, plan and export `model` (a path, bytes or ModelProto)."""
     fuser = Fuser(config)
     for p in patterns:

@@ -35,10 +35,19 @@ def summary_table(report: dict) -> str:
         ("operators", f"{report['operators']['original']} (canonical {report['operators']['canonical']})"),
         ("kernels", f"{report['kernels']['before']} → {report['kernels']['after']}"),
         ("fusions", str(report["fusions"])),
-        ("bytes moved", f"{_human_bytes(est['bytes_moved']['before'])} → {_human_bytes(est['bytes_moved']['after'])}"),
-        ("peak memory", f"{_human_bytes(est['peak_memory_bytes']['before'])} → "
-                        f"{_human_bytes(est['peak_memory_bytes']['after'])}"),
-        (f"latency ({est['profile']})", f"{est['latency_us']['before']:.1f} µs → {est['latency_us']['after']:.1f} µs"),
+        (
+            "bytes moved",
+            f"{_human_bytes(est['bytes_moved']['before'])} → {_human_bytes(est['bytes_moved']['after'])}",
+        ),
+        (
+            "peak memory",
+            f"{_human_bytes(est['peak_memory_bytes']['before'])} → "
+            f"{_human_bytes(est['peak_memory_bytes']['after'])}",
+        ),
+        (
+            f"latency ({est['profile']})",
+            f"{est['latency_us']['before']:.1f} µs → {est['latency_us']['after']:.1f} µs",
+        ),
         ("strategy", report["strategy"]),
         ("refused", ", ".join(f"{k}×{v}" for k, v in report["refused_by_code"].items()) or "none"),
     ]
@@ -62,14 +71,24 @@ def _add_fuse(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", type=Path, help="where to write the fused model")
     p.add_argument("--cost-model", choices=["memory_bandwidth", "compute_density", "latency"])
     p.add_argument("--hardware", help="hardware profile for the cost model (cpu, ascend910)")
-    p.add_argument("--input-shape", type=_parse_shape, action="append", default=[], metavar="NAME=D0,D1",
-                   help="bind a symbolic input shape (repeatable)")
+    p.add_argument(
+        "--input-shape",
+        type=_parse_shape,
+        action="append",
+        default=[],
+        metavar="NAME=D0,D1",
+        help="bind a symbolic input shape (repeatable)",
+    )
     p.add_argument("--config", type=Path, help="FusionConfig as JSON (flags override it)")
     p.add_argument("--max-fusion-size", type=int)
     p.add_argument("--disable-pattern", action="append", default=[], metavar="NAME")
     p.add_argument("--report", type=Path, help="write the full report as JSON")
-    p.add_argument("--verify", choices=["none", "onnxruntime", "runtime"], default="onnxruntime",
-                   help="check the fused model against onnxruntime on random inputs (default: onnxruntime)")
+    p.add_argument(
+        "--verify",
+        choices=["none", "onnxruntime", "runtime"],
+        default="onnxruntime",
+        help="check the fused model against onnxruntime on random inputs (default: onnxruntime)",
+    )
     p.set_defaults(func=_fuse_command)
 
 
@@ -119,7 +138,9 @@ _OPTIONAL = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="autofusion", description="Operator-fusion compiler for ONNX models.")
+    parser = argparse.ArgumentParser(
+        prog="autofusion", description="Operator-fusion compiler for ONNX models."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     _add_fuse(sub)
     for module in _OPTIONAL:

@@ -64,7 +64,9 @@ class FusionConfig(BaseModel):
     cost_model: CostModelName = "memory_bandwidth"
     hardware: str = Field(default="cpu", description="Hardware profile the cost model uses.")
     max_fusion_size: int = Field(default=64, ge=0, description="Ops per fused group; 0 disables fusion.")
-    max_inputs: int = Field(default=8, ge=1, description="External inputs per fused group (weights excluded).")
+    max_inputs: int = Field(
+        default=8, ge=1, description="External inputs per fused group (weights excluded)."
+    )
     max_rounds: int = Field(default=10, ge=1, description="Merge rounds of the auto-fusion strategy.")
     disabled_patterns: list[str] = Field(default_factory=list)
     patterns: list[PatternSpec] = Field(default_factory=list, description="Declarative user patterns.")

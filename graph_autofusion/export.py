@@ -26,10 +26,17 @@ def _value_info(graph: Graph, name: str, local: str) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(local, v.elem_type, list(v.shape) if v.shape is not None else None)
 
 
-def _function(graph: Graph, group: PlannedGroup, opset: int) -> tuple[onnx.FunctionProto, list[str], list[str]]:
+def _function(
+    graph: Graph, group: PlannedGroup, opset: int
+) -> tuple[onnx.FunctionProto, list[str], list[str]]:
     inputs, outputs = group_boundary(graph, group.members)
-    inline = [x for x in inputs if graph.values[x].is_const and (graph.values[x].shape is not None)
-              and _numel(graph.values[x].shape) <= INLINE_CONSTANT_ELEMENTS]
+    inline = [
+        x
+        for x in inputs
+        if graph.values[x].is_const
+        and (graph.values[x].shape is not None)
+        and _numel(graph.values[x].shape) <= INLINE_CONSTANT_ELEMENTS
+    ]
     call_inputs = [x for x in inputs if x not in inline]
     names: dict[str, str] = {x: f"x{i}" for i, x in enumerate(call_inputs)}
     names.update({y: f"y{i}" for i, y in enumerate(outputs)})
@@ -56,8 +63,9 @@ def _function(graph: Graph, group: PlannedGroup, opset: int) -> tuple[onnx.Funct
         del node.output[:]
         node.output.extend(names[o] if o else "" for o in proto.output)
         body.append(node)
-    template_info = json.dumps({"pattern": "+".join(group.patterns) or "auto", "template": group.template},
-                               sort_keys=True)
+    template_info = json.dumps(
+        {"pattern": "+".join(group.patterns) or "auto", "template": group.template}, sort_keys=True
+    )
     signature = hashlib.sha256()
     for x in call_inputs:
         signature.update(_value_info(graph, x, "").SerializeToString())
@@ -111,11 +119,17 @@ def export(graph: Graph, plan: Plan) -> onnx.ModelProto:
     g = src.graph
     initializers = [t for t in g.initializer if t.name in visible or t.name in {o.name for o in g.output}]
     value_info = [vi for vi in g.value_info if vi.name in visible]
-    new_graph = helper.make_graph(nodes, g.name or "fused", list(g.input), list(g.output), initializers,
-                                  value_info=value_info)
+    new_graph = helper.make_graph(
+        nodes, g.name or "fused", list(g.input), list(g.output), initializers, value_info=value_info
+    )
     opsets = [o for o in src.opset_import if o.domain != DOMAIN] + [helper.make_opsetid(DOMAIN, 1)]
-    model = helper.make_model(new_graph, opset_imports=opsets, functions=list(functions.values()),
-                              producer_name="graph_autofusion", ir_version=10)  # functions with value_info need IR 10; onnxruntime reads it
+    model = helper.make_model(
+        new_graph,
+        opset_imports=opsets,
+        functions=list(functions.values()),
+        producer_name="graph_autofusion",
+        ir_version=10,
+    )  # functions with value_info need IR 10; onnxruntime reads it
     for prop in src.metadata_props:
         model.metadata_props.add().CopyFrom(prop)
     return model

@@ -66,7 +66,7 @@ def _host_key() -> str:
     return f"{model}|{os.cpu_count()}"
 
 
-def _median_seconds(fn, repeat: int) -> float:  # noqa: ANN001
+def _median_seconds(fn, repeat: int) -> float:
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()

@@ -118,7 +118,9 @@ class Graph:
                     self.values[out].producer = i
             for inp in proto.input:
                 if inp:
-                    self.values.setdefault(inp, Value(inp, None, onnx.TensorProto.UNDEFINED)).consumers.append(i)
+                    self.values.setdefault(
+                        inp, Value(inp, None, onnx.TensorProto.UNDEFINED)
+                    ).consumers.append(i)
             attrs = {a.name: helper.get_attribute_value(a) for a in proto.attribute}
             opdef = lookup(proto.op_type, proto.domain)
             shapes = NodeShapes(

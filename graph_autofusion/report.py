@@ -35,19 +35,21 @@ def build_report(
     for k, g in enumerate(g for g in plan.groups if len(g.members) > 1):
         inputs, outputs = group_boundary(graph, g.members)
         parts_bytes = sum(unfused_costs[i].bytes for i in g.members)
-        groups.append({
-            "name": f"fused_{k}",
-            "pattern": "+".join(g.patterns) or "auto",
-            "template": g.template,
-            "members": [graph.nodes[i].name for i in g.members],
-            "op_types": [graph.nodes[i].op_type for i in g.members],
-            "inputs": inputs,
-            "outputs": outputs,
-            "bytes": g.cost.bytes,
-            "bytes_saved": parts_bytes - g.cost.bytes,
-            "flops": g.cost.flops,
-            "estimated_us": round(g.cost.time(hw) * 1e6, 3),
-        })
+        groups.append(
+            {
+                "name": f"fused_{k}",
+                "pattern": "+".join(g.patterns) or "auto",
+                "template": g.template,
+                "members": [graph.nodes[i].name for i in g.members],
+                "op_types": [graph.nodes[i].op_type for i in g.members],
+                "inputs": inputs,
+                "outputs": outputs,
+                "bytes": g.cost.bytes,
+                "bytes_saved": parts_bytes - g.cost.bytes,
+                "flops": g.cost.flops,
+                "estimated_us": round(g.cost.time(hw) * 1e6, 3),
+            }
+        )
     refused = [r.to_dict() for r in plan.refused]
     kernels_after = len(plan.kernels)
     return {
@@ -66,8 +68,14 @@ def build_report(
         "refused_by_code": dict(sorted(Counter(r["code"] for r in refused).items())),
         "estimates": {
             "profile": hw.name,
-            "bytes_moved": {"before": sum(c.bytes for c in unfused_kernels), "after": sum(c.bytes for c in fused_costs)},
-            "peak_memory_bytes": {"before": peak_memory(graph, singles), "after": peak_memory(graph, schedule)},
+            "bytes_moved": {
+                "before": sum(c.bytes for c in unfused_kernels),
+                "after": sum(c.bytes for c in fused_costs),
+            },
+            "peak_memory_bytes": {
+                "before": peak_memory(graph, singles),
+                "after": peak_memory(graph, schedule),
+            },
             "latency_us": {
                 "before": round(sum(c.time(hw) for c in unfused_kernels) * 1e6, 3),
                 "after": round(sum(c.time(hw) for c in fused_costs) * 1e6, 3),

@@ -82,7 +82,9 @@ def random_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray
     return out
 
 
-def run_onnxruntime(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray], optimize: bool = False) -> dict[str, np.ndarray]:
+def run_onnxruntime(
+    model: onnx.ModelProto, inputs: Mapping[str, np.ndarray], optimize: bool = False
+) -> dict[str, np.ndarray]:
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -101,14 +103,22 @@ def run_onnxruntime(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray], op
     return dict(zip(names, session.run(names, dict(inputs)), strict=True))
 
 
-def compare(reference: Mapping[str, np.ndarray], actual: Mapping[str, np.ndarray], *, rtol: float, atol: float,
-            runner: str) -> VerificationResult:
+def compare(
+    reference: Mapping[str, np.ndarray],
+    actual: Mapping[str, np.ndarray],
+    *,
+    rtol: float,
+    atol: float,
+    runner: str,
+) -> VerificationResult:
     errors = []
     for name, ref in reference.items():
         got = np.asarray(actual[name])
         ref = np.asarray(ref)
         if got.shape != ref.shape:
-            raise VerificationError(f"output {name!r} has shape {got.shape}, expected {ref.shape}", output=name)
+            raise VerificationError(
+                f"output {name!r} has shape {got.shape}, expected {ref.shape}", output=name
+            )
         if ref.size == 0:
             errors.append(OutputError(name, 0.0, 0.0, 0.0))
             continue

@@ -37,4 +37,6 @@ def _conv_transpose_flops(s: NodeShapes) -> int:
 register(OpDef("MatMul", OpKind.ANCHOR, _matmul_flops, tags=frozenset({"contraction"})))
 register(OpDef("Gemm", OpKind.ANCHOR, _gemm_flops, tags=frozenset({"contraction"})))
 register(OpDef("Conv", OpKind.ANCHOR, _conv_flops, tags=frozenset({"contraction", "conv"})))
-register(OpDef("ConvTranspose", OpKind.ANCHOR, _conv_transpose_flops, tags=frozenset({"contraction", "conv"})))
+register(
+    OpDef("ConvTranspose", OpKind.ANCHOR, _conv_transpose_flops, tags=frozenset({"contraction", "conv"}))
+)

@@ -29,7 +29,9 @@ def ctype(elem_type: int) -> str:
     try:
         return _CTYPES[elem_type]
     except KeyError:
-        raise ValueError(f"no C type for ONNX element type {onnx.TensorProto.DataType.Name(elem_type)}") from None
+        raise ValueError(
+            f"no C type for ONNX element type {onnx.TensorProto.DataType.Name(elem_type)}"
+        ) from None
 
 
 def _f(value: object) -> str:
@@ -37,47 +39,87 @@ def _f(value: object) -> str:
 
 
 def _unary(op: str, template: str, cost: float = 1.0, description: str = "") -> None:
-    register(OpDef(op, OpKind.ELEMENTWISE, per_output(cost), c_expr=lambda a, attrs=None, _t=template: _t.format(*a),
-                   description=description))
+    register(
+        OpDef(
+            op,
+            OpKind.ELEMENTWISE,
+            per_output(cost),
+            c_expr=lambda a, attrs=None, _t=template: _t.format(*a),
+            description=description,
+        )
+    )
 
 
-def _attr_unary(op: str, fn, cost: float = 1.0) -> None:  # noqa: ANN001 - fn: (args, attrs) -> str
+def _attr_unary(op: str, fn, cost: float = 1.0) -> None:
     register(OpDef(op, OpKind.ELEMENTWISE, per_output(cost), c_expr=fn))
 
 
 def _binary(op: str, template: str, cost: float = 1.0) -> None:
-    register(OpDef(op, OpKind.BROADCAST, per_output(cost), c_expr=lambda a, attrs=None, _t=template: _t.format(*a)))
+    register(
+        OpDef(op, OpKind.BROADCAST, per_output(cost), c_expr=lambda a, attrs=None, _t=template: _t.format(*a))
+    )
 
 
-def _call(template: str):  # noqa: ANN202
-    return lambda a, attrs: template.format(*a, **{k: _f(v) for k, v in attrs.items() if isinstance(v, float)})
+def _call(template: str):
+    return lambda a, attrs: template.format(
+        *a, **{k: _f(v) for k, v in attrs.items() if isinstance(v, float)}
+    )
 
 
 for _op, _tpl, _cost in [
-    ("Abs", "fabsf({0})", 1), ("Neg", "(-({0}))", 1), ("Exp", "expf({0})", 8), ("Log", "logf({0})", 8),
-    ("Sqrt", "sqrtf({0})", 4), ("Reciprocal", "(1.0f / ({0}))", 2), ("Relu", "(({0}) > 0.0f ? ({0}) : 0.0f)", 1),
-    ("Sigmoid", "(1.0f / (1.0f + expf(-({0}))))", 10), ("Tanh", "tanhf({0})", 10), ("Erf", "erff({0})", 10),
-    ("Floor", "floorf({0})", 1), ("Ceil", "ceilf({0})", 1), ("Round", "nearbyintf({0})", 1),
-    ("Sign", "(float)((({0}) > 0) - (({0}) < 0))", 1), ("Sin", "sinf({0})", 10), ("Cos", "cosf({0})", 10),
-    ("Tan", "tanf({0})", 10), ("Asin", "asinf({0})", 10), ("Acos", "acosf({0})", 10), ("Atan", "atanf({0})", 10),
-    ("Sinh", "sinhf({0})", 10), ("Cosh", "coshf({0})", 10), ("Asinh", "asinhf({0})", 10),
-    ("Acosh", "acoshf({0})", 10), ("Atanh", "atanhf({0})", 10), ("Not", "(!({0}))", 1),
-    ("IsNaN", "isnan({0})", 1), ("Softsign", "(({0}) / (1.0f + fabsf({0})))", 3),
-    ("Softplus", "log1pf(expf({0}))", 16), ("Mish", "(({0}) * tanhf(log1pf(expf({0}))))", 30),
+    ("Abs", "fabsf({0})", 1),
+    ("Neg", "(-({0}))", 1),
+    ("Exp", "expf({0})", 8),
+    ("Log", "logf({0})", 8),
+    ("Sqrt", "sqrtf({0})", 4),
+    ("Reciprocal", "(1.0f / ({0}))", 2),
+    ("Relu", "(({0}) > 0.0f ? ({0}) : 0.0f)", 1),
+    ("Sigmoid", "(1.0f / (1.0f + expf(-({0}))))", 10),
+    ("Tanh", "tanhf({0})", 10),
+    ("Erf", "erff({0})", 10),
+    ("Floor", "floorf({0})", 1),
+    ("Ceil", "ceilf({0})", 1),
+    ("Round", "nearbyintf({0})", 1),
+    ("Sign", "(float)((({0}) > 0) - (({0}) < 0))", 1),
+    ("Sin", "sinf({0})", 10),
+    ("Cos", "cosf({0})", 10),
+    ("Tan", "tanf({0})", 10),
+    ("Asin", "asinf({0})", 10),
+    ("Acos", "acosf({0})", 10),
+    ("Atan", "atanf({0})", 10),
+    ("Sinh", "sinhf({0})", 10),
+    ("Cosh", "coshf({0})", 10),
+    ("Asinh", "asinhf({0})", 10),
+    ("Acosh", "acoshf({0})", 10),
+    ("Atanh", "atanhf({0})", 10),
+    ("Not", "(!({0}))", 1),
+    ("IsNaN", "isnan({0})", 1),
+    ("Softsign", "(({0}) / (1.0f + fabsf({0})))", 3),
+    ("Softplus", "log1pf(expf({0}))", 16),
+    ("Mish", "(({0}) * tanhf(log1pf(expf({0}))))", 30),
 ]:
     _unary(_op, _tpl, _cost)
 
-_attr_unary("LeakyRelu", lambda a, t: f"(({a[0]}) >= 0.0f ? ({a[0]}) : {_f(t.get('alpha', 0.01))} * ({a[0]}))")
-_attr_unary("Elu", lambda a, t: f"(({a[0]}) >= 0.0f ? ({a[0]}) : {_f(t.get('alpha', 1.0))} * expm1f({a[0]}))", 8)
+_attr_unary(
+    "LeakyRelu", lambda a, t: f"(({a[0]}) >= 0.0f ? ({a[0]}) : {_f(t.get('alpha', 0.01))} * ({a[0]}))"
+)
+_attr_unary(
+    "Elu", lambda a, t: f"(({a[0]}) >= 0.0f ? ({a[0]}) : {_f(t.get('alpha', 1.0))} * expm1f({a[0]}))", 8
+)
 _attr_unary(
     "Selu",
-    lambda a, t: f"({_f(t.get('gamma', 1.05070102214813232421875))} * (({a[0]}) > 0.0f ? ({a[0]}) : "
-    f"{_f(t.get('alpha', 1.67326319217681884765625))} * expm1f({a[0]})))",
+    lambda a, t: (
+        f"({_f(t.get('gamma', 1.05070102214813232421875))} * (({a[0]}) > 0.0f ? ({a[0]}) : "
+        f"{_f(t.get('alpha', 1.67326319217681884765625))} * expm1f({a[0]})))"
+    ),
     8,
 )
 _attr_unary(
     "Celu",
-    lambda a, t: f"fmaxf(0.0f, {a[0]}) + fminf(0.0f, {_f(t.get('alpha', 1.0))} * expm1f(({a[0]}) / {_f(t.get('alpha', 1.0))}))",
+    lambda a, t: (
+        f"fmaxf(0.0f, {a[0]}) + fminf(0.0f, {_f(t.get('alpha', 1.0))} * "
+        f"expm1f(({a[0]}) / {_f(t.get('alpha', 1.0))}))"
+    ),
     8,
 )
 _attr_unary(
@@ -86,13 +128,12 @@ _attr_unary(
     3,
 )
 _attr_unary("HardSwish", lambda a, t: f"(({a[0]}) * fmaxf(0.0f, fminf(1.0f, ({a[0]}) / 6.0f + 0.5f)))", 4)
-_attr_unary(
-    "ThresholdedRelu", lambda a, t: f"(({a[0]}) > {_f(t.get('alpha', 1.0))} ? ({a[0]}) : 0.0f)"
-)
+_attr_unary("ThresholdedRelu", lambda a, t: f"(({a[0]}) > {_f(t.get('alpha', 1.0))} ? ({a[0]}) : 0.0f)")
 _attr_unary(
     "Gelu",
     lambda a, t: (
-        f"(0.5f * ({a[0]}) * (1.0f + tanhf(0.7978845608028654f * (({a[0]}) + 0.044715f * ({a[0]}) * ({a[0]}) * ({a[0]})))))"
+        f"(0.5f * ({a[0]}) * (1.0f + tanhf(0.7978845608028654f * "
+        f"(({a[0]}) + 0.044715f * ({a[0]}) * ({a[0]}) * ({a[0]})))))"
         if t.get("approximate", b"none") in (b"tanh", "tanh")
         else f"(0.5f * ({a[0]}) * (1.0f + erff(({a[0]}) * 0.7071067811865476f)))"
     ),
@@ -112,22 +153,32 @@ def _clip(a: Sequence[str], t: Mapping[str, object]) -> str:
 
 
 register(OpDef("Clip", OpKind.ELEMENTWISE, per_output(2), c_expr=_clip))
-register(OpDef("Cast", OpKind.ELEMENTWISE, per_output(0),
-               c_expr=lambda a, t: f"(({ctype(int(t['to']))})({a[0]}))"))
+register(
+    OpDef("Cast", OpKind.ELEMENTWISE, per_output(0), c_expr=lambda a, t: f"(({ctype(int(t['to']))})({a[0]}))")
+)
 register(OpDef("IsInf", OpKind.ELEMENTWISE, per_output(1), c_expr=lambda a, t: f"isinf({a[0]})"))
 
 for _op, _tpl, _cost in [
-    ("Add", "(({0}) + ({1}))", 1), ("Sub", "(({0}) - ({1}))", 1), ("Mul", "(({0}) * ({1}))", 1),
-    ("Div", "(({0}) / ({1}))", 1), ("Pow", "powf({0}, {1})", 10),
-    ("Equal", "(({0}) == ({1}))", 1), ("Less", "(({0}) < ({1}))", 1), ("Greater", "(({0}) > ({1}))", 1),
-    ("LessOrEqual", "(({0}) <= ({1}))", 1), ("GreaterOrEqual", "(({0}) >= ({1}))", 1),
-    ("And", "(({0}) && ({1}))", 1), ("Or", "(({0}) || ({1}))", 1), ("Xor", "((!!({0})) != (!!({1})))", 1),
-    ("Where", "(({0}) ? ({1}) : ({2}))", 1), ("PRelu", "(({0}) < 0.0f ? ({1}) * ({0}) : ({0}))", 1),
+    ("Add", "(({0}) + ({1}))", 1),
+    ("Sub", "(({0}) - ({1}))", 1),
+    ("Mul", "(({0}) * ({1}))", 1),
+    ("Div", "(({0}) / ({1}))", 1),
+    ("Pow", "powf({0}, {1})", 10),
+    ("Equal", "(({0}) == ({1}))", 1),
+    ("Less", "(({0}) < ({1}))", 1),
+    ("Greater", "(({0}) > ({1}))", 1),
+    ("LessOrEqual", "(({0}) <= ({1}))", 1),
+    ("GreaterOrEqual", "(({0}) >= ({1}))", 1),
+    ("And", "(({0}) && ({1}))", 1),
+    ("Or", "(({0}) || ({1}))", 1),
+    ("Xor", "((!!({0})) != (!!({1})))", 1),
+    ("Where", "(({0}) ? ({1}) : ({2}))", 1),
+    ("PRelu", "(({0}) < 0.0f ? ({1}) * ({0}) : ({0}))", 1),
 ]:
     _binary(_op, _tpl, _cost)
 
 
-def _fold(fn: str):  # noqa: ANN202
+def _fold(fn: str):
     def emit(a: Sequence[str], t: Mapping[str, object]) -> str:
         expr = a[0]
         for arg in a[1:]:
@@ -139,11 +190,30 @@ def _fold(fn: str):  # noqa: ANN202
 
 register(OpDef("Max", OpKind.BROADCAST, per_output(1), c_expr=_fold("fmaxf")))
 register(OpDef("Min", OpKind.BROADCAST, per_output(1), c_expr=_fold("fminf")))
-register(OpDef("Sum", OpKind.BROADCAST, per_output(1), c_expr=lambda a, t: "(" + " + ".join(f"({x})" for x in a) + ")"))
-register(OpDef("Mean", OpKind.BROADCAST, per_output(1),
-               c_expr=lambda a, t: "((" + " + ".join(f"({x})" for x in a) + f") / {len(a)}.0f)"))
-register(OpDef("Mod", OpKind.BROADCAST, per_output(2),
-               c_expr=lambda a, t: f"fmodf({a[0]}, {a[1]})" if t.get("fmod") else f"af_mod({a[0]}, {a[1]})"))
+register(
+    OpDef(
+        "Sum",
+        OpKind.BROADCAST,
+        per_output(1),
+        c_expr=lambda a, t: "(" + " + ".join(f"({x})" for x in a) + ")",
+    )
+)
+register(
+    OpDef(
+        "Mean",
+        OpKind.BROADCAST,
+        per_output(1),
+        c_expr=lambda a, t: "((" + " + ".join(f"({x})" for x in a) + f") / {len(a)}.0f)",
+    )
+)
+register(
+    OpDef(
+        "Mod",
+        OpKind.BROADCAST,
+        per_output(2),
+        c_expr=lambda a, t: f"fmodf({a[0]}, {a[1]})" if t.get("fmod") else f"af_mod({a[0]}, {a[1]})",
+    )
+)
 # Inference BatchNormalization left after folding: a per-channel affine map.  Canonicalization
 # rewrites it into Mul/Add with broadcastable constants, so no C expression is needed here.
 register(OpDef("BatchNormalization", OpKind.BROADCAST, per_output(2)))

@@ -14,11 +14,28 @@ def _window(s: NodeShapes) -> int:
 
 
 for _op, _cost in [
-    ("ReduceMean", 1), ("ReduceSum", 1), ("ReduceMax", 1), ("ReduceMin", 1), ("ReduceProd", 1),
-    ("ReduceL1", 2), ("ReduceL2", 2), ("ReduceSumSquare", 2), ("ReduceLogSum", 1), ("ReduceLogSumExp", 10),
-    ("ArgMax", 1), ("ArgMin", 1), ("Softmax", 12), ("LogSoftmax", 12), ("LayerNormalization", 8),
-    ("GlobalAveragePool", 1), ("GlobalMaxPool", 1), ("InstanceNormalization", 8), ("GroupNormalization", 8),
-    ("LpNormalization", 3), ("MeanVarianceNormalization", 8), ("CumSum", 1),
+    ("ReduceMean", 1),
+    ("ReduceSum", 1),
+    ("ReduceMax", 1),
+    ("ReduceMin", 1),
+    ("ReduceProd", 1),
+    ("ReduceL1", 2),
+    ("ReduceL2", 2),
+    ("ReduceSumSquare", 2),
+    ("ReduceLogSum", 1),
+    ("ReduceLogSumExp", 10),
+    ("ArgMax", 1),
+    ("ArgMin", 1),
+    ("Softmax", 12),
+    ("LogSoftmax", 12),
+    ("LayerNormalization", 8),
+    ("GlobalAveragePool", 1),
+    ("GlobalMaxPool", 1),
+    ("InstanceNormalization", 8),
+    ("GroupNormalization", 8),
+    ("LpNormalization", 3),
+    ("MeanVarianceNormalization", 8),
+    ("CumSum", 1),
 ]:
     register(OpDef(_op, OpKind.REDUCE, per_input(_cost), tags=frozenset({"reduction"})))
 

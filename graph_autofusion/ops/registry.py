@@ -43,7 +43,9 @@ class NodeShapes:
     attrs: Mapping[str, object]
 
     def io_bytes(self) -> int:
-        total = sum(numel(s) * b for s, b in zip(self.inputs, self.itemsizes_in, strict=False) if s is not None)
+        total = sum(
+            numel(s) * b for s, b in zip(self.inputs, self.itemsizes_in, strict=False) if s is not None
+        )
         return total + sum(numel(s) * b for s, b in zip(self.outputs, self.itemsizes_out, strict=False))
 
 
@@ -90,8 +92,13 @@ def lookup(op_type: str, domain: str = "") -> OpDef:
     found = _REGISTRY.get((domain, op_type))
     if found is not None:
         return found
-    return OpDef(op_type=op_type, kind=OpKind.OPAQUE, flops=_opaque_flops, domain=domain,
-                 description="not in the registry: kept as a kernel of its own")
+    return OpDef(
+        op_type=op_type,
+        kind=OpKind.OPAQUE,
+        flops=_opaque_flops,
+        domain=domain,
+        description="not in the registry: kept as a kernel of its own",
+    )
 
 
 def registered_ops() -> dict[tuple[str, str], OpDef]:

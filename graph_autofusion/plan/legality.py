@@ -20,7 +20,9 @@ from .templates import classify
 
 
 class Legality:
-    def __init__(self, graph: Graph, config: FusionConfig, baseline_live: np.ndarray, allow_chains: bool) -> None:
+    def __init__(
+        self, graph: Graph, config: FusionConfig, baseline_live: np.ndarray, allow_chains: bool
+    ) -> None:
         self.graph = graph
         self.config = config
         self.live = baseline_live
@@ -55,7 +57,9 @@ class Legality:
             return refuse("NF010", f"{n.op_type} '{n.name}' is opaque: it runs as a kernel of its own"), None
         anchors = [g.nodes[i] for i in members if g.nodes[i].kind == OpKind.ANCHOR]
         if len(anchors) > 1 and not self.allow_chains:
-            return refuse("NF007", f"{anchors[0].name} and {anchors[1].name} are both compute-bound anchors"), None
+            return refuse(
+                "NF007", f"{anchors[0].name} and {anchors[1].name} are both compute-bound anchors"
+            ), None
         if part.creates_cycle(members):
             return refuse("NF002", "another kernel depends on one group and feeds the other"), None
         template, why = classify(g, members)
@@ -65,7 +69,9 @@ class Legality:
         inputs, _ = group_boundary(g, members)
         activations = [x for x in inputs if not g.values[x].is_const]
         if len(activations) > cfg.max_inputs:
-            return refuse("NF005", f"{len(activations)} external inputs exceed max_inputs = {cfg.max_inputs}"), None
+            return refuse(
+                "NF005", f"{len(activations)} external inputs exceed max_inputs = {cfg.max_inputs}"
+            ), None
         grows = self._peak_grows(members, activations)
         if grows:
             return refuse("NF003", grows), None
@@ -101,7 +107,11 @@ class Legality:
         its internal intermediates never reach memory; refuse if that lifts the peak."""
         g = self.graph
         run_at = max(members)
-        extend = [(self.last_use[x], g.values[x].nbytes) for x in activations if self.last_use.get(x, run_at) < run_at]
+        extend = [
+            (self.last_use[x], g.values[x].nbytes)
+            for x in activations
+            if self.last_use.get(x, run_at) < run_at
+        ]
         if not extend:
             return ""
         start = min(t for t, _ in extend)
@@ -119,5 +129,8 @@ class Legality:
         grown = int(window.max())
         if grown > self.peak:
             extra = sum(b for _, b in extend)
-            return f"keeping {extra} bytes of inputs alive longer raises peak activation memory to {grown} bytes (from {self.peak})"
+            return (
+                f"keeping {extra} bytes of inputs alive longer raises peak activation memory "
+                f"to {grown} bytes (from {self.peak})"
+            )
         return ""

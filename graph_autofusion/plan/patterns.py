@@ -72,7 +72,9 @@ class PointwiseChain(Pattern):
         for node in graph:
             if node.kind not in (OpKind.ELEMENTWISE, OpKind.BROADCAST):
                 continue
-            producers = [p for p in graph.predecessors(node) if p.kind in (OpKind.ELEMENTWISE, OpKind.BROADCAST)]
+            producers = [
+                p for p in graph.predecessors(node) if p.kind in (OpKind.ELEMENTWISE, OpKind.BROADCAST)
+            ]
             if any(graph.sole_consumer(p) is node for p in producers):
                 continue  # not the head of a chain
             chain = [node, *_epilogue_chain(graph, node)]
@@ -161,7 +163,9 @@ class Gelu(Pattern):
 
 class LayerNorm(Pattern):
     name = "layer_norm"
-    description = "LayerNormalization, or its decomposition ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div/Mul/Add"
+    description = (
+        "LayerNormalization, or its decomposition ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div/Mul/Add"
+    )
 
     def match(self, graph: Graph) -> Iterable[Match]:
         out = []
@@ -195,9 +199,13 @@ class LayerNorm(Pattern):
 def _prologue_adds(graph: Graph, node: Node) -> list[Node]:
     """A residual Add feeding a normalisation, when nothing else reads the sum."""
     p = graph.producer(node.inputs[0])
-    if p is not None and p.op_type == "Add" and all(
-        c.index == node.index or c.op_type == "Sub" or c.index in {node.index}
-        for c in graph.consumers(p.outputs[0])
+    if (
+        p is not None
+        and p.op_type == "Add"
+        and all(
+            c.index == node.index or c.op_type == "Sub" or c.index in {node.index}
+            for c in graph.consumers(p.outputs[0])
+        )
     ):
         return [p]
     return []
@@ -247,11 +255,19 @@ class ReductionFusion(Pattern):
     def match(self, graph: Graph) -> Iterable[Match]:
         out = []
         for node in graph:
-            if node.op_type not in ("ReduceMean", "ReduceSum", "GlobalAveragePool", "ReduceMax", "GlobalMaxPool"):
+            if node.op_type not in (
+                "ReduceMean",
+                "ReduceSum",
+                "GlobalAveragePool",
+                "ReduceMax",
+                "GlobalMaxPool",
+            ):
                 continue
             pre: list[Node] = []
             p = graph.producer(node.inputs[0])
-            while p is not None and p.kind in (OpKind.ELEMENTWISE, OpKind.BROADCAST) and graph.sole_consumer(p):
+            while (
+                p is not None and p.kind in (OpKind.ELEMENTWISE, OpKind.BROADCAST) and graph.sole_consumer(p)
+            ):
                 pre.append(p)
                 p = graph.producer(p.inputs[0])
             post = _epilogue_chain(graph, node)
@@ -282,7 +298,13 @@ class MatMulChain(Pattern):
 
 
 _BUILTINS: tuple[Pattern, ...] = (
-    LayerNorm(), Softmax(), Gelu(), ConvEpilogue(), MatMulEpilogue(), ReductionFusion(), PointwiseChain(),
+    LayerNorm(),
+    Softmax(),
+    Gelu(),
+    ConvEpilogue(),
+    MatMulEpilogue(),
+    ReductionFusion(),
+    PointwiseChain(),
     MatMulChain(),
 )
 
@@ -312,7 +334,7 @@ class DeclarativePattern(Pattern):
         return out
 
     @staticmethod
-    def _fits(graph: Graph, node: Node, step) -> bool:  # noqa: ANN001 - step: PatternStep
+    def _fits(graph: Graph, node: Node, step) -> bool:
         for key, want in step.attrs.items():
             have = node.attrs.get(key)
             if isinstance(have, bytes):

@@ -53,8 +53,13 @@ class Refusal:
     nodes: list[list[str]]  # node names of each group involved
 
     def to_dict(self) -> dict[str, object]:
-        return {"code": self.code, "reason": self.title, "detail": self.detail, "source": self.source,
-                "groups": self.nodes}
+        return {
+            "code": self.code,
+            "reason": self.title,
+            "detail": self.detail,
+            "source": self.source,
+            "groups": self.nodes,
+        }
 
 
 @dataclass
@@ -74,14 +79,22 @@ class Plan:
 
 
 class Planner:
-    def __init__(self, graph: Graph, config: FusionConfig, hw: HardwareProfile,
-                 user_patterns: Sequence[Pattern] = (), progress: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        graph: Graph,
+        config: FusionConfig,
+        hw: HardwareProfile,
+        user_patterns: Sequence[Pattern] = (),
+        progress: Callable[[str], None] | None = None,
+    ) -> None:
         self.graph = graph
         self.config = config
         self.strategy = get_strategy(config.cost_model, hw)
         self.part = Partition(graph)
         baseline = [frozenset({i}) for i in range(len(graph.nodes))]
-        self.legality = Legality(graph, config, live_profile(graph, baseline), self.strategy.allow_anchor_chains)
+        self.legality = Legality(
+            graph, config, live_profile(graph, baseline), self.strategy.allow_anchor_chains
+        )
         self.user_patterns = list(user_patterns)
         self.verdicts: dict[tuple[int, int], tuple[Verdict, str]] = {}
         self.refused: list[Refusal] = []
@@ -151,15 +164,22 @@ class Planner:
                     stats["applied"] += 1
                 else:
                     stats["refused"] += 1
-                    self.refused.append(Refusal(verdict.code, verdict.title, verdict.detail, f"pattern:{label}",
-                                                [self._names(g) for g in gids]))
+                    self.refused.append(
+                        Refusal(
+                            verdict.code,
+                            verdict.title,
+                            verdict.detail,
+                            f"pattern:{label}",
+                            [self._names(g) for g in gids],
+                        )
+                    )
 
     def _auto(self) -> None:
         tie = itertools.count()
         for _ in range(self.config.max_rounds):
             heap: list[tuple[float, int, int, int]] = []
 
-            def push(a: int, b: int) -> None:
+            def push(a: int, b: int, heap: list[tuple[float, int, int, int]] = heap) -> None:
                 a, b = min(a, b), max(a, b)
                 if (a, b) in self.verdicts:
                     return
@@ -185,15 +205,22 @@ class Planner:
 
     def _finish(self) -> Plan:
         part = self.part
-        for (a, b) in sorted(part.edges()):
+        for a, b in sorted(part.edges()):
             found = self.verdicts.get((a, b))
             if found is None and self.config.enable_auto_fusion and self.config.max_fusion_size > 0:
                 continue
             verdict = found[0] if found else self.legality.check(part, (a, b))[0]
             if verdict:
                 continue
-            self.refused.append(Refusal(verdict.code, verdict.title, verdict.detail,
-                                        f"strategy:{self.strategy.name}", [self._names(a), self._names(b)]))
+            self.refused.append(
+                Refusal(
+                    verdict.code,
+                    verdict.title,
+                    verdict.detail,
+                    f"strategy:{self.strategy.name}",
+                    [self._names(a), self._names(b)],
+                )
+            )
         groups = []
         for gid in _schedule(part):
             members = sorted(part.members[gid])
@@ -234,4 +261,4 @@ def plan(graph: Graph, config: FusionConfig, hw: HardwareProfile, patterns: Sequ
     return Planner(graph, config, hw, patterns).run()
 
 
-__all__ = ["Plan", "PlannedGroup", "Planner", "Refusal", "plan", "OpKind"]
+__all__ = ["OpKind", "Plan", "PlannedGroup", "Planner", "Refusal", "plan"]

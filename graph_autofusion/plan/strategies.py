@@ -26,7 +26,7 @@ class Candidate:
     parts: tuple[KernelCost, ...]
     union: KernelCost
 
-    def saved(self, metric) -> float:  # noqa: ANN001 - metric: KernelCost -> float
+    def saved(self, metric) -> float:
         return sum(metric(p) for p in self.parts) - metric(self.union)
 
 
@@ -84,8 +84,12 @@ class ComputeDensity(Strategy):
         return cost.memory_bound_time(self.hw)
 
     def decide(self, cand: Candidate) -> Verdict:
-        if any(p.compute_bound(self.hw) and p.anchors for p in cand.parts) and not cand.union.compute_bound(self.hw):
-            return refuse("NF008", "compute_density: the fused kernel would turn memory-bound (roofline gate)")
+        if any(p.compute_bound(self.hw) and p.anchors for p in cand.parts) and not cand.union.compute_bound(
+            self.hw
+        ):
+            return refuse(
+                "NF008", "compute_density: the fused kernel would turn memory-bound (roofline gate)"
+            )
         return super().decide(cand)
 
     def _describe(self, saved: float) -> str:

@@ -110,8 +110,12 @@ def _opset(graph: Graph) -> int:
     return 0
 
 
-def operand_strides(graph: Graph, chain: list[Node], source: str) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """Shape and element strides of `source` seen through a Transpose/Reshape chain, or None if a copy is needed."""
+def operand_strides(
+    graph: Graph, chain: list[Node], source: str
+) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """Shape and element strides of `source` seen through a Transpose/Reshape chain.
+
+    None when the chain needs a copy (a BLAS call can absorb a stride change, not a gather)."""
     shape = list(graph.shape(source) or ())
     strides = [math.prod(shape[i + 1 :]) for i in range(len(shape))]
     for node in chain:
@@ -224,7 +228,9 @@ def _epilogue_only(graph: Graph, members: Collection[int], root: Node) -> set[in
     rest = set(members) - desc - {root.index}
     if rest:
         other = graph.nodes[min(rest)]
-        raise Misfit(f"{other.op_type} '{other.name}' is neither a prologue nor an epilogue of {root.op_type}")
+        raise Misfit(
+            f"{other.op_type} '{other.name}' is neither a prologue nor an epilogue of {root.op_type}"
+        )
     size = _numel(graph, _out(root))
     for i in desc:
         n = graph.nodes[i]

@@ -9,7 +9,6 @@ import onnx
 import pytest
 
 import graph_autofusion as gaf
-from graph_autofusion import FusionConfig
 
 SMALL = {
     "mlp": {},
@@ -43,7 +42,7 @@ def test_zoo_model_fuses_and_matches_onnxruntime(name: str, style: str) -> None:
     json.dumps(report)  # serializable as is
 
 
-def test_fused_graph_surface(tmp_path) -> None:  # noqa: ANN001
+def test_fused_graph_surface(tmp_path) -> None:
     fused = gaf.fuse(gaf.zoo.build("bert_base", **SMALL["bert_base"]))
     assert fused.get_operator_count() == fused.report()["operators"]["canonical"]
     assert fused.get_kernel_count() == fused.report()["kernels"]["after"]

@@ -13,19 +13,42 @@ import graph_autofusion as gaf
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "graph_autofusion.cli", *args], capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "graph_autofusion.cli", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_fuse_writes_model_and_report(tmp_path: Path) -> None:
     src = tmp_path / "bert.onnx"
-    onnx.save(gaf.zoo.build("bert_base", num_layers=1, hidden=32, heads=2, seq_len=8, vocab=50, dynamic_batch=True),
-              src)
+    onnx.save(
+        gaf.zoo.build("bert_base", num_layers=1, hidden=32, heads=2, seq_len=8, vocab=50, dynamic_batch=True),
+        src,
+    )
     out, rep = tmp_path / "fused.onnx", tmp_path / "report.json"
-    done = run("fuse", str(src), "-o", str(out), "--cost-model", "latency", "--input-shape", "input_ids=1,8",
-               "--input-shape", "attention_mask=1,8", "--report", str(rep))
+    done = run(
+        "fuse",
+        str(src),
+        "-o",
+        str(out),
+        "--cost-model",
+        "latency",
+        "--input-shape",
+        "input_ids=1,8",
+        "--input-shape",
+        "attention_mask=1,8",
+        "--report",
+        str(rep),
+    )
     assert done.returncode == 0, done.stderr
-    for row in ("operators", "kernels", "fusions", "bytes moved", "peak memory", "latency", "verification  passed"):
+    for row in (
+        "operators",
+        "kernels",
+        "fusions",
+        "bytes moved",
+        "peak memory",
+        "latency",
+        "verification  passed",
+    ):
         assert row in done.stdout
     report = json.loads(rep.read_text())
     assert report["strategy"] == "latency" and report["verification"]["passed"]

@@ -41,3 +41,32 @@ def tiny_mlp(hidden: int = 16, scale: float = 1.0) -> Any:
     model.ir_version = 8
     onnx.checker.check_model(model)
     return model
+
+
+def _single_relu_model(nodes: list[Any], dims: list[Any]) -> Any:
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, dims)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def symbolic_batch() -> Any:
+    """Valid ONNX whose batch dimension is symbolic: accepted, then fails with ``unbound_dimension``."""
+    from onnx import helper
+
+    return _single_relu_model([helper.make_node("Relu", ["x"], ["y"])], ["N", 4])
+
+
+def cyclic() -> Any:
+    """Two nodes feeding each other: rejected at submission with ``graph_cycle``."""
+    from onnx import helper
+
+    nodes = [helper.make_node("Relu", ["z"], ["y"]), helper.make_node("Relu", ["y"], ["z"])]
+    return _single_relu_model(nodes, [4])

@@ -21,6 +21,7 @@ from graph_autofusion_client import (
     InvalidModelError,
     Job,
     JobCancelledError,
+    JobFailedError,
     JobNotReadyError,
     JobStatus,
     NotFoundError,
@@ -31,7 +32,7 @@ from graph_autofusion_client import (
 )
 
 from ._live import UPLOAD_LIMIT_MB, LiveService, free_port, new_service, service_available
-from ._onnx_models import tiny_mlp, zoo_mlp
+from ._onnx_models import cyclic, symbolic_batch, tiny_mlp, zoo_mlp
 
 pytestmark = pytest.mark.skipif(not service_available(), reason="autofusion_service is not installed")
 
@@ -152,12 +153,27 @@ def test_not_found(client: Client) -> None:
         client.get_job("no-such-job")
 
 
-def test_invalid_model_keeps_the_engine_reason(client: Client) -> None:
+@pytest.mark.parametrize(
+    ("model", "reason"), [(b"this is not an onnx model", "not_onnx"), (cyclic(), "graph_cycle")]
+)
+def test_invalid_model_keeps_the_engine_reason(client: Client, model: Any, reason: str) -> None:
     with pytest.raises(InvalidModelError) as info:
-        client.submit(b"this is not an onnx model")
+        client.submit(model)
     assert info.value.status == 422
-    assert info.value.reason not in ("", None)
-    assert info.value.detail
+    assert info.value.reason == reason
+    assert info.value.detail and info.value.instance == "/fuse"
+
+
+def test_failed_job_raises_job_failed_with_its_problem(client: Client, tmp_path: Path) -> None:
+    with pytest.raises(JobFailedError) as info:
+        client.fuse(symbolic_batch(), tmp_path / "never.onnx", timeout=WAIT)
+    error = info.value
+    assert error.job.status is JobStatus.FAILED
+    assert error.code == "unbound_dimension" and error.status == 422
+    assert error.extra.get("input") == "x"  # the engine's details survive as problem extensions
+    assert not (tmp_path / "never.onnx").exists()
+    with pytest.raises(JobNotReadyError):
+        client.download_model(error.job, tmp_path / "never.onnx")
 
 
 @pytest.mark.parametrize("config", [{"max_fusion_size": -1}, {"no_such_knob": True}])

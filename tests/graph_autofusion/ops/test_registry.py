@@ -23,7 +23,11 @@ SMALL = {
 
 
 def _models() -> list[tuple[str, onnx.ModelProto]]:
-    out = [(f"{n}/{s}", gaf.zoo.build(n, style=s, **kw)) for n, kw in SMALL.items() for s in ("torchscript", "dynamo")]
+    out = [
+        (f"{n}/{s}", gaf.zoo.build(n, style=s, **kw))
+        for n, kw in SMALL.items()
+        for s in ("torchscript", "dynamo")
+    ]
     out += [(p.name, onnx.load(p)) for p in sorted(EXPORTS.glob("*.onnx"))]
     return out
 
@@ -47,9 +51,17 @@ def test_unknown_ops_are_opaque_not_errors() -> None:
 
 @pytest.mark.parametrize(
     ("op", "kind"),
-    [("Reshape", OpKind.VIEW), ("Relu", OpKind.ELEMENTWISE), ("Add", OpKind.BROADCAST),
-     ("Transpose", OpKind.INJECTIVE), ("Softmax", OpKind.REDUCE), ("MaxPool", OpKind.REDUCE),
-     ("Conv", OpKind.ANCHOR), ("MatMul", OpKind.ANCHOR), ("NonZero", OpKind.OPAQUE)],
+    [
+        ("Reshape", OpKind.VIEW),
+        ("Relu", OpKind.ELEMENTWISE),
+        ("Add", OpKind.BROADCAST),
+        ("Transpose", OpKind.INJECTIVE),
+        ("Softmax", OpKind.REDUCE),
+        ("MaxPool", OpKind.REDUCE),
+        ("Conv", OpKind.ANCHOR),
+        ("MatMul", OpKind.ANCHOR),
+        ("NonZero", OpKind.OPAQUE),
+    ],
 )
 def test_kinds(op: str, kind: OpKind) -> None:
     assert lookup(op).kind == kind

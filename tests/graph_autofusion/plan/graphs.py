@@ -9,7 +9,7 @@ from onnx import TensorProto, helper, numpy_helper
 F = TensorProto.FLOAT
 
 
-def model(nodes, inputs, outputs, inits=(), opset=17) -> onnx.ModelProto:  # noqa: ANN001
+def model(nodes, inputs, outputs, inits=(), opset=17) -> onnx.ModelProto:
     graph = helper.make_graph(
         nodes,
         "g",
@@ -31,5 +31,5 @@ def model(nodes, inputs, outputs, inits=(), opset=17) -> onnx.ModelProto:  # noq
     return m
 
 
-def node(op, inputs, outputs, name, **attrs) -> onnx.NodeProto:  # noqa: ANN001
+def node(op, inputs, outputs, name, **attrs) -> onnx.NodeProto:
     return helper.make_node(op, inputs, outputs, name=name, **attrs)

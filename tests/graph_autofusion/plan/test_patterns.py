@@ -11,7 +11,7 @@ import graph_autofusion as gaf
 from graph_autofusion import FusionConfig, Pattern
 
 
-def add_relu_model():  # noqa: ANN201
+def add_relu_model():
     return model(
         [
             node("Add", ["x", "b"], ["s"], "add"),
@@ -29,7 +29,7 @@ class AddRelu(Pattern):
     name = "add_relu"
     description = "bias add followed by relu"
 
-    def match(self, graph):  # noqa: ANN001, ANN201
+    def match(self, graph):
         return [[a.name, r.name] for a, r in graph.chains(["Add", "Relu"])]
 
 
@@ -69,7 +69,7 @@ def test_illegal_user_pattern_gets_a_reason_not_a_broken_graph() -> None:
     class Greedy(Pattern):
         name = "greedy"
 
-        def match(self, graph):  # noqa: ANN001, ANN201
+        def match(self, graph):
             return [[n.name for n in graph]]  # includes the opaque Hardmax
 
     fused = gaf.fuse(add_relu_model(), {"enable_auto_fusion": False}, patterns=[Greedy()])

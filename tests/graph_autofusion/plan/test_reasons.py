@@ -18,7 +18,7 @@ class Propose(Pattern):
     def __init__(self, *groups: list[str]) -> None:
         self.groups = groups
 
-    def match(self, graph):  # noqa: ANN001, ANN201
+    def match(self, graph):
         return [list(g) for g in self.groups]
 
 
@@ -30,7 +30,7 @@ def refused(fused: gaf.FusedGraph, source: str | None = None) -> dict[str, list[
     return out
 
 
-def chain(n: int = 3, shape=(4, 8)):  # noqa: ANN001, ANN201
+def chain(n: int = 3, shape=(4, 8)):
     ops = ["Relu", "Neg", "Exp", "Abs", "Sqrt"]
     nodes = [node(ops[i % len(ops)], [f"v{i}"], [f"v{i + 1}"], f"n{i}") for i in range(n)]
     return model(nodes, [("v0", list(shape))], [f"v{n}"])
