@@ -71,6 +71,15 @@ def serve(settings: Settings, host: str, port: int, *, targets: str = "cpu", wor
     return 0
 
 
+def _die_with_parent() -> None:
+    """Linux: the embedded worker gets SIGTERM when `serve` dies, even by SIGKILL (no orphans)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 class WorkerSupervisor(threading.Thread):
     """Keeps the embedded worker process running: a worker that dies (a model crashed it, it was
     killed) is restarted, and the job it held is picked up again through the lease sweep."""
@@ -83,13 +92,16 @@ class WorkerSupervisor(threading.Thread):
 
     def run(self) -> None:
         while not self._stopping.is_set():
-            self.child = subprocess.Popen(self.args, env=self.env)
+            self.child = subprocess.Popen(self.args, env=self.env, preexec_fn=_die_with_parent)
             started = time.monotonic()
             self.child.wait()
             if self._stopping.is_set():
                 return
+            # wait before restarting: during shutdown the worker exits first (same process group),
+            # and a crash loop should not spin
+            if self._stopping.wait(max(1.0, 2.0 - (time.monotonic() - started))):
+                return
             print(f"autofusion serve: worker exited ({self.child.returncode}); restarting", flush=True)
-            self._stopping.wait(max(0.0, 2.0 - (time.monotonic() - started)))
 
     def stop(self) -> None:
         """Warm shutdown (a running job finishes or hands its message back), then kill."""

@@ -13,14 +13,14 @@ from .state import ServiceState
 _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer <key>`.")
 
 
-def get_state(request: Request) -> ServiceState:
+async def get_state(request: Request) -> ServiceState:
     return request.app.state.autofusion
 
 
 State = Annotated[ServiceState, Depends(get_state)]
 
 
-def require_tenant(
+async def require_tenant(
     state: State, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 ) -> str:
     tenant = state.keyring.tenant_for(credentials.credentials) if credentials else None

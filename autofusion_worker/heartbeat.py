@@ -49,9 +49,13 @@ class Heartbeat(threading.Thread):
         self.store.heartbeat(self.info, ttl=3 * self.settings.heartbeat_interval)
 
     def sweep(self) -> int:
-        requeued = self.store.sweep(self.settings.max_attempts)
+        requeued = self.store.sweep(self.settings.max_attempts, stale_after=self.settings.visibility_timeout)
         for job in requeued:
-            log.warning("job %s: lease expired after attempt %d; requeued", job.id, job.attempt)
+            log.warning(
+                "job %s: republished (lease expired after attempt %d, or queued too long)",
+                job.id,
+                job.attempt,
+            )
             self.queue.publish(job.id, job.target)
         return len(requeued)
 

@@ -8,8 +8,8 @@ BERT-base layer at sequence length 128 (as MatMul + Add + Relu). Batch 1.
 For each shape and thread count: the median latency of our kernel, of onnxruntime, and their
 ratio (ours / ort; below 1.0 means we are faster), the same for the fastest run (on a shared,
 busy machine the minimum shows the kernel, the median shows the neighbours too), GFLOP/s, the
-max abs difference of the outputs and the method the generator chose. Runs are interleaved
-(ours, ort, ours, ...) so a noisy neighbour hurts both sides alike.
+max abs difference of the outputs and the method the generator chose. The two sides run in
+alternating blocks of runs (see `_time_pair`), so a noisy neighbour hurts both alike.
 
 Run: `.venv/bin/python benchmarks/anchors.py [--threads 1,2] [--reps 15] [--only resnet|bert|dw]
 [--json]` (about a minute on 2 cores).
@@ -129,20 +129,26 @@ def _spec(model: onnx.ModelProto, symbol: str) -> KernelSpec:
 def _time_pair(
     ours: Callable[[], object], theirs: Callable[[], object], reps: int
 ) -> tuple[list[float], list[float]]:
-    """Interleaved timings (seconds) of both sides after three warm-up runs each."""
-    for _ in range(3):
-        ours()
-        theirs()
+    """Timings (seconds) of both sides in alternating blocks of runs, after warm-up runs.
+
+    Blocks, not single interleaved runs: onnxruntime's pool spins for a while after each run and
+    libgomp's does too, so a run right after the other side's finds both cores taken by spinning
+    threads (measured: 2-thread medians 20-40x worse than when each side runs in its own block).
+    A short pause between blocks lets the spinners go to sleep.
+    """
     a: list[float] = []
     b: list[float] = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        ours()
-        t1 = time.perf_counter()
-        theirs()
-        t2 = time.perf_counter()
-        a.append(t1 - t0)
-        b.append(t2 - t1)
+    rounds = 3
+    per = max(1, reps // rounds)
+    for _ in range(rounds):
+        for fn, out in ((ours, a), (theirs, b)):
+            for _ in range(2):
+                fn()
+            for _ in range(per):
+                t0 = time.perf_counter()
+                fn()
+                out.append(time.perf_counter() - t0)
+            time.sleep(0.05)
     return a, b
 
 
@@ -160,7 +166,9 @@ class Row:
     max_abs_err: float
 
 
-def run(shapes: list[Shape], thread_counts: list[int], reps: int, cache: KernelCache) -> list[Row]:
+def run(
+    shapes: list[Shape], thread_counts: list[int], reps: int, cache: KernelCache, ort_spin: bool = True
+) -> list[Row]:
     rng = np.random.default_rng(0)
     rows: list[Row] = []
     for idx, shape in enumerate(shapes):
@@ -188,6 +196,8 @@ def run(shapes: list[Shape], thread_counts: list[int], reps: int, cache: KernelC
             opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
             opts.intra_op_num_threads = nt
             opts.inter_op_num_threads = 1
+            if not ort_spin:
+                opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
             sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
             feeds = {"x": values["x"]}
             set_omp_threads(nt)
@@ -220,11 +230,16 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=15, help="timed runs per measurement (median)")
     parser.add_argument("--only", choices=["resnet", "dw", "bert"], help="one shape family")
     parser.add_argument("--json", action="store_true", help="print rows as JSON")
+    parser.add_argument(
+        "--no-ort-spin",
+        action="store_true",
+        help="stop onnxruntime's pool from spinning after a run (it can starve our OpenMP threads)",
+    )
     args = parser.parse_args()
     threads = [int(t) for t in args.threads.split(",")]
     shapes = [s for s in SHAPES if args.only in (None, s.family)]
     with tempfile.TemporaryDirectory(prefix="af-bench-anchors-") as tmp:
-        rows = run(shapes, threads, args.reps, KernelCache(tmp))
+        rows = run(shapes, threads, args.reps, KernelCache(tmp), ort_spin=not args.no_ort_spin)
     if args.json:
         print(json.dumps([asdict(r) for r in rows], indent=2))
         return

@@ -165,7 +165,13 @@ async def throughput(base: str, jobs: int, concurrency: int) -> tuple[float, lis
     return jobs / elapsed * 60, [lat for _, lat in submitted], failed
 
 
-async def pollers(base: str, job_ids: list[str], clients: int, seconds: float) -> list[float]:
+async def pollers(
+    base: str, job_ids: list[str], clients: int, seconds: float, interval: float
+) -> list[float]:
+    """`clients` pollers, each asking for a job's status every `interval` seconds (as a client that
+    honours `Retry-After` does; 0 polls back to back), starting at random offsets."""
+    import random
+
     latencies: list[float] = []
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     headers = {"Authorization": f"Bearer {KEYS['bench']}"}
@@ -173,11 +179,14 @@ async def pollers(base: str, job_ids: list[str], clients: int, seconds: float) -
         stop = time.monotonic() + seconds
 
         async def poll(i: int) -> None:
+            await asyncio.sleep(random.uniform(0, interval))
             while time.monotonic() < stop:
                 t = time.perf_counter()
                 r = await client.get(f"/jobs/{job_ids[i % len(job_ids)]}")
-                latencies.append(time.perf_counter() - t)
+                took = time.perf_counter() - t
+                latencies.append(took)
                 r.raise_for_status()
+                await asyncio.sleep(max(0.0, interval - took))
 
         await asyncio.gather(*(poll(i) for i in range(clients)))
     return latencies
@@ -209,7 +218,8 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=200, help="concurrent status pollers")
     parser.add_argument("--jobs", type=int, default=20, help="distinct small jobs for the throughput run")
     parser.add_argument("--workers", type=int, default=2, help="worker processes")
-    parser.add_argument("--poll-seconds", type=float, default=5.0)
+    parser.add_argument("--poll-seconds", type=float, default=10.0, help="duration of the polling run")
+    parser.add_argument("--poll-interval", type=float, default=1.0, help="seconds between one poller's polls")
     parser.add_argument(
         "--model", default="resnet50", help="zoo model for the cached resubmission ('' skips)"
     )
@@ -228,10 +238,11 @@ def main() -> int:
         )
         headers = {"Authorization": f"Bearer {KEYS['bench']}"}
         ids = [j["id"] for j in httpx.get(f"{stack.base}/jobs?limit=100", headers=headers).json()["items"]]
-        lat = asyncio.run(pollers(stack.base, ids, args.clients, args.poll_seconds))
+        lat = asyncio.run(pollers(stack.base, ids, args.clients, args.poll_seconds, args.poll_interval))
         print(
             f"status latency  p50 {pct(lat, 50):.1f} ms  p99 {pct(lat, 99):.1f} ms  mean "
-            f"{statistics.fmean(lat) * 1000:.1f} ms ({args.clients} concurrent pollers, {len(lat)} requests, "
+            f"{statistics.fmean(lat) * 1000:.1f} ms ({args.clients} pollers every {args.poll_interval:g} s, "
+            f"{len(lat)} requests, "
             f"{len(lat) / args.poll_seconds:.0f} req/s)"
         )
         if args.model:

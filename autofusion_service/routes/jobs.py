@@ -113,8 +113,7 @@ def get_job(job_id: str, state: State, tenant: Tenant, response: Response) -> Jo
 )
 def cancel_job(job_id: str, state: State, tenant: Tenant) -> Job:
     load_job(state.store, tenant, job_id)
-    job = state.store.request_cancel(job_id)
-    assert job is not None
+    job = state.store.request_cancel(job_id) or load_job(state.store, tenant, job_id)
     return job_view(job, waiting=job.target not in state.served_targets())
 
 

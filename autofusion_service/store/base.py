@@ -254,10 +254,27 @@ class JobStore(ABC):
         self._update(job_id, change)
         return self.get(job_id)
 
-    def sweep(self, max_attempts: int) -> list[JobRecord]:
+    def sweep(self, max_attempts: int, stale_after: float | None = None) -> list[JobRecord]:
         """Handle runs whose lease lapsed: requeue them (returned: the caller republishes),
-        fail them as `worker_crashed` after `max_attempts` runs, or finish a pending cancel."""
+        fail them as `worker_crashed` after `max_attempts` runs, or finish a pending cancel.
+
+        With `stale_after`, jobs queued untouched for that long are returned too (and touched):
+        their message may have been lost by a worker that died between taking it and claiming the
+        job, which a broker without redelivery (the embedded one) would never repair. A duplicate
+        message is harmless — `claim` runs a job once."""
         requeued: list[JobRecord] = []
+        if stale_after is not None:
+            for job_id in self.ids_by_status("queued"):
+
+                def touch(r: JobRecord) -> JobRecord | None:
+                    now = time.time()
+                    if r.status != "queued" or r.updated_at > now - stale_after:
+                        return None
+                    return r.model_copy(update={"updated_at": now})
+
+                job = self._update(job_id, touch)
+                if job is not None:
+                    requeued.append(job)
         for status in ("running", "cancelling"):
             for job_id in self.ids_by_status(status):
 

@@ -8,14 +8,13 @@ processes never lose an update. With Redis' append-only file on, all of it survi
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable
 
 import redis
 from redis.exceptions import RedisError, WatchError
 
 from .base import JobStore
-from .records import JobRecord, WorkerInfo
+from .records import STATUSES, JobRecord, WorkerInfo
 
 
 class RedisJobStore(JobStore):
@@ -105,8 +104,6 @@ class RedisJobStore(JobStore):
         return sorted(self.r.smembers(self._k("status", status)))
 
     def count_by_status(self) -> dict[str, int]:
-        from .records import STATUSES
-
         with self.r.pipeline(transaction=False) as pipe:
             for status in STATUSES:
                 pipe.scard(self._k("status", status))
@@ -141,9 +138,7 @@ class RedisJobStore(JobStore):
         gone = [i for i, raw in zip(ids, raws, strict=True) if raw is None]
         if gone:
             self.r.srem(self._k("workers"), *gone)
-        now = time.time()
-        found = [WorkerInfo.model_validate_json(raw) for raw in raws if raw]
-        return [w for w in found if w.last_seen <= now + 60]
+        return [WorkerInfo.model_validate_json(raw) for raw in raws if raw]
 
     def incr(self, amounts: dict[str, float]) -> None:
         with self.r.pipeline(transaction=False) as pipe:

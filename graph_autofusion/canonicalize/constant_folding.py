@@ -3,7 +3,9 @@
 `Constant` nodes become initializers; a node whose inputs are all constants is evaluated with
 `onnx.reference` on a one-node graph and replaced by initializers; `Shape` and `Size` of a
 statically shaped tensor become constants too, which is what makes the Shape→Gather→Unsqueeze→
-Concat chains exporters emit in front of every Reshape collapse into one constant shape.
+Concat chains exporters emit in front of every Reshape collapse into one constant shape.  A node
+that does not fold gets its output types inferred on the spot (`infer_node`), so a Shape further
+down the same sweep can fold even when its input's shape depends on values folded moments ago.
 
 Evaluators are cached by (op, attributes, opset), so a BERT's hundreds of identical Gather/Unsqueeze
 nodes build one evaluator each.  A fold that would materialize a huge tensor larger than its inputs
@@ -19,6 +21,7 @@ from onnx.reference import ReferenceEvaluator
 
 from ..onnx_utils import has_subgraph, static_shape, tensor_nbytes
 from ._graph import WorkGraph
+from .shape_inference import infer_node
 
 #: A folded output above this many elements that is also larger than the node's inputs is not folded.
 HUGE_ELEMENTS = 4 * 1024 * 1024
@@ -56,6 +59,7 @@ class ConstantFolder:
             if self._fold(node):
                 folded += 1
             else:
+                infer_node(work, node)
                 kept.append(node)
         work.nodes = kept
         return folded

@@ -4,7 +4,11 @@
     → remove_identity → eliminate_dead_code → shape_inference (+ onnxruntime fallback) → sort, name, check
 
 Folding and inference feed each other: inference makes `Shape` outputs static so they fold, and
-folding hands inference constant Reshape targets, so the pair repeats until nothing folds.
+folding hands inference constant Reshape targets, so the pair repeats until nothing folds.  The
+folder infers node by node as it sweeps, so one sweep normally settles everything and the
+whole-graph inference that follows only confirms it; the loop has no fixed round cap (every round
+but the last removes a node, so it ends), since a cap is a depth limit that a deep enough model
+would exceed — leaving Shape ops unfolded and sending the rest to the costly onnxruntime fallback.
 """
 
 from __future__ import annotations
@@ -37,8 +41,6 @@ PASS_NAMES = (
     "named_nodes",
 )
 
-MAX_FOLD_ROUNDS = 8
-
 
 def canonicalize(model: ModelProto, config: FusionConfig) -> tuple[ModelProto, dict[str, int]]:
     """Return a new, canonical model and how much each pass did; `model` is not modified.
@@ -56,13 +58,15 @@ def canonicalize(model: ModelProto, config: FusionConfig) -> tuple[ModelProto, d
     counts["remove_identity"] = remove_identity(work)  # first, so folding sees through them
 
     folder = ConstantFolder(work)
-    for round_ in range(MAX_FOLD_ROUNDS):
+    first = True
+    while True:
         # Fold before the first inference too: it turns Constant nodes into initializers, which
         # also sidesteps an onnx data-propagation bug around Constant outputs feeding Concat.
         folded = folder.run()
         counts["constant_folding"] += folded
-        if round_ and not folded:
+        if not first and not folded:
             break
+        first = False
         infer_shapes(work)
         counts["shape_inference"] += 1
     counts["constant_folding_skipped"] = len(folder.skipped)

@@ -6,16 +6,25 @@ Tensors it cannot resolve (outputs of ops without a schema, data-dependent ops) 
 onnxruntime runs the model once on all-ones and once on all-zeros inputs of the bound shapes and we
 read the shapes off — accepted only when both runs agree, since a disagreement means the shape
 depends on the data and no static shape exists.
+
+`infer_node` types a single node the same way, for constant folding to call as it sweeps: ONNX
+inference reads the *values* of some inputs (Slice starts/ends, Expand and Tile targets, Range
+bounds) only from initializers, not from data propagation, so a whole-graph run stops at the first
+such node fed by a not-yet-folded Shape chain.  In a transformer that is every layer's causal-mask
+Slice, and each whole-graph run would get exactly one layer further.  Inferring node by node while
+folding in topological order gets past all of them in one sweep.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 import onnx
-from onnx import TypeProto, helper
+from onnx import NodeProto, TensorProto, TypeProto, helper
 
 from ..errors import InvalidModelError, UnsupportedModelError
-from ..onnx_utils import static_shape
+from ..onnx_utils import LIGHT_MAX_BYTES, has_subgraph, static_shape, tensor_nbytes
 from ._graph import WorkGraph
 
 
@@ -35,10 +44,72 @@ def infer_shapes(work: WorkGraph) -> None:
             work.types[info.name] = info.type
 
 
+def infer_node(work: WorkGraph, node: NodeProto) -> int:
+    """Record static types for the outputs of one node of the default domain; returns how many.
+
+    Only worth calling, and only attempted, when every input has a static type and some output
+    lacks one.  Constant inputs up to LIGHT_MAX_BYTES are handed over as values, as the light model
+    of `infer_shapes` would.  Anything ONNX cannot type here is left to `infer_shapes`, which also
+    re-checks what this records against the declared outputs.
+    """
+    if node.domain not in ("", "ai.onnx") or has_subgraph(node):
+        return 0
+    if all(_is_static(work.types.get(name)) for name in node.output if name):
+        return 0
+    input_types: dict[str, TypeProto] = {}
+    input_data: dict[str, TensorProto] = {}
+    for name in node.input:
+        if not name:
+            continue
+        type_proto = work.types.get(name)
+        if not _is_static(type_proto):
+            return 0
+        input_types[name] = type_proto
+        if work.is_constant(name) and tensor_nbytes(work.initializers[name]) <= LIGHT_MAX_BYTES:
+            input_data[name] = work.initializers[name]
+    schema = _schema(node.op_type, work.opset)
+    if schema is None:
+        return 0
+    try:
+        inferred = onnx.shape_inference.infer_node_outputs(
+            schema,
+            node,
+            input_types,
+            input_data,
+            opset_imports=[helper.make_opsetid("", work.opset)],
+            ir_version=work.ir_version,
+        )
+    except Exception:  # onnx raises several untyped errors; the whole-graph run reports real faults
+        return 0
+    recorded = 0
+    for name, type_proto in inferred.items():
+        known = work.types.get(name)
+        if _is_static(type_proto) and (known is None or _replaceable(known)):
+            work.types[name] = type_proto
+            recorded += 1
+    return recorded
+
+
+@lru_cache(maxsize=1024)
+def _schema(op_type: str, opset: int) -> onnx.defs.OpSchema | None:
+    """The default-domain schema in force at `opset`, if it has an inference function."""
+    try:
+        schema = onnx.defs.get_schema(op_type, opset, "")
+    except onnx.defs.SchemaError:
+        return None
+    return schema if schema.has_type_and_shape_inference_function else None
+
+
+def _is_static(type_proto: TypeProto | None) -> bool:
+    """A tensor type with an element type and fully known dims."""
+    if type_proto is None or not type_proto.tensor_type.elem_type:
+        return False
+    return static_shape(type_proto) is not None
+
+
 def _replaceable(old: TypeProto) -> bool:
     """Whether an inferred type may replace `old`: anything but a complete static type may go."""
-    old_static = static_shape(old) is not None and bool(old.tensor_type.elem_type)
-    return not old_static
+    return not _is_static(old)
 
 
 def unknown_tensors(work: WorkGraph) -> list[str]:

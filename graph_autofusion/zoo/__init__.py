@@ -18,6 +18,12 @@ model.  `style` picks the exporter being imitated:
 
 `dynamic_batch=True` makes the batch dim (and BERT/GPT-2's sequence dim) a symbolic `dim_param`
 ("batch", "sequence").  Conv nets keep BatchNormalization unless `fold_batchnorm=True`.
+
+Fidelity (tests/graph_autofusion/zoo/test_zoo_fidelity.py, against real torch 2.13 exports):
+dynamo-style graphs have the same op-type histogram as the real export; TorchScript-style graphs
+have the same compute ops and keep the shape chains an export with dynamic axes keeps (a static
+export folds them to constants).  Two deliberate departures, so the engine has work to do: real
+eval-mode exports fold BatchNormalization into Conv, and drop Dropout.
 """
 
 from __future__ import annotations

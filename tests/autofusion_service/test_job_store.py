@@ -159,3 +159,12 @@ def test_histogram_counters(store: JobStore) -> None:
 
 def test_ping(store: JobStore) -> None:
     assert store.ping()
+
+
+def test_sweep_republishes_jobs_queued_too_long(store: JobStore) -> None:
+    job, _ = store.submit(record())
+    assert store.sweep(max_attempts=2, stale_after=60) == []
+    time.sleep(0.05)
+    stale = store.sweep(max_attempts=2, stale_after=0.01)
+    assert [j.id for j in stale] == [job.id] and stale[0].status == "queued"
+    assert store.sweep(max_attempts=2, stale_after=60) == []  # touched: not again until stale again

@@ -103,3 +103,23 @@ def test_job_that_kills_its_worker_twice_fails_as_worker_crashed(setup: dict) ->
     assert done["error"]["code"] == "worker_crashed" and done["error"]["status"] == 500
     # the workers themselves survived (their pool replaced the dead children)
     wait_for(lambda: all(w.alive() for w in setup["workers"]), 5)
+
+
+def test_soft_time_limit_fails_the_job_cleanly(setup: dict) -> None:
+    # a worker for another target, with a soft limit shorter than one stage's debug delay
+    env = {
+        **setup["env"],
+        "AUTOFUSION_SOFT_TIME_LIMIT": "1",
+        "AUTOFUSION_HARD_TIME_LIMIT": "20",
+        "AUTOFUSION_DEBUG_STAGE_DELAY": "3",
+    }
+    worker = start_worker(env, setup["tmp"] / "worker-limits.log", targets="ascend910")
+    try:
+        c = setup["client"]
+        wait_for_workers(c, "ascend910")
+        job = submit(c, tiny_model(seed=34), target="ascend910").json()
+        done = poll(c, job["id"], finished, timeout=60)
+        assert done["status"] == "failed" and done["error"]["code"] == "time_limit_exceeded", done
+        assert done["attempt"] == 1
+    finally:
+        worker.stop()

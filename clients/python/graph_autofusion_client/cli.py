@@ -252,11 +252,11 @@ def _follow(client: Client, job: Job, args: argparse.Namespace) -> int:
         finally:
             if printer is not None:
                 printer.close()
-        job.raise_for_status()
-        if args.out:
-            client.download_model(job, args.out)
-        if args.bundle:
-            client.download_bundle(job, args.bundle)
+        if job.status is JobStatus.SUCCEEDED:
+            if args.out:
+                client.download_model(job, args.out)
+            if args.bundle:
+                client.download_bundle(job, args.bundle)
     report: Report | None = job.report() if job.status is JobStatus.SUCCEEDED else None
     if args.json:
         payload = job.to_dict()
@@ -265,11 +265,13 @@ def _follow(client: Client, job: Job, args: argparse.Namespace) -> int:
         print(json.dumps(payload, indent=2))
     else:
         print(render_table(statistics_rows(job, report)))
-        for label, path in (("fused model", args.out), ("bundle", args.bundle)):
-            if path:
-                print(f"{label} written to {path}")
+        if job.status is JobStatus.SUCCEEDED:
+            for label, path in (("fused model", args.out), ("bundle", args.bundle)):
+                if path:
+                    print(f"{label} written to {path}")
     if job.status in (JobStatus.FAILED, JobStatus.CANCELLED):
-        return EXIT_JOB_FAILED
+        problem = f": [{job.error.code}] {job.error.detail}" if job.error is not None else ""
+        return _fail(EXIT_JOB_FAILED, f"job {job.id} {job.status.value}{problem}")
     return EXIT_OK
 
 

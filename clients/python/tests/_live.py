@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import signal
@@ -80,15 +81,26 @@ class LiveService:
         raise RuntimeError(f"service not ready after {timeout}s:\n{self.log_tail()}")
 
     def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
+        """SIGTERM the process group we created (API and worker), then SIGKILL whatever lingers.
+
+        The group is ours alone (``start_new_session``), so nothing else can be hit; killing it
+        whole keeps a worker that is slow to shut down from outliving the test session.
+        """
+        if self.process is None:
             return
-        # the service runs API and worker as children: signal the whole process group we created
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
+        group = self.process.pid
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while _group_alive(group) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=5)
+        self.process = None
 
     def log_tail(self, chars: int = 4000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
@@ -100,6 +112,14 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 
 def _in_checkout() -> bool:
     return (REPO_ROOT / "autofusion_service" / "__main__.py").is_file()
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def service_available() -> bool:

@@ -17,7 +17,7 @@ from graph_autofusion_client.cli import add_commands, main
 
 from ._fakes import job_json
 from ._live import LiveService, free_port, service_available
-from ._onnx_models import tiny_mlp
+from ._onnx_models import symbolic_batch, tiny_mlp
 
 live = pytest.mark.skipif(not service_available(), reason="autofusion_service is not installed")
 
@@ -195,6 +195,25 @@ def test_exit_codes_against_the_service(env: LiveService, model_file: Path, tmp_
     assert main(["status", "no-such-job"]) == 2
     assert main(["submit", str(model_file), "--api-key", "wrong"]) == 5
     assert "authentication failed" in capsys.readouterr().err
+
+
+@live
+def test_failed_job_exits_3_with_its_problem(env: LiveService, tmp_path: Path, capsys) -> None:
+    model = tmp_path / "symbolic.onnx"
+    model.write_bytes(symbolic_batch().SerializeToString())
+    out = tmp_path / "fused.onnx"
+    assert main(["submit", str(model), "--out", str(out)]) == 3
+    captured = capsys.readouterr()
+    assert "failed: [unbound_dimension]" in captured.err
+    assert "unbound_dimension" in captured.out  # the table shows the error row too
+    assert not out.exists()
+
+
+@live
+def test_engine_cli_offers_the_remote_commands(env: LiveService, model_file: Path, capsys) -> None:
+    engine_cli = pytest.importorskip("graph_autofusion.cli")
+    assert engine_cli.main(["submit", str(model_file), "--server", env.url, "--wait", "--quiet"]) == 0
+    assert "kernels" in capsys.readouterr().out
 
 
 @live

@@ -186,6 +186,36 @@ def test_download_checks_the_jobs_artifact_digest(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+class _BrokenStream(httpx.SyncByteStream):
+    """A body that breaks after its first chunk, as a dropped connection does."""
+
+    def __init__(self, first: bytes) -> None:
+        self.first = first
+
+    def __iter__(self):
+        yield self.first
+        raise httpx.ReadError("connection reset by peer")
+
+
+def test_download_interrupted_mid_body_is_retried_from_scratch(tmp_path: Path) -> None:
+    payload = b"0123456789" * 100
+    calls = 0
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal calls
+        calls += 1
+        headers = {"ETag": f'"{sha(payload)}"'}
+        if calls == 1:
+            return httpx.Response(200, stream=_BrokenStream(payload[:10]), headers=headers)
+        return httpx.Response(200, content=payload, headers=headers)
+
+    with client_for(handler) as client:
+        path = client.download_model("job-1", tmp_path / "fused.onnx")
+    assert calls == 2
+    assert path.read_bytes() == payload
+    assert [p.name for p in tmp_path.iterdir()] == ["fused.onnx"]
+
+
 def test_fuse_raises_job_failed_with_problem(tmp_path: Path) -> None:
     failed = job_json(status="failed", error={"code": "compilation_failed", "title": "x", "detail": "cc"})
 

@@ -108,6 +108,14 @@ def test_submission_is_idempotent_and_reattachable(live_service: LiveService, fu
         assert original.id in {job.id for job in later_step.list_jobs(page_size=1)}
 
 
+def test_the_engines_own_config_object_is_accepted(client: Client) -> None:
+    engine_config = pytest.importorskip("graph_autofusion.config")
+    job = client.submit(
+        tiny_mlp(hidden=9), config=engine_config.FusionConfig(max_rounds=4, cost_model="latency")
+    )
+    assert job.config["max_rounds"] == 4 and job.config["cost_model"] == "latency"
+
+
 def test_tenants_do_not_see_each_others_jobs(live_service: LiveService, fused: dict[str, Any]) -> None:
     with Client(live_service.url, api_key="key-b") as other, pytest.raises(NotFoundError) as info:
         other.get_job(fused["job"].id)

@@ -173,3 +173,48 @@ def test_full_size_bert_canonicalizes_in_seconds():
     assert not any(n.op_type in ("Shape", "Constant", "Concat") for n in result.graph.node)
     assert counts["constant_folding"] > 0
     assert elapsed < 10, f"canonicalize took {elapsed:.1f} s"  # ~0.5 s measured; generous for busy CI
+
+
+SHAPE_OPS = ("Shape", "Size", "ConstantOfShape", "Range")
+
+
+def shape_chain_model(depth: int) -> onnx.ModelProto:
+    """`depth` blocks of y = Slice(x, 0, Shape(x)) + 1: each Slice's ends are known only once the
+    Shape before it folds, and ONNX inference reads Slice ends from initializers alone."""
+    nodes, current = [], "x"
+    for i in range(depth):
+        nodes += [
+            helper.make_node("Shape", [current], [f"shape{i}"]),
+            helper.make_node("Slice", [current, "starts", f"shape{i}"], [f"slice{i}"]),
+            helper.make_node("Add", [f"slice{i}", "one"], [f"y{i}"]),
+        ]
+        current = f"y{i}"
+    nodes.append(helper.make_node("Relu", [current], ["y"]))
+    inits = {"starts": np.zeros(2, np.int64), "one": np.float32(1)}
+    return build_model(nodes, [tensor("x", ["n", 3])], [tensor("y", None)], inits)
+
+
+@pytest.mark.parametrize("depth", [2, 24])
+def test_deep_shape_chains_fold_in_as_many_inference_runs_as_shallow_ones(depth: int):
+    model = shape_chain_model(depth)
+    config = FusionConfig(input_shapes={"x": [2, 3]})
+    result, counts = canonicalize(model, config)
+    check_canonical(result)
+    assert [n.op_type for n in result.graph.node] == ["Slice", "Add"] * depth + ["Relu"]
+    assert counts["shape_fallback"] == 0
+    assert counts["shape_inference"] == canonicalize(shape_chain_model(1), config)[1]["shape_inference"]
+    feeds = {"x": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    assert_same_outputs(with_static_inputs(model, {"x": [2, 3]}), result, feeds)
+
+
+def test_twelve_layer_gpt2_folds_every_shape_op_without_onnxruntime():
+    # With a cap on fold/infer rounds, layers past the cap kept their Shape ops and every tensor
+    # after them went to the onnxruntime fallback (seconds at full size).
+    zoo = pytest.importorskip("graph_autofusion.zoo")
+    source = zoo.build("gpt2", num_layers=12, hidden=32, heads=2, seq_len=8, vocab=50)
+    config = FusionConfig()
+    result, counts = canonicalize(load_model(source, config), config)
+    check_canonical(result)
+    assert not [n.op_type for n in result.graph.node if n.op_type in SHAPE_OPS]
+    assert counts["shape_fallback"] == 0
+    assert_same_outputs(with_static_inputs(source, {}), result, random_feeds(source), rtol=1e-4, atol=1e-4)

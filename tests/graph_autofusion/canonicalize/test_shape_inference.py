@@ -8,6 +8,8 @@ from canon_helpers import assert_same_outputs, build_model, random_feeds, tensor
 from onnx import TensorProto, helper
 
 from graph_autofusion.canonicalize import canonicalize
+from graph_autofusion.canonicalize._graph import WorkGraph
+from graph_autofusion.canonicalize.shape_inference import infer_node
 from graph_autofusion.config import FusionConfig
 from graph_autofusion.errors import InvalidModelError, UnsupportedModelError
 from graph_autofusion.onnx_utils import static_shape
@@ -61,3 +63,18 @@ def test_shapes_that_contradict_the_declared_output_are_refused():
     with pytest.raises(InvalidModelError) as info:
         canonicalize(model, FusionConfig())
     assert info.value.code == "invalid_graph"
+
+
+def test_infer_node_types_a_slice_from_constant_ends_and_skips_unknown_inputs():
+    nodes = [
+        helper.make_node("Slice", ["x", "starts", "ends"], ["s"]),
+        helper.make_node("Relu", ["s"], ["y"]),
+        helper.make_node("Relu", ["unknown"], ["z"]),
+    ]
+    inits = {"starts": np.array([1], np.int64), "ends": np.array([3], np.int64)}
+    work = WorkGraph(build_model(nodes, [tensor("x", [4, 2])], [tensor("y", None)], inits))
+    assert infer_node(work, nodes[0]) == 1
+    assert static_shape(work.types["s"]) == (2, 2)
+    assert infer_node(work, nodes[0]) == 0  # already typed
+    assert infer_node(work, nodes[1]) == 1 and static_shape(work.types["y"]) == (2, 2)
+    assert infer_node(work, nodes[2]) == 0 and "z" not in work.types

@@ -42,6 +42,8 @@ MIN_PIXEL_TILE = 128
 # Tasks to aim for when splitting a conv over output channels as well as pixels (every split
 # re-packs the im2col panel once more, so only as many as two threads need to balance).
 MIN_TASKS = 4
+# Depthwise windows up to this many taps are unrolled by the generator (7x7 included).
+MAX_UNROLLED_TAPS = 49
 
 
 @dataclass(frozen=True)
@@ -253,7 +255,7 @@ def emit_conv_body(
         lines.append(f"    float *col = (float *)malloc(sizeof(float) * {g.kdim * pt});")
         lines.append("    long last = -1;")
     lines += [
-        "    #pragma omp for schedule(static)",
+        "    #pragma omp for schedule(dynamic, 1)",
         f"    for (long task = 0; task < {tasks}L; ++task) {{",
         f"      const long ct = task % {ctn}L, key = task / {ctn}L;",
         f"      const long pi = key % {ptn}L, g = (key / {ptn}L) % {g.group}L, n = key / {ptn * g.group}L;",
@@ -306,7 +308,7 @@ def _depthwise_body(
         "  #pragma omp parallel",
         "  {",
         f"    float *pad = (float *)malloc(sizeof(float) * {g.sw * phase});",
-        "    #pragma omp for schedule(static)",
+        "    #pragma omp for schedule(dynamic, 1)",
         f"    for (long plane = 0; plane < {planes}L; ++plane) {{",
         f"      const long c = plane % {g.cout}L;",
         f"      const float *restrict x = X + plane * {g.h * g.w}L;",
@@ -316,26 +318,52 @@ def _depthwise_body(
         f"      for (long ih = 0; ih < {g.h}L; ++ih) {{",
         f"        const long r = ih + {g.pt}L;",
         f"        if (r < 0 || r >= {hp}L) continue;",
-        f"        for (long iw = 0; iw < {g.w}L; ++iw) {{",
-        f"          const long q = iw + {g.pl}L;",
-        f"          if (q >= 0 && q < {wp}L)",
-        f"            pad[(q % {g.sw}L) * {phase}L + r * {wq}L + q / {g.sw}L] = x[ih * {g.w}L + iw];",
-        "        }",
-        "      }",
-        f"      for (long oh = 0; oh < {g.oh}L; ++oh) {{",
-        f"        float *restrict yr = y + oh * {g.ow}L;",
-        f"        for (long ow = 0; ow < {g.ow}L; ++ow) yr[ow] = 0.0f;",
-        f"        for (long kh = 0; kh < {g.kh}L; ++kh) {{",
-        f"          for (long kw = 0; kw < {g.kw}L; ++kw) {{",
-        f"            const float wv = w[kh * {g.kw}L + kw];",
-        f"            const long off = kw * {g.dw}L;",
-        f"            const float *restrict xr = pad + (off % {g.sw}L) * {phase}L"
-        f" + (oh * {g.sh}L + kh * {g.dh}L) * {wq}L + off / {g.sw}L;",
-        f"            for (long ow = 0; ow < {g.ow}L; ++ow) yr[ow] += wv * xr[ow];",
-        "          }",
-        "        }",
-        "      }",
+        f"        const float *restrict xr = x + ih * {g.w}L;",
     ]
+    # Padded column q = ph + sw * t holds input column q - pl; copy each phase's valid run.
+    for ph in range(g.sw):
+        t0 = max(0, -(-(g.pl - ph) // g.sw))
+        t1 = min(wq, (g.w - 1 + g.pl - ph) // g.sw + 1, -(-(wp - ph) // g.sw))
+        if t1 > t0:
+            lines.append(
+                f"        for (long t = {t0}L; t < {t1}L; ++t) "
+                f"pad[{ph * phase}L + r * {wq}L + t] = xr[{ph - g.pl}L + t * {g.sw}L];"
+            )
+    lines.append("      }")
+    taps = [(kh, kw) for kh in range(g.kh) for kw in range(g.kw)]
+    if len(taps) <= MAX_UNROLLED_TAPS:
+        # One pass per output row, the taps unrolled with compile-time offsets: the accumulator
+        # stays in a register and the loop over output columns vectorizes.
+        for k, _ in enumerate(taps):
+            lines.append(f"      const float w{k} = w[{k}];")
+        lines += [
+            f"      for (long oh = 0; oh < {g.oh}L; ++oh) {{",
+            f"        float *restrict yr = y + oh * {g.ow}L;",
+            f"        const float *restrict base = pad + oh * {g.sh * wq}L;",
+            f"        for (long ow = 0; ow < {g.ow}L; ++ow) {{",
+        ]
+        for k, (kh, kw) in enumerate(taps):
+            off = kw * g.dw
+            offset = (off % g.sw) * phase + kh * g.dh * wq + off // g.sw
+            term = f"w{k} * base[{offset}L + ow]"
+            lines.append(f"          {'float acc = ' if k == 0 else 'acc += '}{term};")
+        lines += ["          yr[ow] = acc;", "        }", "      }"]
+    else:
+        lines += [
+            f"      for (long oh = 0; oh < {g.oh}L; ++oh) {{",
+            f"        float *restrict yr = y + oh * {g.ow}L;",
+            f"        for (long ow = 0; ow < {g.ow}L; ++ow) yr[ow] = 0.0f;",
+            f"        for (long kh = 0; kh < {g.kh}L; ++kh) {{",
+            f"          for (long kw = 0; kw < {g.kw}L; ++kw) {{",
+            f"            const float wv = w[kh * {g.kw}L + kw];",
+            f"            const long off = kw * {g.dw}L;",
+            f"            const float *restrict xr = pad + (off % {g.sw}L) * {phase}L"
+            f" + (oh * {g.sh}L + kh * {g.dh}L) * {wq}L + off / {g.sw}L;",
+            f"            for (long ow = 0; ow < {g.ow}L; ++ow) yr[ow] += wv * xr[ow];",
+            "          }",
+            "        }",
+            "      }",
+        ]
     if epilogue is not None:
         lines.append("      " + epilogue("y", f"{g.pixels}L", "plane", "plane + 1", "0", f"{g.pixels}L"))
     lines += ["    }", "    free(pad);", "  }"]
@@ -364,7 +392,7 @@ def emit_conv_transpose_body(
         "  #pragma omp parallel",
         "  {",
         f"    float *col = (float *)malloc(sizeof(float) * {ct * khw * hw});",
-        "    #pragma omp for schedule(static)",
+        "    #pragma omp for schedule(dynamic, 1)",
         f"    for (long task = 0; task < {tasks}L; ++task) {{",
         f"      const long cb = task % {ctn}L, g = (task / {ctn}L) % {g.group}L,"
         f" n = task / {ctn * g.group}L;",

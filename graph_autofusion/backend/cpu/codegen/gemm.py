@@ -3,7 +3,10 @@
 The kernel owns the parallel loop: tasks are (batch, row block, column block) tiles of the output,
 each computed by one single-threaded `sgemm` and finished by the fused epilogue while the tile is
 hot. BLAS runs single-threaded inside the OpenMP loop, since two thread pools on the same cores
-fight (DESIGN.md §1).
+fight (DESIGN.md §1). Tasks are handed out dynamically, one at a time: on a shared machine a
+worker thread may be descheduled for milliseconds, and with a static split the other thread
+would wait for its half instead of taking it over (measured: 2-thread medians 10-40x worse than
+1 thread under load with `schedule(static)`).
 
 Stride-only prologues (Transpose, Reshape, Squeeze/Unsqueeze/Flatten/Identity on an anchor input,
 e.g. the attention head split `Reshape -> Transpose(0,2,1,3)` or `Transpose(0,1,3,2)` for K^T) are
@@ -343,7 +346,7 @@ def emit_gemm_body(p: GemmProblem, y_ptr: str, epilogue: EpilogueCall | None) ->
         lines.append(f"    float *pa = (float *)malloc(sizeof(float) * {mb * p.k});")
     if call.packs_b:
         lines.append(f"    float *pb = (float *)malloc(sizeof(float) * {p.k * nb});")
-    lines.append("    #pragma omp for schedule(static)")
+    lines.append("    #pragma omp for schedule(dynamic, 1)")
     lines.append(f"    for (long task = 0; task < {tasks}L; ++task) {{")
     lines.append(f"      const long bi = task / {mt * nt}L, rest = task % {mt * nt}L;")
     lines.append(f"      const long m0 = (rest / {nt}L) * {mb}L, n0 = (rest % {nt}L) * {nb}L;")
@@ -412,7 +415,7 @@ def emit_chain_body(
     if call1.packs_b or call2_probe.packs_b:
         lines.append(f"    float *pb = (float *)malloc(sizeof(float) * {max(p1.k * p1.n, p2.k * p2.n)});")
     lines += [
-        "    #pragma omp for schedule(static)",
+        "    #pragma omp for schedule(dynamic, 1)",
         f"    for (long blk = 0; blk < {blocks}L; ++blk) {{",
         f"      const long m0 = blk * {mb}L, m1 = m0 + {mb}L < {p1.m}L ? m0 + {mb}L : {p1.m}L;",
         f"      const long n0 = 0, n1 = {p1.n}L;",

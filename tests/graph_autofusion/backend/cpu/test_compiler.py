@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import math
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ from graph_autofusion.backend.cpu.compiler import (
     compiler_identity,
     kernel_digest,
     kernel_flags,
+    simd_math_preamble,
 )
 from graph_autofusion.backend.cpu.isa import target_isa
 from graph_autofusion.errors import CompilationError
@@ -223,3 +225,30 @@ def test_broken_kernel_in_a_combined_batch_is_named(cache: KernelCache) -> None:
     assert sum(a.cached for a in arts) >= 3
     for i, art in enumerate(arts):
         _run_scale(art, i)
+
+
+def test_simd_math_preamble_vectorizes_transcendentals_accurately(cache: KernelCache) -> None:
+    src = """
+void trans(float *restrict e, float *restrict t, float *restrict g, const float *restrict x, long n) {
+#pragma omp simd
+    for (long i = 0; i < n; ++i) {
+        e[i] = expf(x[i]);
+        t[i] = tanhf(x[i]);
+        g[i] = 0.5f * x[i] * (1.0f + erff(x[i] * 0.70710678f));
+    }
+}
+"""
+    preamble = simd_math_preamble()
+    (art,) = compile_kernels(
+        [KernelSource("trans", src, prelude=preamble or "#include <math.h>\n")], cache=cache
+    )
+    x = np.random.default_rng(3).uniform(-12, 12, 4099).astype(np.float32)
+    e, t, g = (np.empty_like(x) for _ in range(3))
+    art.load().trans(_ptr(e), _ptr(t), _ptr(g), _ptr(x), ctypes.c_long(x.size))
+    x64 = x.astype(np.float64)
+    np.testing.assert_allclose(e, np.exp(x64), rtol=1e-6)
+    np.testing.assert_allclose(t, np.tanh(x64), rtol=1e-6, atol=1e-7)
+    gelu = 0.5 * x64 * (1 + np.vectorize(math.erf)(x64 / math.sqrt(2)))
+    np.testing.assert_allclose(g, gelu, rtol=1e-5, atol=1e-6)
+    if target_isa().level == 3 and preamble:
+        assert b"_ZGVdN8v_expf" in art.path.read_bytes()  # the AVX2 vector variant is called

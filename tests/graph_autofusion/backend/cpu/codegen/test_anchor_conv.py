@@ -117,6 +117,22 @@ def test_depthwise(rng: np.random.Generator, k: int, stride: int) -> None:
     assert not kernel.uses_blas
 
 
+@pytest.mark.parametrize(("k", "stride", "dilation"), [(3, 2, 2), (9, 1, 1), (4, 3, 1)])
+def test_depthwise_general_window(rng: np.random.Generator, k: int, stride: int, dilation: int) -> None:
+    # Stride 2 with dilation 2 (both taps of a pair in one column phase), a 9x9 window (too many
+    # taps to unroll: the looped form), an even window with stride 3 and asymmetric pads.
+    case = _conv_case(
+        rng,
+        (2, 6, 15, 13),
+        (6, 1, k, k),
+        group=6,
+        strides=[stride, stride],
+        dilations=[dilation, dilation],
+        pads=[k // 2, 1, k // 2 - 1, 0],
+    )
+    check(case, f"dw_general_{k}_{stride}_{dilation}", k=k * k, method="conv_depthwise")
+
+
 def test_grouped_conv(rng: np.random.Generator) -> None:
     case = _conv_case(rng, (2, 16, 8, 8), (24, 4, 3, 3), group=4, pads=[1, 1, 1, 1])
     check(case, "conv_grouped", k=_k((24, 4, 3, 3)), method="conv_im2col_tiled")

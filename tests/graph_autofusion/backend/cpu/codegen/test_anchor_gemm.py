@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from anchor_helpers import check, make_case, rand, spec_for
-from onnx import helper
+from anchor_helpers import RTOL, check, make_case, rand, run_kernel, run_ort, spec_for
+from onnx import helper, numpy_helper
 
-from graph_autofusion.backend.cpu.codegen.anchor import emit_anchor
+from graph_autofusion.backend.cpu.codegen.anchor import AnchorKernel, emit_anchor
 from graph_autofusion.backend.cpu.codegen.common import CodegenUnsupported
 
 
@@ -262,3 +262,44 @@ def test_epilogue_that_broadcasts_the_product_is_refused(rng: np.random.Generato
     spec, _ = spec_for(case, "bad_broadcast")
     with pytest.raises(CodegenUnsupported, match="broadcast"):
         emit_anchor(spec)
+
+
+def test_chain_intermediate_also_returned(rng: np.random.Generator) -> None:
+    # The activated hidden layer is a kernel output too: stage 1 writes it while the block is hot.
+    case = make_case(
+        [
+            _node("Gemm", ["x", "w1", "b1"], ["h"]),
+            _node("Relu", ["h"], ["a"]),
+            _node("MatMul", ["a", "w2"], ["o"]),
+        ],
+        {"x": rand(rng, 50, 24)},
+        ["a", "o"],
+        {"w1": rand(rng, 24, 40), "b1": rand(rng, 40), "w2": rand(rng, 40, 8)},
+        template="anchor_chain",
+    )
+    check(case, "chain_two_outputs", k=40, method="matmul_chain")
+
+
+def test_two_anchor_kernels_share_one_translation_unit(rng: np.random.Generator) -> None:
+    """Whole models compile their kernels combined: helpers must not clash across anchors."""
+    gemm = make_case(
+        [_node("MatMul", ["x", "w"], ["y"]), _node("Relu", ["y"], ["o"])],
+        {"x": rand(rng, 8, 16)},
+        ["o"],
+        {"w": rand(rng, 16, 4)},
+    )
+    conv = make_case(
+        [_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1]), _node("Relu", ["y"], ["o"])],
+        {"x": rand(rng, 1, 3, 6, 6)},
+        ["o"],
+        {"w": rand(rng, 4, 3, 3, 3)},
+    )
+    spec_a, _ = spec_for(gemm, "unit_gemm")
+    spec_b, _ = spec_for(conv, "unit_conv")
+    ka, kb = emit_anchor(spec_a), emit_anchor(spec_b)
+    both = AnchorKernel(ka.source + kb.source, "combined", True)
+    for case, spec in ((gemm, spec_a), (conv, spec_b)):
+        inits = {i.name: numpy_helper.to_array(i) for i in case.model.graph.initializer}
+        values = [case.feeds.get(t.name, inits.get(t.name)) for t in spec.inputs]
+        got = run_kernel(both, spec, values, unit=f"unit_{spec.symbol}")
+        np.testing.assert_allclose(got[0], run_ort(case)[0], rtol=RTOL, atol=1e-5)
