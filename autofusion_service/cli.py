@@ -29,6 +29,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--targets", default="cpu", help="targets of the embedded worker (default: cpu)")
     p.add_argument("--no-worker", action="store_true", help="embedded mode: do not start a worker")
+    p.add_argument("--api-workers", type=int, default=1, help="API processes (uvicorn workers; default 1)")
     p.add_argument("--log-level", default=None, help="log level (default: AUTOFUSION_LOG_LEVEL)")
     p.set_defaults(func=serve_command)
 
@@ -39,10 +40,25 @@ def serve_command(args: argparse.Namespace) -> int:
     if args.log_level:
         os.environ["AUTOFUSION_LOG_LEVEL"] = args.log_level
     settings = Settings()
-    return serve(settings, args.host, args.port, targets=args.targets, worker=not args.no_worker)
+    return serve(
+        settings,
+        args.host,
+        args.port,
+        targets=args.targets,
+        worker=not args.no_worker,
+        api_workers=args.api_workers,
+    )
 
 
-def serve(settings: Settings, host: str, port: int, *, targets: str = "cpu", worker: bool = True) -> int:
+def serve(
+    settings: Settings,
+    host: str,
+    port: int,
+    *,
+    targets: str = "cpu",
+    worker: bool = True,
+    api_workers: int = 1,
+) -> int:
     import uvicorn
 
     from .auth import DEFAULT_TENANT, KEY_FILE, ensure_key
@@ -64,7 +80,18 @@ def serve(settings: Settings, host: str, port: int, *, targets: str = "cpu", wor
     mode = "embedded (SQLite + file broker, one local worker)" if settings.embedded else "API only (Redis)"
     print(f"autofusion serve: {mode}; data dir {settings.data_dir.resolve()}", flush=True)
     try:
-        uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level.lower())
+        if api_workers > 1:  # separate processes build the app from the same environment
+            os.environ["AUTOFUSION_DATA_DIR"] = str(settings.data_dir.resolve())
+            uvicorn.run(
+                "autofusion_service.main:create_app",
+                factory=True,
+                host=host,
+                port=port,
+                workers=api_workers,
+                log_level=settings.log_level.lower(),
+            )
+        else:
+            uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level.lower())
     finally:
         if supervisor is not None:
             supervisor.stop()

@@ -8,6 +8,8 @@ and anything the app would answer afterwards is dropped.
 
 from __future__ import annotations
 
+import json
+
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .problems import PROBLEM_MEDIA_TYPE, problem_body
@@ -25,8 +27,6 @@ class UploadLimitMiddleware:
         self.app, self.max_bytes, self.paths = app, max_bytes, paths
 
     async def _reject(self, scope: Scope, send: Send) -> None:
-        import json
-
         mb = self.max_bytes / (1024 * 1024)
         body = problem_body(
             "payload_too_large",

@@ -18,7 +18,7 @@ from .auth import load_keyring
 from .blobs import BlobStore
 from .limits import UploadLimitMiddleware
 from .openapi import install_openapi
-from .problems import Problem, install_problem_handlers
+from .problems import install_problem_handlers
 from .routes import routers
 from .settings import Settings
 from .state import ServiceState
@@ -59,7 +59,4 @@ def create_app(
     for router in routers:
         app.include_router(router)
     install_openapi(app)
-    # Make sure `Problem` is in components even though routes reference it only through `responses=`.
-    app.openapi_schema = None
-    _ = Problem
     return app

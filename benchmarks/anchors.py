@@ -8,8 +8,11 @@ BERT-base layer at sequence length 128 (as MatMul + Add + Relu). Batch 1.
 For each shape and thread count: the median latency of our kernel, of onnxruntime, and their
 ratio (ours / ort; below 1.0 means we are faster), the same for the fastest run (on a shared,
 busy machine the minimum shows the kernel, the median shows the neighbours too), GFLOP/s, the
-max abs difference of the outputs and the method the generator chose. The two sides run in
-alternating blocks of runs (see `_time_pair`), so a noisy neighbour hurts both alike.
+max abs difference of the outputs and the method the generator chose, and, where the shape is
+one plain GEMM (MatMul, 1x1 stride-1 conv), `blas/ours`: the speed of one OpenBLAS sgemm call on
+the same contraction with as many BLAS threads and no epilogue, relative to ours (1.0 = ours is as
+fast as the bare BLAS; the issue's target for a GEMM anchor is blas/ours >= 0.8). The two sides
+run in alternating blocks of runs (see `_time_pair`), so a noisy neighbour hurts both alike.
 
 Run: `.venv/bin/python benchmarks/anchors.py [--threads 1,2] [--reps 15] [--only resnet|bert|dw]
 [--json]` (about a minute on 2 cores).
@@ -32,6 +35,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+from graph_autofusion.backend.cpu import blas
 from graph_autofusion.backend.cpu.cache import KernelCache
 from graph_autofusion.backend.cpu.codegen.anchor import emit_anchor
 from graph_autofusion.backend.cpu.compiler import KernelSource, compile_kernels
@@ -164,6 +168,47 @@ class Row:
     ort_min_ms: float
     gflops: float
     max_abs_err: float
+    blas_ms: float | None  # median of one plain OpenBLAS sgemm, same GEMM, `threads` BLAS threads
+
+
+def _plain_gemm(shape: Shape) -> tuple[int, int, int] | None:
+    """(M, N, K) when the shape is one GEMM without a gather (matmul, 1x1 stride-1 conv)."""
+    if shape.kind == "matmul":
+        m, k, n = shape.dims
+        return m, n, k
+    cin, cout, hw, k, stride, group = shape.dims
+    if k == 1 and stride == 1 and group == 1:
+        return cout, hw * hw, cin
+    return None
+
+
+def _blas_time(mnk: tuple[int, int, int], threads: int, reps: int) -> float:
+    """Median seconds of one row-major sgemm call with `threads` OpenBLAS threads, no epilogue:
+    the BLAS's own speed on the same contraction, for judging the tiling's overhead."""
+    m, n, k = mnk
+    lib = blas.load_blas()
+    sgemm = lib.scipy_cblas_sgemm
+    fp = ctypes.c_void_p
+    sgemm.argtypes = [ctypes.c_int] * 6 + [ctypes.c_float, fp, ctypes.c_int, fp, ctypes.c_int]
+    sgemm.argtypes += [ctypes.c_float, fp, ctypes.c_int]
+    sgemm.restype = None
+    a = np.ones((m, k), np.float32)
+    b = np.ones((k, n), np.float32)
+    c = np.empty((m, n), np.float32)
+    args = (101, 111, 111, m, n, k, 1.0, a.ctypes.data, k, b.ctypes.data, n, 0.0, c.ctypes.data, n)
+    previous = blas.get_blas_threads()
+    blas.set_blas_threads(threads)
+    try:
+        for _ in range(2):
+            sgemm(*args)
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            sgemm(*args)
+            times.append(time.perf_counter() - t0)
+    finally:
+        blas.set_blas_threads(previous)
+    return statistics.median(times)
 
 
 def run(
@@ -205,6 +250,8 @@ def run(
             ours, theirs = statistics.median(ours_t), statistics.median(theirs_t)
             want = sess.run(None, feeds)[0]
             fn(ptrs)
+            mnk = _plain_gemm(shape)
+            blas_s = _blas_time(mnk, nt, reps) if mnk is not None else None
             rows.append(
                 Row(
                     shape=shape.name,
@@ -217,6 +264,7 @@ def run(
                     ort_min_ms=min(theirs_t) * 1e3,
                     gflops=flops / ours / 1e9,
                     max_abs_err=float(np.max(np.abs(out - want))),
+                    blas_ms=None if blas_s is None else blas_s * 1e3,
                 )
             )
     return rows
@@ -244,12 +292,14 @@ def main() -> None:
         print(json.dumps([asdict(r) for r in rows], indent=2))
         return
     head = f"{'shape':22} {'method':17} {'thr':>3} {'ours ms':>8} {'ort ms':>8} {'ratio':>5}"
-    print(head + f" {'ours min':>8} {'ort min':>8} {'ratio':>5} {'GFLOP/s':>7} {'max err':>7}")
+    print(
+        head + f" {'ours min':>8} {'ort min':>8} {'ratio':>5} {'GFLOP/s':>7} {'max err':>7} {'blas/ours':>9}"
+    )
     for r in rows:
         print(
             f"{r.shape:22} {r.method:17} {r.threads:3d} {r.ours_ms:8.3f} {r.ort_ms:8.3f} {r.ratio:5.2f} "
             f"{r.ours_min_ms:8.3f} {r.ort_min_ms:8.3f} {r.ours_min_ms / r.ort_min_ms:5.2f} {r.gflops:7.1f} "
-            f"{r.max_abs_err:7.1e}"
+            f"{r.max_abs_err:7.1e} " + (f"{r.blas_ms / r.ours_ms:9.2f}" if r.blas_ms else f"{'-':>9}")
         )
     for nt in threads:
         ratios = [r.ratio for r in rows if r.threads == nt]

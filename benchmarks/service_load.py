@@ -56,7 +56,7 @@ def wait_until(check, timeout: float, what: str) -> None:
 class Stack:
     """redis-server + API + workers as subprocesses."""
 
-    def __init__(self, workers: int, tmp: Path) -> None:
+    def __init__(self, workers: int, tmp: Path, api_workers: int = 1) -> None:
         self.tmp, self.procs = tmp, []
         redis_port, self.port = free_port(), free_port()
         self.redis = subprocess.Popen(
@@ -83,7 +83,18 @@ class Stack:
             "AUTOFUSION_HEARTBEAT_INTERVAL": "1",
         }
         self.base = f"http://127.0.0.1:{self.port}"
-        self._spawn(["-m", "autofusion_service", "serve", "--port", str(self.port)], "api")
+        self._spawn(
+            [
+                "-m",
+                "autofusion_service",
+                "serve",
+                "--port",
+                str(self.port),
+                "--api-workers",
+                str(api_workers),
+            ],
+            "api",
+        )
         for i in range(workers):
             self._spawn(["-m", "autofusion_worker", "--targets", "cpu"], f"worker-{i}")
         headers = {"Authorization": f"Bearer {KEYS['bench']}"}
@@ -168,27 +179,36 @@ async def throughput(base: str, jobs: int, concurrency: int) -> tuple[float, lis
 async def pollers(
     base: str, job_ids: list[str], clients: int, seconds: float, interval: float
 ) -> list[float]:
-    """`clients` pollers, each asking for a job's status every `interval` seconds (as a client that
-    honours `Retry-After` does; 0 polls back to back), starting at random offsets."""
+    """`clients` pollers, each with its own connection, asking for a job's status every `interval`
+    seconds (as a client that honours `Retry-After` does; 0 polls back to back), starting at random
+    offsets. The first request of each poller (the TCP connect) is not timed."""
     import random
 
     latencies: list[float] = []
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     headers = {"Authorization": f"Bearer {KEYS['bench']}"}
-    async with httpx.AsyncClient(base_url=base, timeout=60, limits=limits, headers=headers) as client:
-        stop = time.monotonic() + seconds
+    connected, ready = 0, asyncio.Event()
+    window: dict[str, float] = {}
 
-        async def poll(i: int) -> None:
+    async def poll(i: int) -> None:
+        nonlocal connected
+        async with httpx.AsyncClient(base_url=base, timeout=60, headers=headers, verify=False) as client:
+            url = f"/jobs/{job_ids[i % len(job_ids)]}"
+            (await client.get(url)).raise_for_status()
+            connected += 1
+            if connected == clients:
+                window["stop"] = time.monotonic() + seconds
+                ready.set()
+            await ready.wait()
             await asyncio.sleep(random.uniform(0, interval))
-            while time.monotonic() < stop:
+            while time.monotonic() < window["stop"]:
                 t = time.perf_counter()
-                r = await client.get(f"/jobs/{job_ids[i % len(job_ids)]}")
+                r = await client.get(url)
                 took = time.perf_counter() - t
                 latencies.append(took)
                 r.raise_for_status()
                 await asyncio.sleep(max(0.0, interval - took))
 
-        await asyncio.gather(*(poll(i) for i in range(clients)))
+    await asyncio.gather(*(poll(i) for i in range(clients)))
     return latencies
 
 
@@ -218,6 +238,7 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=200, help="concurrent status pollers")
     parser.add_argument("--jobs", type=int, default=20, help="distinct small jobs for the throughput run")
     parser.add_argument("--workers", type=int, default=2, help="worker processes")
+    parser.add_argument("--api-workers", type=int, default=1, help="API processes")
     parser.add_argument("--poll-seconds", type=float, default=10.0, help="duration of the polling run")
     parser.add_argument("--poll-interval", type=float, default=1.0, help="seconds between one poller's polls")
     parser.add_argument(
@@ -225,7 +246,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="autofusion-load-"))
-    stack = Stack(args.workers, tmp)
+    stack = Stack(args.workers, tmp, args.api_workers)
     try:
         per_minute, submit_lat, failed = asyncio.run(throughput(stack.base, args.jobs, min(args.jobs, 50)))
         print(

@@ -94,11 +94,13 @@ def list_jobs(
         **problem_responses(401, 404),
     },
 )
-def get_job(job_id: str, state: State, tenant: Tenant, response: Response) -> Job:
+async def get_job(job_id: str, state: State, tenant: Tenant) -> Response:
+    # The hottest route (every client polls it): async, so no thread-pool hop — the store lookup is
+    # one local Redis GET or SQLite read — and serialized once here instead of re-validated.
     job = load_job(state.store, tenant, job_id)
-    if not job.terminal:
-        response.headers["Retry-After"] = str(state.settings.retry_after)
-    return job_view(job, waiting=job.target not in state.served_targets())
+    headers = {} if job.terminal else {"Retry-After": str(state.settings.retry_after)}
+    view = job_view(job, waiting=job.target not in state.served_targets())
+    return Response(view.model_dump_json(), media_type="application/json", headers=headers)
 
 
 @router.post(

@@ -16,7 +16,7 @@ from ..errors import InvalidConfigError
 from ..hardware import HardwareProfile
 from ..ir import Graph
 from ..ops import OpKind
-from .cost import KernelCost
+from .cost import KernelCost, group_boundary, kernel_cost
 from .legality import Legality
 from .memory import live_profile
 from .partition import Partition
@@ -26,6 +26,8 @@ from .strategies import Candidate, Strategy, get_strategy
 from .templates import classify
 
 VIEW_PRIORITY = 1e30  # absorbing a view costs nothing: try those merges first
+RECOMPUTE_MAX_INPUT_BYTES = 64 * 1024  # inputs this small stay cache-resident when re-read
+RECOMPUTABLE = {OpKind.VIEW, OpKind.ELEMENTWISE, OpKind.BROADCAST}
 
 
 @dataclass
@@ -112,8 +114,6 @@ class Planner:
         return self.strategy.decide(Candidate(parts, union))
 
     def _union_cost(self, gids: Sequence[int]) -> KernelCost:
-        from .cost import kernel_cost
-
         return kernel_cost(self.graph, self.part.union_members(gids))
 
     def _score(self, a: int, b: int) -> float:
@@ -228,7 +228,49 @@ class Planner:
             assert template is not None, why
             patterns = part.patterns[gid]
             groups.append(PlannedGroup(members, template, patterns, part.cost(gid)))
+        if self.config.enable_auto_fusion and self.config.max_fusion_size > 0:
+            groups = self._recompute_cheap_producers(groups)
         return Plan(self.graph, groups, self.strategy, self.refused, self.stats)
+
+    def _recompute_cheap_producers(self, groups: list[PlannedGroup]) -> list[PlannedGroup]:
+        """Inline a cheap pointwise kernel into every kernel that reads it (as Inductor inlines
+        pointwise producers): its inputs are small enough to stay in cache, so recomputing it in
+        each consumer costs less than writing its output and launching it. A node then belongs to
+        several kernels — the only place the plan stops being a partition."""
+        g = self.graph
+        owner: dict[int, int] = {i: k for k, grp in enumerate(groups) for i in grp.members}
+        dropped: set[int] = set()
+        for k, grp in enumerate(groups):
+            if grp.template not in ("pointwise", "single") or not grp.is_kernel:
+                continue
+            if any(g.nodes[i].kind not in RECOMPUTABLE for i in grp.members):
+                continue
+            inputs, outputs = group_boundary(g, grp.members)
+            if any(g.values[o].is_output for o in outputs):
+                continue
+            if sum(g.values[x].nbytes for x in inputs) > RECOMPUTE_MAX_INPUT_BYTES:
+                continue
+            readers = sorted({owner[c] for o in outputs for c in g.values[o].consumers} - {k})
+            if not readers or any(groups[r].template == "view" for r in readers):
+                continue
+            merged = []
+            for r in readers:
+                members = sorted(set(groups[r].members) | set(grp.members))
+                template, _ = classify(g, members)
+                acts = [x for x in group_boundary(g, members)[0] if not g.values[x].is_const]
+                if template is None or len(acts) > self.config.max_inputs or len(members) > self.config.max_fusion_size:
+                    break
+                merged.append((r, members, template))
+            else:
+                for r, members, template in merged:
+                    old = groups[r]
+                    patterns = old.patterns if "recompute" in old.patterns else [*old.patterns, "recompute"]
+                    groups[r] = PlannedGroup(members, template, patterns, kernel_cost(g, members))
+                dropped.add(k)
+                self.stats.setdefault("recompute", {"matched": 0, "applied": 0, "refused": 0})
+                self.stats["recompute"]["matched"] += 1
+                self.stats["recompute"]["applied"] += 1
+        return [grp for k, grp in enumerate(groups) if k not in dropped]
 
 
 def _schedule(part: Partition) -> list[int]:

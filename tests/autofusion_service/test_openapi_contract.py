@@ -4,6 +4,8 @@ operation so it stays a CI test."""
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from schemathesis.specs.openapi.checks import (
 from autofusion_service import create_app
 
 _DATA = Path(tempfile.mkdtemp(prefix="autofusion-schemathesis-"))
+atexit.register(shutil.rmtree, _DATA, ignore_errors=True)
 app = create_app(fast_settings(_DATA, max_upload_mb=0.2))
 schema = schemathesis.openapi.from_asgi("/openapi.json", app)
 CHECKS = [

@@ -41,19 +41,16 @@ def setup(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -
         AUTOFUSION_API_KEYS=API_KEYS,
         AUTOFUSION_DEBUG_STAGE_DELAY="0.6",
     )
-    api, base = start_api(env, tmp / "api.log", free_port())
+    port = free_port()
+    api, base = start_api(env, tmp / "api.log", port)
     workers = [start_worker(env, tmp / f"worker-{i}.log") for i in range(2)]
     client = httpx.Client(base_url=base, timeout=30)
     wait_for_workers(client, "cpu", count=2)
-    yield {
-        "client": client,
-        "workers": workers,
-        "env": env,
-        "tmp": tmp,
-        "store": RedisJobStore(env["AUTOFUSION_REDIS_URL"]),
-    }
+    state = {"client": client, "workers": workers, "env": env, "tmp": tmp, "api": api, "port": port}
+    state["store"] = RedisJobStore(env["AUTOFUSION_REDIS_URL"])
+    yield state
     client.close()
-    for p in [api, *workers]:
+    for p in [state["api"], *workers]:
         p.stop()
 
 
@@ -75,6 +72,16 @@ def test_cancel_running_job(setup: dict) -> None:
     assert r.status_code == 202 and r.json()["status"] in ("cancelling", "cancelled")
     done = poll(c, job["id"], finished, timeout=30)
     assert done["status"] == "cancelled" and done["artifacts"]["model"] is None
+
+
+def test_api_restart_mid_job_leaves_it_intact(setup: dict) -> None:
+    c = setup["client"]
+    job = submit(c, tiny_model(seed=35)).json()
+    poll(c, job["id"], running)
+    setup["api"].stop()
+    setup["api"], _ = start_api(setup["env"], setup["tmp"] / "api-2.log", setup["port"])
+    done = poll(c, job["id"], finished, timeout=60)
+    assert done["status"] == "succeeded" and done["attempt"] == 1 and done["created_at"] == job["created_at"]
 
 
 def test_sigkill_worker_mid_job_and_another_finishes_it(setup: dict) -> None:

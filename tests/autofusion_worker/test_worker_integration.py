@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import re
 import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -96,6 +97,8 @@ def test_submit_poll_and_download(cluster: Cluster) -> None:
     metrics = c.get("/metrics").text
     assert 'autofusion_stage_duration_seconds_count{stage="planning"}' in metrics
     assert 'autofusion_jobs{status="succeeded"}' in metrics
+    assert re.search(r'autofusion_kernel_cache_total\{result="(hits|misses)"\} [1-9]', metrics)
+    assert 'autofusion_workers{target="cpu"} 1.0' in metrics
     assert c.get("/readyz").status_code == 200
 
 

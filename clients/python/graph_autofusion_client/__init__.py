@@ -54,8 +54,7 @@ from ._models import (
     Target,
 )
 from ._retry import RetryPolicy
-
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = [
     "ArtifactRef",

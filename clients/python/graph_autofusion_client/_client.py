@@ -25,18 +25,13 @@ from ._inputs import ModelLike
 from ._job import AsyncJob, AsyncProgressCallback, Job, ProgressCallback
 from ._models import JobState, PatternInfo, Report, Target
 from ._retry import RetryPolicy
+from ._version import __version__
 
 T = TypeVar("T")
 JobRef = str | Job | AsyncJob | JobState
 
 ENV_URL = "AUTOFUSION_URL"
 ENV_API_KEY = "AUTOFUSION_API_KEY"
-
-
-def _version() -> str:
-    from . import __version__
-
-    return __version__
 
 
 class _BaseClient:
@@ -57,7 +52,7 @@ class _BaseClient:
         self.api_key = api_key if api_key is not None else os.environ.get(ENV_API_KEY)
         self.timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
         self.retry = retry if retry is not None else RetryPolicy()
-        self._headers = {"User-Agent": f"graph-autofusion-client/{_version()}", **(headers or {})}
+        self._headers = {"User-Agent": f"graph-autofusion-client/{__version__}", **(headers or {})}
         if self.api_key:
             self._headers["Authorization"] = f"Bearer {self.api_key}"
 

@@ -30,6 +30,7 @@ from ._exceptions import (
 from ._job import Job
 from ._models import JobStatus, Report
 from ._retry import RetryPolicy
+from ._version import __version__
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -138,8 +139,6 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXIT_CODES_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    from . import __version__
-
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     add_commands(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
     return parser

@@ -93,7 +93,7 @@ class LiveService:
             os.killpg(group, signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=15)
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 3
         while _group_alive(group) and time.monotonic() < deadline:
             time.sleep(0.1)
         with contextlib.suppress(ProcessLookupError):

@@ -19,8 +19,7 @@ from ._live import LiveService, new_service, service_available
 def live_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveService]:
     if not service_available():
         pytest.skip("autofusion_service is not installed (client-only environment)")
-    # A short stage delay keeps a job running long enough to be cancelled deterministically.
-    service = new_service(tmp_path_factory, "service", AUTOFUSION_DEBUG_STAGE_DELAY="0")
+    service = new_service(tmp_path_factory, "service")
     service.start()
     try:
         service.wait_ready()

@@ -73,16 +73,20 @@ rebuilds rather than loading a kernel that points at a vanished library.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import json
+import logging
 import os
 import platform
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -94,6 +98,8 @@ from graph_autofusion.backend.cpu.cache import KernelCache, default_cache
 from graph_autofusion.backend.cpu.isa import IsaTarget, target_isa
 from graph_autofusion.backend.cpu.threads import available_cpus
 from graph_autofusion.errors import CompilationError
+
+log = logging.getLogger(__name__)
 
 CC_ENV = "AUTOFUSION_CC"
 CC_TIMEOUT_ENV = "AUTOFUSION_CC_TIMEOUT"
@@ -363,26 +369,40 @@ def _build(src: KernelSource, info: CompilerInfo, isa: IsaTarget, output: Path) 
             source_file.name,
             *_link_flags(src, info, isa),
         ]
+        # Its own process group, so a timeout kills cc1/as/ld too, not only the driver.
+        proc = subprocess.Popen(
+            cmd,
+            cwd=workdir,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_c_locale(),
+            start_new_session=True,
+        )
         try:
-            proc = subprocess.run(
-                cmd,
-                cwd=workdir,
-                capture_output=True,
-                text=True,
-                timeout=_timeout(),
-                check=False,
-                env=_c_locale(),
-            )
+            _, raw_stderr = proc.communicate(timeout=_timeout())
         except subprocess.TimeoutExpired as exc:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
             raise CompilationError(
                 f"kernel '{src.name}' did not compile within {exc.timeout:.0f} s.",
                 code="compilation_timeout",
                 kernel=src.name,
                 timeout_s=exc.timeout,
             ) from exc
+        except BaseException:  # interrupted: leave no compiler running behind
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
         if proc.returncode != 0:
-            stderr = _trim(proc.stderr.replace(workdir + os.sep, ""))
-            errors = [line for line in stderr.splitlines() if "error" in line.lower()][:3]
+            stderr = _trim(raw_stderr.replace(workdir + os.sep, ""))
+            errors = [
+                line
+                for line in stderr.splitlines()
+                if "error" in line.lower() or "undefined reference" in line
+            ][:3]
             summary = "; ".join(errors) or (stderr.splitlines() or ["no message"])[0]
             raise CompilationError(
                 f"kernel '{src.name}' failed to compile ({Path(info.path).name}): {summary}",
@@ -470,7 +490,17 @@ def compile_kernels(
         progress(len(results), total)
     if misses:
         workers = max(1, min(jobs or available_cpus(), len(misses)))
+        started = time.perf_counter()
         _build_misses(misses, unique, cache, info, isa, workers, combine, keep, results, progress, total)
+        log.info(
+            "compiled %d of %d unique kernels in %.2f s (%d jobs, %d shared objects, %s)",
+            len(misses),
+            total,
+            time.perf_counter() - started,
+            workers,
+            len({results[d][0] for d in misses}),
+            isa.name,
+        )
 
     return [
         Artifact(

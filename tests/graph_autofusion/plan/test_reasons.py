@@ -48,16 +48,11 @@ def test_nf001_no_shared_data() -> None:
 
 
 def test_nf002_cycle() -> None:
-    # a → A → TopK(opaque) → C, and A → C directly: fusing A with C would enclose the TopK path.
+    # x → A → Hardmax (opaque) → C, and A → C directly: fusing A with C would enclose the Hardmax.
     m = model(
-        [
-            node("Relu", ["x"], ["a"], "A"),
-            node("TopK", ["a", "k"], ["t", "i"], "T", axis=-1),
-            node("Add", ["a", "t"], ["c"], "C"),
-        ],
+        [node("Relu", ["x"], ["a"], "A"), node("Hardmax", ["a"], ["t"], "T"), node("Add", ["a", "t"], ["c"], "C")],
         [("x", [4, 8])],
-        ["c", "i"],
-        inits=[("k", np.array([8], dtype=np.int64))],
+        ["c"],
     )
     fused = gaf.fuse(m, FusionConfig(enable_auto_fusion=False), patterns=[Propose(["A", "C"])])
     codes = refused(fused, "pattern:propose")

@@ -18,12 +18,22 @@ from ..blas import BLAS_PREAMBLE
 from ..kernel_spec import KernelSpec
 from .common import PRELUDE, CodegenUnsupported, attrs_of
 from .conv import bias_shape, conv_geometry, emit_conv_body, emit_conv_transpose_body
-from .epilogue import Epilogue, Operands, Step, build_epilogue, emit_epilogue, plan_destination
+from .epilogue import (
+    ERF_PRELUDE,
+    Epilogue,
+    Operands,
+    Step,
+    build_epilogue,
+    contiguous_strides,
+    emit_epilogue,
+    plan_destination,
+)
 from .gemm import (
     VIEW_OPS,
     EpilogueCall,
     GemmProblem,
     Matrix,
+    View,
     emit_chain_body,
     emit_gemm_body,
     gemm_c_shape,
@@ -42,9 +52,10 @@ class AnchorKernel:
 
     `source` is a complete C translation unit defining `void <spec.symbol>(void *const *args)`;
     `method` names how the contraction is computed ("gemm", "batched_gemm", "conv1x1_gemm",
-    "conv_im2col_tiled", "conv_depthwise", "conv_transpose_col2im", "matmul_chain"; a "_packed"
-    suffix means an operand view needed a per-tile copy); `uses_blas` says whether the unit must
-    be linked with BLAS.
+    "conv_im2col_tiled", "conv_depthwise", "conv_transpose_col2im", "matmul_chain", or
+    "matmul_chain_staged" when a chain's layout rules out row blocks; a "_packed" suffix means an
+    operand view needed a per-tile copy); `uses_blas` says whether the unit must be linked with
+    BLAS.
     """
 
     source: str
@@ -122,7 +133,7 @@ class _Kernel:
             " */",
         ]
         header = [header[0]] + [line.replace("*/", "* /") for line in header[1:-1]] + [header[-1]]
-        parts = [PRELUDE]
+        parts = [PRELUDE, ERF_PRELUDE]
         if uses_blas:
             parts.append(BLAS_PREAMBLE)
         parts += [*self.ops.decls, "", *self.helpers, "\n".join(header)]
@@ -165,11 +176,7 @@ def _destination(kernel: _Kernel, epi: Epilogue, anchor_output: str) -> tuple[st
 
 def _emit_conv(kernel: _Kernel, node: onnx.NodeProto, rest: list[onnx.NodeProto]) -> AnchorKernel:
     ops = kernel.ops
-    for name in node.input[:2]:
-        if name in kernel.producers:
-            raise CodegenUnsupported(
-                f"{node.op_type} input {name!r} comes through a view; conv reads dense inputs"
-            )
+    views = [trace_view(name, ops, kernel.producers) for name in node.input[:2]]
     geom = conv_geometry(node, ops)
     y = node.output[0]
     y_shape = ops.shape(y)
@@ -192,12 +199,25 @@ def _emit_conv(kernel: _Kernel, node: onnx.NodeProto, rest: list[onnx.NodeProto]
         shape_overrides=overrides,
     )
     y_ptr, call = _destination(kernel, epi, y)
-    x_ptr, w_ptr = ops.pointer(node.input[0]), ops.pointer(node.input[1])
+    pre_lines: list[str] = []
+    post_lines: list[str] = []
+    ptrs = []
+    for k, view in enumerate(views):
+        if view.strides == contiguous_strides(view.shape):
+            ptrs.append(ops.pointer(view.base))
+            continue
+        # A transposing prologue (NHWC -> NCHW, ...): one strided copy into a dense buffer.
+        name = f"dense{k}"
+        pre_lines += _gather_view(name, view, ops)
+        post_lines.append(f"  free({name});")
+        ptrs.append(name)
+    x_ptr, w_ptr = ptrs
     if node.op_type == "ConvTranspose":
         body, method = emit_conv_transpose_body(geom, x_ptr, w_ptr, y_ptr, call)
     else:
         helpers, body, method = emit_conv_body(geom, x_ptr, w_ptr, y_ptr, call, kernel.spec.symbol)
         kernel.helpers = helpers + kernel.helpers
+    body = [*pre_lines, "  {", *body, "  }", *post_lines] if pre_lines else body
     desc = (
         f"{node.op_type} {geom.n}x{geom.cin}x{geom.h}x{geom.w} -> {geom.cout}x{geom.oh}x{geom.ow}, "
         f"kernel {geom.kh}x{geom.kw}, stride {geom.sh}x{geom.sw}, group {geom.group}; "
@@ -205,6 +225,23 @@ def _emit_conv(kernel: _Kernel, node: onnx.NodeProto, rest: list[onnx.NodeProto]
     )
     uses_blas = method != "conv_depthwise"
     return kernel.assemble(body, method, uses_blas, desc)
+
+
+def _gather_view(name: str, view: View, ops: Operands) -> list[str]:
+    """C statements copying a strided view into a new dense buffer `name` (freed by the caller)."""
+    numel = math.prod(view.shape)
+    lines = [f"  float *{name} = (float *)malloc(sizeof(float) * {max(1, numel)});", "  {"]
+    lines.append(f"    const float *restrict src = {ops.pointer(view.base)};")
+    lines.append("    long o = 0;")
+    indent = "    "
+    offset = []
+    for a, (d, st) in enumerate(zip(view.shape, view.strides, strict=True)):
+        lines.append(f"{indent}for (long i{a} = 0; i{a} < {d}L; ++i{a})")
+        indent += "  "
+        offset.append(f"i{a} * {st}L")
+    lines.append(f"{indent}{name}[o++] = src[{' + '.join(offset) or '0'}];")
+    lines.append("  }")
+    return lines
 
 
 def _gemm_pre_steps(
@@ -277,6 +314,96 @@ def _layout(m: Matrix) -> str:
 
 
 def _emit_chain(kernel: _Kernel, anchors: list[int]) -> AnchorKernel:
+    """The fused row-block chain when its layout allows, else the two stages one after the other."""
+    try:
+        return _emit_fused_chain(kernel, anchors)
+    except CodegenUnsupported as exc:
+        try:
+            return _emit_staged_chain(kernel.spec, anchors, str(exc))
+        except CodegenUnsupported as staged:
+            raise CodegenUnsupported(f"{exc}; and as two stages: {staged}") from staged
+
+
+def _sub_spec(
+    spec: KernelSpec, symbol: str, nodes: list[onnx.NodeProto], extra_outputs: list[str]
+) -> KernelSpec:
+    """A one-anchor spec over part of a chain's body; its parameters keep the body's tensor names."""
+    constants = [n for n in spec.nodes if n.op_type == "Constant" and n not in nodes]
+    body = [*constants, *nodes]
+    body.sort(key=lambda n: list(spec.nodes).index(n))
+    produced = {o for n in body for o in n.output if o}
+    params = {t.name for t in spec.inputs} | set(extra_outputs)
+    reads: list[str] = []
+    for n in body:
+        for name in n.input:
+            if name and name not in produced and name not in reads and name in params:
+                reads.append(name)
+    kernel_outputs = {t.name for t in spec.outputs}
+    outputs = [o for n in nodes for o in n.output if o in kernel_outputs or o in extra_outputs]
+    return KernelSpec(
+        symbol=symbol,
+        template="anchor",
+        nodes=tuple(body),
+        inputs=tuple(spec.tensors[r] for r in reads),
+        outputs=tuple(spec.tensors[o] for o in dict.fromkeys(outputs)),
+        tensors=spec.tensors,
+        constants=spec.constants,
+        pattern=spec.pattern,
+        members=spec.members,
+    )
+
+
+def _emit_staged_chain(spec: KernelSpec, anchors: list[int], reason: str) -> AnchorKernel:
+    """Both anchors as ordinary anchor kernels, the intermediate in a heap buffer between them.
+
+    Used when the row-block chain does not apply (weights batched per row block, a Transpose in
+    between, ...): every tile still gets its epilogue while hot, only the intermediate makes one
+    round trip to memory.
+    """
+    second = spec.nodes[anchors[1]]
+    producers = {o: n for n in spec.nodes for o in n.output if o}
+    mid = second.input[0]
+    while mid in producers and producers[mid].op_type in VIEW_OPS:
+        mid = producers[mid].input[0]
+    helper = _Kernel(spec)
+    stage1_idx = helper.ancestors([mid])
+    if anchors[0] not in stage1_idx:
+        raise CodegenUnsupported("the second matmul of a chain must consume the first one's result")
+    stage1 = [n for k, n in enumerate(spec.nodes) if k in stage1_idx and n.op_type != "Constant"]
+    stage2 = [n for k, n in enumerate(spec.nodes) if k not in stage1_idx and n.op_type != "Constant"]
+    mid_info = spec.tensors[mid]
+    sub1 = _sub_spec(spec, f"{spec.symbol}_s1", stage1, [mid])
+    sub2 = _sub_spec(spec, f"{spec.symbol}_s2", stage2, [mid])
+    k1, k2 = emit_anchor(sub1), emit_anchor(sub2)
+    index = {t.name: k for k, t in enumerate((*spec.inputs, *spec.outputs))}
+    mid_is_output = mid in {t.name for t in spec.outputs}
+    mid_ptr = f"args[{index[mid]}]" if mid_is_output else "mid"
+
+    def argv(sub: KernelSpec) -> str:
+        items = [mid_ptr if t.name == mid else f"args[{index[t.name]}]" for t in (*sub.inputs, *sub.outputs)]
+        return ", ".join(items)
+
+    body = []
+    if not mid_is_output:
+        body.append(f"  void *mid = malloc(sizeof(float) * {max(1, mid_info.numel)});")
+    body += [
+        f"  void *const a1[] = {{{argv(sub1)}}};",
+        f"  {sub1.symbol}(a1);",
+        f"  void *const a2[] = {{{argv(sub2)}}};",
+        f"  {sub2.symbol}(a2);",
+    ]
+    if not mid_is_output:
+        body.append("  free(mid);")
+    kernel = _Kernel(spec)
+    kernel.helpers = [k1.source, k2.source]
+    desc = (
+        f"two stages ({k1.method} -> {k2.method}) with the intermediate {list(mid_info.shape)} in memory, "
+        f"because the row-block chain does not apply: {reason}"
+    )
+    return kernel.assemble(body, "matmul_chain_staged", True, desc)
+
+
+def _emit_fused_chain(kernel: _Kernel, anchors: list[int]) -> AnchorKernel:
     spec = kernel.spec
     ops = kernel.ops
     first, second = spec.nodes[anchors[0]], spec.nodes[anchors[1]]

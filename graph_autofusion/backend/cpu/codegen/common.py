@@ -403,26 +403,50 @@ def _pow_special(em: KernelEmitter, block: Block, node: onnx.NodeProto, idx: Ind
 def reshape_index(
     em: KernelEmitter, block: Block, idx: Index, out_shape: Sequence[int], in_shape: Sequence[int]
 ) -> Index:
-    """Map an index of a reshaped tensor back to its source (same row-major order)."""
-    out_nz = [(e, int(d)) for e, d in zip(idx, out_shape, strict=True) if int(d) != 1]
-    in_nz = [int(d) for d in in_shape if int(d) != 1]
-    if [d for _, d in out_nz] == in_nz:  # only unit dims inserted/removed
-        it = iter(e for e, _ in out_nz)
-        return [0 if int(d) == 1 else next(it) for d in in_shape]
-    flat = em.lin(idx, out_shape)
-    if not isinstance(flat, int):
-        flat = em.declare(block, "int64_t", str(flat), "l")
-    result: Index = []
-    in_strides = strides(in_shape)
-    for d, s in zip(in_shape, in_strides, strict=True):
-        d = int(d)
-        if d == 1:
-            result.append(0)
-        elif isinstance(flat, int):
-            result.append((flat // s) % d)
-        else:
-            expr = f"{flat} / {s}" if s != 1 else flat
-            result.append(f"(({expr}) % {d})")
+    """Map an index of a reshaped tensor back to its source (same row-major order).
+
+    Dims are matched in groups of equal size products (768 = 12 x 64 maps `i` to `(i / 64, i % 64)`,
+    (12, 64) -> 768 maps to `i * 64 + j`), so only the dims a reshape really splits or merges pay
+    for a division, and an unchanged inner dim keeps its unit stride.
+    """
+    outs = [(e, int(d)) for e, d in zip(idx, out_shape, strict=True) if int(d) != 1]
+    ins = [(a, int(d)) for a, d in enumerate(in_shape) if int(d) != 1]
+    result: Index = [0] * len(in_shape)
+    i = j = 0
+    while i < len(outs) or j < len(ins):
+        group_out = [outs[i]] if i < len(outs) else []
+        group_in = [ins[j]] if j < len(ins) else []
+        i, j = i + len(group_out), j + len(group_in)
+        po = math.prod(d for _, d in group_out)
+        pi = math.prod(d for _, d in group_in)
+        while po != pi:
+            if po < pi and i < len(outs):
+                group_out.append(outs[i])
+                po *= outs[i][1]
+                i += 1
+            elif pi < po and j < len(ins):
+                group_in.append(ins[j])
+                pi *= ins[j][1]
+                j += 1
+            else:  # cannot happen when numel agrees
+                raise CodegenUnsupported(f"cannot reshape {tuple(out_shape)} to {tuple(in_shape)}")
+        if len(group_in) == 1 and len(group_out) == 1:
+            result[group_in[0][0]] = group_out[0][0]
+            continue
+        flat = em.lin([e for e, _ in group_out], [d for _, d in group_out])
+        if len(group_in) == 1:
+            result[group_in[0][0]] = flat
+            continue
+        if not isinstance(flat, int) and not _is_atom(str(flat)):
+            flat = em.declare(block, "int64_t", str(flat), "l")
+        sizes = [d for _, d in group_in]
+        for k, (axis, d) in enumerate(group_in):
+            stride = math.prod(sizes[k + 1 :])
+            if isinstance(flat, int):
+                result[axis] = (flat // stride) % d
+                continue
+            expr = f"{flat} / {stride}" if stride != 1 else flat
+            result[axis] = f"({expr})" if k == 0 else f"(({expr}) % {d})"
     return result
 
 

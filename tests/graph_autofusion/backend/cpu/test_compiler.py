@@ -123,8 +123,9 @@ def test_syntax_error_names_kernel_and_leaves_nothing(cache: KernelCache) -> Non
 def test_undefined_symbol_fails_at_build_time(cache: KernelCache) -> None:
     # Without -Wl,--no-undefined this would build and only fail at dlopen in another process.
     src = "float nope(float x);\nfloat calls_missing(float x) { return nope(x); }\n"
-    with pytest.raises(CompilationError, match="calls_missing"):
+    with pytest.raises(CompilationError, match="calls_missing") as info:
         compile_kernels([KernelSource("calls_missing", src)], cache=cache)
+    assert "undefined reference to `nope'" in info.value.message
     assert _files(cache) == []
 
 
@@ -252,3 +253,11 @@ void trans(float *restrict e, float *restrict t, float *restrict g, const float 
     np.testing.assert_allclose(g, gelu, rtol=1e-5, atol=1e-6)
     if target_isa().level == 3 and preamble:
         assert b"_ZGVdN8v_expf" in art.path.read_bytes()  # the AVX2 vector variant is called
+
+
+def test_compiler_timeout_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, cache: KernelCache) -> None:
+    monkeypatch.setenv("AUTOFUSION_CC_TIMEOUT", "0.001")
+    with pytest.raises(CompilationError) as info:
+        compile_kernels([KernelSource("slow_one", AXPB_RELU + "\n/* t */\n")], cache=cache)
+    assert info.value.code == "compilation_timeout" and info.value.details["kernel"] == "slow_one"
+    assert _files(cache) == []

@@ -16,9 +16,11 @@ SkylakeX kernels) the worst observed error was 6e-7 * sqrt(K) (K = 576 conv), so
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import math
 import os
+import shutil
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,10 +43,16 @@ _CACHE: KernelCache | None = None
 
 
 def cache() -> KernelCache:
-    """One kernel cache per test process, in a temporary directory."""
+    """One kernel cache per test process: `$AUTOFUSION_TEST_CACHE` (kept, for fast reruns) or a
+    temporary directory removed when the process exits."""
     global _CACHE
     if _CACHE is None:
-        root = Path(os.environ.get("AUTOFUSION_TEST_CACHE") or tempfile.mkdtemp(prefix="af-anchor-tests-"))
+        configured = os.environ.get("AUTOFUSION_TEST_CACHE")
+        if configured:
+            root = Path(configured)
+        else:
+            root = Path(tempfile.mkdtemp(prefix="af-anchor-tests-"))
+            atexit.register(shutil.rmtree, root, ignore_errors=True)
         _CACHE = KernelCache(root)
     return _CACHE
 
@@ -118,11 +126,15 @@ def spec_for(case: Case, symbol: str) -> tuple[KernelSpec, list[str]]:
     return spec, params
 
 
-def run_kernel(kernel: AnchorKernel, spec: KernelSpec, values: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """Compile the kernel with the project's driver and call it on dense float32 buffers."""
-    (art,) = compile_kernels(
-        [KernelSource(spec.symbol, kernel.source, uses_blas=kernel.uses_blas)], cache=cache()
-    )
+def run_kernel(
+    kernel: AnchorKernel, spec: KernelSpec, values: Sequence[np.ndarray], *, unit: str | None = None
+) -> list[np.ndarray]:
+    """Compile the kernel with the project's driver and call it on dense float32 buffers.
+
+    `unit` names the translation unit when `kernel.source` holds several kernels.
+    """
+    source = KernelSource(unit or spec.symbol, kernel.source, uses_blas=kernel.uses_blas)
+    (art,) = compile_kernels([source], cache=cache())
     lib = art.load()
     fn = getattr(lib, spec.symbol)
     fn.restype = None

@@ -184,3 +184,32 @@ def test_conv3d_is_refused(rng: np.random.Generator) -> None:
     spec, _ = spec_for(case, "conv3d")
     with pytest.raises(CodegenUnsupported, match="spatial"):
         emit_anchor(spec)
+
+
+def test_conv_reads_a_reshaped_input_in_place(rng: np.random.Generator) -> None:
+    case = make_case(
+        [
+            helper.make_node("Reshape", ["flat", "shape"], ["x"]),
+            helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", ["y"], ["o"]),
+        ],
+        {"flat": rand(rng, 2, 4 * 6 * 6)},
+        ["o"],
+        {"shape": np.array([2, 4, 6, 6], dtype=np.int64), "w": rand(rng, 5, 4, 3, 3)},
+    )
+    check(case, "conv_reshaped_input", k=36, method="conv_im2col_tiled")
+
+
+def test_conv_on_a_transposed_input_gathers_it_once(rng: np.random.Generator) -> None:
+    case = make_case(
+        [
+            helper.make_node("Transpose", ["nhwc"], ["x"], perm=[0, 3, 1, 2]),
+            helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", ["y"], ["o"]),
+        ],
+        {"nhwc": rand(rng, 2, 5, 6, 3)},
+        ["o"],
+        {"w": rand(rng, 4, 3, 3, 3), "b": rand(rng, 4)},
+    )
+    kernel = check(case, "conv_nhwc_input", k=27, method="conv_im2col_tiled")
+    assert "free(dense0);" in kernel.source

@@ -61,7 +61,7 @@ def test_matmul_bias_gelu_erf_form_tiled_and_parallel(rng: np.random.Generator) 
     )
     kernel = check(case, "mm_bias_gelu", k=64, method="gemm")
     assert "#pragma omp parallel" in kernel.source  # several tiles, worth a thread team
-    assert "erff(" in kernel.source and "0.5f" in kernel.source  # scalars baked in
+    assert "af_erff(" in kernel.source and "0.5f" in kernel.source  # vectorizable erf, scalars baked in
 
 
 @pytest.mark.parametrize("trans_a", [0, 1])
@@ -303,3 +303,26 @@ def test_two_anchor_kernels_share_one_translation_unit(rng: np.random.Generator)
         values = [case.feeds.get(t.name, inits.get(t.name)) for t in spec.inputs]
         got = run_kernel(both, spec, values, unit=f"unit_{spec.symbol}")
         np.testing.assert_allclose(got[0], run_ort(case)[0], rtol=RTOL, atol=1e-5)
+
+
+def test_chain_with_batched_weights_runs_in_two_stages(rng: np.random.Generator) -> None:
+    # Scores = Q K^T, scaled, then x V: per-head weights rule out shared row blocks.
+    case = make_case(
+        [
+            _node("MatMul", ["q", "kt"], ["s"]),
+            _node("Mul", ["s", "scale"], ["ss"]),
+            _node("MatMul", ["ss", "v"], ["y"]),
+            _node("Add", ["y", "r"], ["o"]),
+        ],
+        {
+            "q": rand(rng, 2, 3, 8, 6),
+            "kt": rand(rng, 2, 3, 6, 8),
+            "v": rand(rng, 2, 3, 8, 6),
+            "r": rand(rng, 2, 3, 8, 6),
+        },
+        ["o"],
+        {"scale": np.array(0.5, dtype=np.float32)},
+        template="anchor_chain",
+    )
+    kernel = check(case, "chain_staged", k=8, method="matmul_chain_staged")
+    assert "chain_staged_s1(a1);" in kernel.source and "free(mid);" in kernel.source
