@@ -258,7 +258,11 @@ class Planner:
                 members = sorted(set(groups[r].members) | set(grp.members))
                 template, _ = classify(g, members)
                 acts = [x for x in group_boundary(g, members)[0] if not g.values[x].is_const]
-                if template is None or len(acts) > self.config.max_inputs or len(members) > self.config.max_fusion_size:
+                if (
+                    template is None
+                    or len(acts) > self.config.max_inputs
+                    or len(members) > self.config.max_fusion_size
+                ):
                     break
                 merged.append((r, members, template))
             else:

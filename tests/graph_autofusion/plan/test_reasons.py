@@ -50,7 +50,11 @@ def test_nf001_no_shared_data() -> None:
 def test_nf002_cycle() -> None:
     # x → A → Hardmax (opaque) → C, and A → C directly: fusing A with C would enclose the Hardmax.
     m = model(
-        [node("Relu", ["x"], ["a"], "A"), node("Hardmax", ["a"], ["t"], "T"), node("Add", ["a", "t"], ["c"], "C")],
+        [
+            node("Relu", ["x"], ["a"], "A"),
+            node("Hardmax", ["a"], ["t"], "T"),
+            node("Add", ["a", "t"], ["c"], "C"),
+        ],
         [("x", [4, 8])],
         ["c"],
     )
