@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -19,7 +20,8 @@ def store(request: pytest.FixtureRequest, tmp_path) -> Iterator[JobStore]:
     if request.param == "sqlite":
         s: JobStore = SqliteJobStore(tmp_path / "jobs.sqlite3")
     else:
-        s = RedisJobStore(request.getfixturevalue("redis_db"), prefix="t")
+        server = request.getfixturevalue("redis_server")
+        s = RedisJobStore(server.url(0), prefix=f"t{uuid.uuid4().hex[:12]}")  # a namespace per test
     yield s
     s.close()
 

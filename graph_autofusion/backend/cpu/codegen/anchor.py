@@ -219,8 +219,9 @@ def _emit_conv(kernel: _Kernel, node: onnx.NodeProto, rest: list[onnx.NodeProto]
         kernel.helpers = helpers + kernel.helpers
     body = [*pre_lines, "  {", *body, "  }", *post_lines] if pre_lines else body
     desc = (
-        f"{node.op_type} {geom.n}x{geom.cin}x{geom.h}x{geom.w} -> {geom.cout}x{geom.oh}x{geom.ow}, "
-        f"kernel {geom.kh}x{geom.kw}, stride {geom.sh}x{geom.sw}, group {geom.group}; "
+        f"{node.op_type} {geom.n}x{geom.cin}x{geom.d}x{geom.h}x{geom.w} -> {geom.cout}x{geom.od}x{geom.oh}x"
+        f"{geom.ow}, kernel {geom.kd}x{geom.kh}x{geom.kw}, stride {geom.sd}x{geom.sh}x{geom.sw}, "
+        f"group {geom.group}; "
         f"epilogue {epi.describe()}"
     )
     uses_blas = method != "conv_depthwise"

@@ -48,7 +48,8 @@ MAX_UNROLLED_TAPS = 49
 
 @dataclass(frozen=True)
 class ConvGeometry:
-    """A conv (or transposed conv) normalised to two spatial dims (1-D: height 1)."""
+    """A conv (or transposed conv) normalised to three spatial dims (depth, height, width): a 2-D
+    conv has depth 1, a 1-D conv depth and height 1, so one code path serves all three."""
 
     n: int
     cin: int
@@ -64,8 +65,14 @@ class ConvGeometry:
     sw: int
     dh: int
     dw: int
-    pt: int  # top padding (first spatial dim, begin)
-    pl: int  # left padding (second spatial dim, begin)
+    pt: int  # top padding (height, begin)
+    pl: int  # left padding (width, begin)
+    d: int = 1  # depth (3-D only)
+    od: int = 1
+    kd: int = 1
+    sd: int = 1
+    dd: int = 1
+    pf: int = 0  # front padding (depth, begin)
 
     @property
     def cig(self) -> int:
@@ -77,16 +84,25 @@ class ConvGeometry:
 
     @property
     def kdim(self) -> int:
-        return self.cig * self.kh * self.kw
+        return self.cig * self.taps
+
+    @property
+    def taps(self) -> int:
+        return self.kd * self.kh * self.kw
 
     @property
     def pixels(self) -> int:
-        return self.oh * self.ow
+        return self.od * self.oh * self.ow
+
+    @property
+    def plane(self) -> int:
+        """Elements of one input channel."""
+        return self.d * self.h * self.w
 
 
 def _spatial(values: Sequence[int], nsp: int, default: int) -> list[int]:
     vals = [int(v) for v in values] if values else [default] * nsp
-    return [default] * (2 - nsp) + vals
+    return [default] * (3 - nsp) + vals
 
 
 def _same_pad(size: int, out: int, k: int, s: int, d: int, mode: str) -> int:
@@ -100,8 +116,8 @@ def conv_geometry(node: onnx.NodeProto, ops: Operands) -> ConvGeometry:
     w = ops.shape(node.input[1])
     y = ops.shape(node.output[0])
     nsp = len(x) - 2
-    if nsp not in (1, 2) or len(w) != len(x) or len(y) != len(x):
-        raise CodegenUnsupported(f"{node.op_type} with {nsp} spatial dims is not generated (1-D and 2-D are)")
+    if nsp not in (1, 2, 3) or len(w) != len(x) or len(y) != len(x):
+        raise CodegenUnsupported(f"{node.op_type} with {nsp} spatial dims is not generated (1-D to 3-D are)")
     attrs = attrs_of(node)
     transpose = node.op_type == "ConvTranspose"
     group = int(attrs.get("group", 1))  # type: ignore[call-overload]
@@ -118,15 +134,15 @@ def conv_geometry(node: onnx.NodeProto, ops: Operands) -> ConvGeometry:
         out_pad = _spatial(attrs.get("output_padding") or [], nsp, 0)  # type: ignore[arg-type]
         if auto_pad in ("SAME_UPPER", "SAME_LOWER") or ("output_shape" in attrs and "pads" not in attrs):
             begin = []
-            for a in range(2):
+            for a in range(3):
                 total = s[a] * (size[a] - 1) + out_pad[a] + (k[a] - 1) * d[a] + 1 - out[a]
                 begin.append(total // 2 if auto_pad == "SAME_UPPER" else total - total // 2)
         cin, cout = x[1], w[1] * group
     else:
         if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-            begin = [_same_pad(size[a], out[a], k[a], s[a], d[a], auto_pad) for a in range(2)]
+            begin = [_same_pad(size[a], out[a], k[a], s[a], d[a], auto_pad) for a in range(3)]
         elif auto_pad == "VALID":
-            begin = [0, 0]
+            begin = [0, 0, 0]
         cin, cout = x[1], w[0]
         if w[1] * group != cin:
             raise CodegenUnsupported(f"Conv weights {w} do not match {cin} input channels in {group} groups")
@@ -137,26 +153,33 @@ def conv_geometry(node: onnx.NodeProto, ops: Operands) -> ConvGeometry:
         cin=cin,
         cout=cout,
         group=group,
-        h=size[0],
-        w=size[1],
-        oh=out[0],
-        ow=out[1],
-        kh=k[0],
-        kw=k[1],
-        sh=s[0],
-        sw=s[1],
-        dh=d[0],
-        dw=d[1],
-        pt=begin[0],
-        pl=begin[1],
+        h=size[1],
+        w=size[2],
+        oh=out[1],
+        ow=out[2],
+        kh=k[1],
+        kw=k[2],
+        sh=s[1],
+        sw=s[2],
+        dh=d[1],
+        dw=d[2],
+        pt=begin[1],
+        pl=begin[2],
+        d=size[0],
+        od=out[0],
+        kd=k[0],
+        sd=s[0],
+        dd=d[0],
+        pf=begin[0],
     )
 
 
 def conv_method(g: ConvGeometry) -> str:
     """The method a conv of this shape uses (recorded in the kernel)."""
-    if g.cig == 1 and g.cog == 1:
+    if g.cig == 1 and g.cog == 1 and g.d == g.od == g.kd == 1:
         return "conv_depthwise"
-    if (g.kh, g.kw, g.sh, g.sw, g.pt, g.pl) == (1, 1, 1, 1, 0, 0) and (g.oh, g.ow) == (g.h, g.w):
+    pointwise = (g.kd, g.kh, g.kw, g.sd, g.sh, g.sw, g.pf, g.pt, g.pl) == (1, 1, 1, 1, 1, 1, 0, 0, 0)
+    if pointwise and (g.od, g.oh, g.ow) == (g.d, g.h, g.w):
         return "conv1x1_gemm"
     return "conv_im2col_tiled"
 
@@ -186,23 +209,25 @@ def _channel_tile(g: ConvGeometry, base_tasks: int, pt: int) -> int:
 def _im2col_fn(name: str, g: ConvGeometry) -> str:
     """C: gather the im2col rows of output pixels [p0, p1) of one group's input channels."""
     return f"""\
-/* im2col of output pixels [p0, p1): col[(c, kh, kw)][p - p0] (zero where the window is off the image) */
+/* im2col of output pixels [p0, p1): col[(c, kd, kh, kw)][p - p0] (zero off the image) */
 static void {name}(const float *restrict x, float *restrict col, long p0, long p1) {{
   const long width = p1 - p0;
   for (long kk = 0; kk < {g.kdim}L; ++kk) {{
-    const long c = kk / {g.kh * g.kw}L, kh = (kk / {g.kw}L) % {g.kh}L, kw = kk % {g.kw}L;
-    const float *restrict xc = x + c * {g.h * g.w}L;
+    const long c = kk / {g.taps}L, kz = (kk / {g.kh * g.kw}L) % {g.kd}L;
+    const long kh = (kk / {g.kw}L) % {g.kh}L, kw = kk % {g.kw}L;
+    const float *restrict xc = x + c * {g.plane}L;
     float *restrict dst = col + kk * width;
     const long off = kw * {g.dw}L - {g.pl}L;
     long p = p0;
     while (p < p1) {{
-      const long oh = p / {g.ow}L, ow = p % {g.ow}L;
+      const long oz = p / {g.oh * g.ow}L, oh = (p / {g.ow}L) % {g.oh}L, ow = p % {g.ow}L;
       const long run = ({g.ow}L - ow) < (p1 - p) ? ({g.ow}L - ow) : (p1 - p);
+      const long iz = oz * {g.sd}L - {g.pf}L + kz * {g.dd}L;
       const long ih = oh * {g.sh}L - {g.pt}L + kh * {g.dh}L;
-      if (ih < 0 || ih >= {g.h}L) {{
+      if (iz < 0 || iz >= {g.d}L || ih < 0 || ih >= {g.h}L) {{
         for (long j = 0; j < run; ++j) dst[j] = 0.0f;
       }} else {{
-        const float *restrict xr = xc + ih * {g.w}L;
+        const float *restrict xr = xc + (iz * {g.h}L + ih) * {g.w}L;
         long lo = off < 0 ? (-off + {g.sw - 1}L) / {g.sw}L - ow : -ow;
         long hi = {g.w - 1}L - off >= 0 ? ({g.w - 1}L - off) / {g.sw}L - ow + 1 : 0;
         lo = lo < 0 ? 0 : (lo > run ? run : lo);
@@ -261,7 +286,7 @@ def emit_conv_body(
         f"      const long pi = key % {ptn}L, g = (key / {ptn}L) % {g.group}L, n = key / {ptn * g.group}L;",
         f"      const long p0 = pi * {pt}L, p1 = p0 + {pt}L < {p}L ? p0 + {pt}L : {p}L;",
         f"      const long c0 = ct * {ct}L, c1 = c0 + {ct}L < {g.cog}L ? c0 + {ct}L : {g.cog}L;",
-        f"      const float *xg = X + (n * {g.cin}L + g * {g.cig}L) * {g.h * g.w}L;",
+        f"      const float *xg = X + (n * {g.cin}L + g * {g.cig}L) * {g.plane}L;",
     ]
     if im2col:
         lines += [
@@ -374,8 +399,8 @@ def emit_conv_transpose_body(
     g: ConvGeometry, x_ptr: str, w_ptr: str, y_ptr: str, epilogue: EpilogueCall | None
 ) -> tuple[list[str], str]:
     """(kernel body lines, method) for a ConvTranspose: sgemm into a column buffer, then col2im."""
-    khw = g.kh * g.kw
-    hw = g.h * g.w
+    khw = g.taps
+    hw = g.plane
     ohw = g.pixels
     ct = max(1, min(g.cog, COL_TILE_FLOATS * 4 // max(1, khw * hw)))
     ctn = -(-g.cog // ct)
@@ -407,14 +432,16 @@ def emit_conv_transpose_body(
         "      for (long co = 0; co < c1 - c0; ++co) {",
         f"        float *restrict yc = y + co * {ohw}L;",
         f"        for (long kk = 0; kk < {khw}L; ++kk) {{",
-        f"          const long kh = kk / {g.kw}L, kw = kk % {g.kw}L;",
+        f"          const long kz = kk / {g.kh * g.kw}L, kh = (kk / {g.kw}L) % {g.kh}L, kw = kk % {g.kw}L;",
         f"          const float *restrict src = col + (co * {khw}L + kk) * {hw}L;",
         f"          const long off = kw * {g.dw}L - {g.pl}L;",
-        f"          for (long ih = 0; ih < {g.h}L; ++ih) {{",
+        f"          for (long ir = 0; ir < {g.d * g.h}L; ++ir) {{",
+        f"            const long iz = ir / {g.h}L, ih = ir % {g.h}L;",
+        f"            const long oz = iz * {g.sd}L - {g.pf}L + kz * {g.dd}L;",
         f"            const long oh = ih * {g.sh}L - {g.pt}L + kh * {g.dh}L;",
-        f"            if (oh < 0 || oh >= {g.oh}L) continue;",
-        f"            float *restrict yr = yc + oh * {g.ow}L;",
-        f"            const float *restrict sr = src + ih * {g.w}L;",
+        f"            if (oz < 0 || oz >= {g.od}L || oh < 0 || oh >= {g.oh}L) continue;",
+        f"            float *restrict yr = yc + (oz * {g.oh}L + oh) * {g.ow}L;",
+        f"            const float *restrict sr = src + ir * {g.w}L;",
         f"            for (long iw = 0; iw < {g.w}L; ++iw) {{",
         f"              const long ow = iw * {g.sw}L + off;",
         f"              if (ow >= 0 && ow < {g.ow}L) yr[ow] += sr[iw];",

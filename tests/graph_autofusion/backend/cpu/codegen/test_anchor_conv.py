@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 import pytest
-from anchor_helpers import check, make_case, rand, spec_for
-from onnx import helper
+from anchor_helpers import Case, check, make_case, rand, spec_for
+from onnx import TensorProto, helper, numpy_helper
 
 from graph_autofusion.backend.cpu.codegen.anchor import emit_anchor
 from graph_autofusion.backend.cpu.codegen.common import CodegenUnsupported
@@ -179,9 +179,51 @@ def test_conv_transpose(rng: np.random.Generator, attrs: dict, x_shape: tuple, w
     )
 
 
-def test_conv3d_is_refused(rng: np.random.Generator) -> None:
-    case = _conv_case(rng, (1, 2, 4, 4, 4), (2, 2, 3, 3, 3), relu=False, bias=False)
-    spec, _ = spec_for(case, "conv3d")
+@pytest.mark.parametrize(
+    ("x_shape", "w_shape", "attrs", "method"),
+    [
+        (
+            (1, 3, 6, 7, 5),
+            (4, 3, 3, 3, 3),
+            {"pads": [1, 1, 1, 1, 1, 1], "strides": [2, 1, 2]},
+            "conv_im2col_tiled",
+        ),
+        ((2, 4, 3, 4, 5), (6, 4, 1, 1, 1), {}, "conv1x1_gemm"),
+        (
+            (1, 4, 5, 5, 5),
+            (4, 1, 3, 3, 3),
+            {"group": 4, "dilations": [2, 1, 1], "pads": [2, 1, 1, 2, 1, 1]},
+            "conv_im2col_tiled",
+        ),
+    ],
+)
+def test_conv3d(rng: np.random.Generator, x_shape: tuple, w_shape: tuple, attrs: dict, method: str) -> None:
+    case = _conv_case(rng, x_shape, w_shape, **attrs)
+    check(case, f"conv3d_{w_shape[2]}_{len(attrs)}", k=_k(w_shape), method=method)
+
+
+def test_conv_transpose3d(rng: np.random.Generator) -> None:
+    case = _conv_case(
+        rng, (1, 3, 3, 4, 2), (3, 2, 3, 2, 3), op="ConvTranspose", strides=[2, 1, 2], pads=[1, 0, 1, 0, 1, 1]
+    )
+    check(case, "convt3d", k=_k((3, 2, 3, 2, 3), transpose=True), method="conv_transpose_col2im")
+
+
+def test_conv_with_four_spatial_dims_is_refused(rng: np.random.Generator) -> None:
+    x = rand(rng, 1, 1, 2, 2, 2, 2)
+    case = Case(
+        helper.make_model(
+            helper.make_graph(
+                [helper.make_node("Conv", ["x", "w"], ["o"])],
+                "conv4d",
+                [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+                [helper.make_tensor_value_info("o", TensorProto.FLOAT, [1, 1, 1, 1, 1, 1])],
+                [numpy_helper.from_array(rand(rng, 1, 1, 2, 2, 2, 2), "w")],
+            )
+        ),
+        {"x": x},
+    )
+    spec, _ = spec_for(case, "conv4d")
     with pytest.raises(CodegenUnsupported, match="spatial"):
         emit_anchor(spec)
 
