@@ -85,9 +85,10 @@ def _add_fuse(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--report", type=Path, help="write the full report as JSON")
     p.add_argument(
         "--verify",
-        choices=["none", "onnxruntime", "runtime"],
-        default="onnxruntime",
-        help="check the fused model against onnxruntime on random inputs (default: onnxruntime)",
+        choices=["runtime", "onnxruntime", "none"],
+        default="runtime",
+        help="check the fused model against onnxruntime on random inputs: 'runtime' compiles and runs "
+        "the generated kernels (default), 'onnxruntime' runs the fused ONNX in onnxruntime",
     )
     p.set_defaults(func=_fuse_command)
 
