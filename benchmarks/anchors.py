@@ -15,13 +15,20 @@ fast as the bare BLAS; the issue's target for a GEMM anchor is blas/ours >= 0.8)
 run in alternating blocks of runs (see `_time_pair`), so a noisy neighbour hurts both alike.
 
 Run: `.venv/bin/python benchmarks/anchors.py [--threads 1,2] [--reps 15] [--only resnet|bert|dw]
-[--json]` (about a minute on 2 cores).
+[--omp-dynamic] [--no-ort-spin] [--json]` (under a minute on 2 cores).
+
+On a shared machine, 2-thread medians of any fork/join kernel suffer when the second thread is
+not scheduled in time: the team's closing barrier waits for it (stalls in multiples of the 4 ms
+scheduler tick were measured at load average 2.5 on 2 cores), while onnxruntime's caller thread
+simply does the work itself. `--omp-dynamic` lets libgomp size the team by the load average, which
+removes those stalls (dw 3x3 144x56x56 at 2 threads: median 12 ms -> 0.26 ms).
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import ctypes.util
 import json
 import statistics
 import tempfile
@@ -279,12 +286,20 @@ def main() -> None:
     parser.add_argument("--only", choices=["resnet", "dw", "bert"], help="one shape family")
     parser.add_argument("--json", action="store_true", help="print rows as JSON")
     parser.add_argument(
+        "--omp-dynamic",
+        action="store_true",
+        help="let libgomp shrink the team when the machine is busy (omp_set_dynamic(1))",
+    )
+    parser.add_argument(
         "--no-ort-spin",
         action="store_true",
         help="stop onnxruntime's pool from spinning after a run (it can starve our OpenMP threads)",
     )
     args = parser.parse_args()
     threads = [int(t) for t in args.threads.split(",")]
+    if args.omp_dynamic:
+        gomp = ctypes.CDLL(ctypes.util.find_library("gomp") or "libgomp.so.1", mode=ctypes.RTLD_GLOBAL)
+        gomp.omp_set_dynamic(1)
     shapes = [s for s in SHAPES if args.only in (None, s.family)]
     with tempfile.TemporaryDirectory(prefix="af-bench-anchors-") as tmp:
         rows = run(shapes, threads, args.reps, KernelCache(tmp), ort_spin=not args.no_ort_spin)

@@ -16,6 +16,11 @@ POINTWISE_KINDS = {OpKind.VIEW, OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.INJ
 EPILOGUE_KINDS = {OpKind.ELEMENTWISE, OpKind.BROADCAST}
 CHAIN_ANCHORS = {"MatMul", "Gemm"}
 STRIDE_PROLOGUE_OPS = {"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze"}
+# Views an anchor's epilogue may contain: they keep the element order, so the epilogue still runs
+# on the tile's linear index (Dropout is a view here, but the code generators do not read it).
+EPILOGUE_VIEW_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
+# Anchors whose stores can absorb an output Transpose (as the ldc and batch offsets of a GEMM).
+TRANSPOSED_STORE_ANCHORS = {"MatMul", "Gemm"}
 # Prologue kinds a row-reduction kernel accepts on its full domain.
 REDUCTION_PROLOGUE_KINDS = {OpKind.VIEW, OpKind.ELEMENTWISE, OpKind.BROADCAST}
 
@@ -222,8 +227,14 @@ def _pointwise(graph: Graph, members: Collection[int]) -> None:
         raise Misfit(f"outputs {', '.join(outs)} have different element counts {sorted(sizes)}")
 
 
-def _epilogue_only(graph: Graph, members: Collection[int], root: Node) -> set[int]:
-    """Members other than `root` must be elementwise ops downstream of it on its output domain."""
+def _epilogue_only(
+    graph: Graph, members: Collection[int], root: Node, *, views: bool = False, transpose: bool = False
+) -> set[int]:
+    """Members other than `root` must be elementwise ops downstream of it on its output domain.
+
+    With `views`, view ops may sit among them (same element count, same linear order: the
+    epilogue still runs per output tile). With `transpose`, one Transpose followed only by views
+    may end the epilogue when `root`'s stores can absorb it (`_output_transpose`)."""
     desc = _descendants_within(graph, root, members)
     rest = set(members) - desc - {root.index}
     if rest:
@@ -232,9 +243,18 @@ def _epilogue_only(graph: Graph, members: Collection[int], root: Node) -> set[in
             f"{other.op_type} '{other.name}' is neither a prologue nor an epilogue of {root.op_type}"
         )
     size = _numel(graph, _out(root))
-    for i in desc:
+    tail = _output_transpose(graph, members, root, desc) if transpose else None
+    after = _descendants_within(graph, tail, members) if tail is not None else set()
+    for i in sorted(desc):
         n = graph.nodes[i]
-        if n.kind not in EPILOGUE_KINDS:
+        if i in after:
+            if n.op_type not in EPILOGUE_VIEW_OPS:
+                raise Misfit(
+                    f"{n.op_type} '{n.name}' after the output Transpose '{tail.name}' would need a copy"
+                )
+        elif n is tail or n.kind in EPILOGUE_KINDS or (views and n.op_type in EPILOGUE_VIEW_OPS):
+            pass
+        else:
             raise Misfit(f"{n.op_type} '{n.name}' cannot run as an epilogue of {root.op_type}")
         if _numel(graph, _out(n)) != size:
             raise Misfit(f"epilogue {n.op_type} '{n.name}' changes the domain of {root.op_type}")
@@ -243,6 +263,46 @@ def _epilogue_only(graph: Graph, members: Collection[int], root: Node) -> set[in
             if p is not None and p.index in members and p.index not in desc and p.index != root.index:
                 raise Misfit(f"epilogue {n.op_type} '{n.name}' reads a prologue value")
     return desc
+
+
+def _output_transpose(graph: Graph, members: Collection[int], root: Node, desc: set[int]) -> Node | None:
+    """The epilogue's Transpose, if any, when `root` can store its tiles in the permuted layout.
+
+    The GEMM writes each row of a tile to its permuted place, so the Transpose must keep the last
+    axis last and map the contraction's output, through the views around it, to a layout with
+    unit-stride columns (attention's `[B,H,S,D] -> Transpose(0,2,1,3)`: ldc = H*D)."""
+    found = [graph.nodes[i] for i in sorted(desc) if graph.nodes[i].op_type == "Transpose"]
+    if not found:
+        return None
+    tail = found[0]
+    if root.op_type not in TRANSPOSED_STORE_ANCHORS:
+        raise Misfit(f"Transpose '{tail.name}' after {root.op_type} '{root.name}' would need a copy")
+    if len(found) > 1:
+        raise Misfit(f"{root.op_type} '{root.name}' can store through one output Transpose, not {len(found)}")
+    src = list(graph.shape(tail.inputs[0]) or ())
+    perm = [int(p) for p in (tail.attrs.get("perm") or reversed(range(len(src))))]
+    if not src or perm[-1] != len(src) - 1:
+        raise Misfit(f"Transpose '{tail.name}' moves the last axis of {root.op_type} '{root.name}'")
+    if root.op_type == "MatMul" and any(len(graph.shape(x) or ()) < 2 for x in root.inputs[:2]):
+        raise Misfit(f"Transpose '{tail.name}' after a MatMul of a vector would need a copy")
+    out = list(graph.shape(_out(tail)) or ())
+    dense = [math.prod(out[i + 1 :]) for i in range(len(out))]
+    src_strides = [0] * len(src)
+    for axis, p in enumerate(perm):
+        src_strides[p] = dense[axis]
+    y = list(graph.shape(_out(root)) or ())
+    strides = _nocopy_reshape(src, src_strides, y)
+    if strides is None or not y or (y[-1] != 1 and strides[-1] != 1):
+        raise Misfit(
+            f"Transpose '{tail.name}' does not keep the rows of {root.op_type} '{root.name}' contiguous"
+        )
+    after = _descendants_within(graph, tail, members) | {tail.index}
+    leaving = _external_outputs(graph, after)
+    if len(leaving) != 1:
+        raise Misfit(
+            f"{len(leaving)} views of the transposed output of '{root.name}' leave the kernel, not one"
+        )
+    return tail
 
 
 def _prologue_ok(graph: Graph, anchor: Node, prologue: set[int], members: Collection[int]) -> None:
@@ -283,7 +343,7 @@ def _prologue_ok(graph: Graph, anchor: Node, prologue: set[int], members: Collec
 def _anchor(graph: Graph, members: Collection[int], anchor: Node) -> None:
     prologue = _ancestors_within(graph, anchor, members)
     _prologue_ok(graph, anchor, prologue, members)
-    _epilogue_only(graph, set(members) - prologue, anchor)
+    _epilogue_only(graph, set(members) - prologue, anchor, views=True, transpose=True)
 
 
 def _anchor_chain(graph: Graph, members: Collection[int], anchors: list[Node]) -> None:
@@ -316,7 +376,7 @@ def _anchor_chain(graph: Graph, members: Collection[int], anchors: list[Node]) -
         if _numel(graph, _out(graph.nodes[i])) != _numel(graph, _out(first)):
             raise Misfit("the first contraction's epilogue changes its domain")
     rest = set(members) - middle - {first.index}
-    _epilogue_only(graph, rest, second)
+    _epilogue_only(graph, rest, second, views=True)
 
 
 def _reduction(graph: Graph, members: Collection[int], reductions: list[Node]) -> None:

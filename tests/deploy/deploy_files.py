@@ -54,17 +54,25 @@ def autofusion_parser() -> argparse.ArgumentParser:
 
 
 @cache
-def app_routes() -> frozenset[str]:
-    """Paths of the FastAPI app's routes (built in embedded mode on a throwaway data dir)."""
+def _app() -> Any:
+    """The FastAPI app as `create_app` builds it (embedded mode, on a throwaway data dir)."""
     import tempfile
 
     from autofusion_service.main import create_app
 
-    with tempfile.TemporaryDirectory() as tmp:
-        app = create_app(Settings(data_dir=Path(tmp), api_keys=""))
-        paths = frozenset(getattr(route, "path", "") for route in app.routes)
-        app.state.autofusion.close()
-    return paths
+    tmp = tempfile.TemporaryDirectory(prefix="deploy-test-app-")
+    app = create_app(Settings(data_dir=Path(tmp.name), api_keys=""))
+    app.state.deploy_test_tmp = tmp  # removed with the app, at interpreter exit
+    return app
+
+
+def app_serves(path: str, method: str = "GET") -> bool:
+    """Does the app route `method path` to an endpoint (Starlette's own matching, so routers
+    included at any depth count)?"""
+    from starlette.routing import Match
+
+    scope = {"type": "http", "path": path, "method": method, "root_path": "", "headers": []}
+    return any(route.matches(scope)[0] == Match.FULL for route in _app().router.routes)
 
 
 _VAR = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?+])(?P<arg>[^}]*))?\}|\$\$")

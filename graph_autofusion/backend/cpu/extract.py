@@ -334,7 +334,8 @@ def extract(model: onnx.ModelProto) -> ExecutionPlan:
 
 def _is_plain_view(node: onnx.NodeProto) -> bool:
     if node.op_type == "Dropout":
-        return len(node.output) < 2 or not node.output[1]
+        # Inference dropout is the identity; a mask output or a training_mode input is not.
+        return (len(node.output) < 2 or not node.output[1]) and (len(node.input) < 3 or not node.input[2])
     return True
 
 

@@ -3,14 +3,18 @@ stride-only prologues folded into operand views and the elementwise epilogue fus
 
 `emit_anchor(spec)` handles the templates `anchor`, `anchor_chain` and `single` (a lone anchor) of
 docs/fused-format.md and returns the C translation unit plus the method it chose, which the
-runtime reports per kernel. The pieces live next door: `gemm.py` (views, GEMM problems, tiling),
-`conv.py` (conv geometry and methods), `epilogue.py` (operands and the per-tile epilogue).
+runtime reports per kernel. Past the contraction, views may sit among the epilogue ops (they keep
+the linear index the epilogue runs on), and a MatMul/Gemm may end in one output Transpose that
+keeps the last axis last (followed only by views): the GEMM then stores each tile straight into
+the permuted layout instead of writing the product and copying it. The pieces live next door:
+`gemm.py` (views, GEMM problems, tiling), `conv.py` (conv geometry and methods), `epilogue.py`
+(operands and the per-tile epilogue).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import onnx
 
@@ -19,6 +23,7 @@ from ..kernel_spec import KernelSpec
 from .common import PRELUDE, CodegenUnsupported, attrs_of
 from .conv import bias_shape, conv_geometry, emit_conv_body, emit_conv_transpose_body
 from .epilogue import (
+    EPILOGUE_VIEWS,
     ERF_PRELUDE,
     Epilogue,
     Operands,
@@ -27,6 +32,7 @@ from .epilogue import (
     contiguous_strides,
     emit_epilogue,
     plan_destination,
+    plan_permuted_destination,
 )
 from .gemm import (
     VIEW_OPS,
@@ -39,6 +45,7 @@ from .gemm import (
     gemm_c_shape,
     gemm_problem,
     matmul_problem,
+    reshape_strides,
     trace_view,
 )
 
@@ -161,11 +168,66 @@ def emit_anchor(spec: KernelSpec) -> AnchorKernel:
     prologue = kernel.view_nodes_feeding([i for i in node.input if i])
     rest = [n for k, n in enumerate(spec.nodes) if k not in prologue and k != anchors[0]]
     for n in rest:
-        if n.op_type in VIEW_OPS:
+        if n.op_type in VIEW_OPS - EPILOGUE_VIEWS - {"Transpose"}:
             raise CodegenUnsupported(f"{n.op_type} after an anchor is not part of the anchor template")
     if node.op_type in ("Conv", "ConvTranspose"):
+        for n in rest:
+            if n.op_type == "Transpose":
+                raise CodegenUnsupported(f"a Transpose after {node.op_type} would need a copy")
         return _emit_conv(kernel, node, rest)
     return _emit_gemm(kernel, node, rest)
+
+
+@dataclass(frozen=True)
+class _Tail:
+    """An output Transpose folded into the GEMM's stores: `value` (the Transpose's input) lands
+    in kernel output `output` (the Transpose's output or a view of it) with the anchor output's
+    axes at element strides `strides`."""
+
+    value: str
+    output: str
+    strides: tuple[int, ...]
+
+
+def _split_tail(
+    kernel: _Kernel, anchor: onnx.NodeProto, rest: list[onnx.NodeProto]
+) -> tuple[list[onnx.NodeProto], _Tail | None]:
+    """The epilogue nodes before an output Transpose, and the Transpose folded into the stores."""
+    transposes = [n for n in rest if n.op_type == "Transpose"]
+    if not transposes:
+        return rest, None
+    if len(transposes) > 1:
+        raise CodegenUnsupported(f"an anchor kernel folds one output Transpose, not {len(transposes)}")
+    tail = transposes[0]
+    after = set(tail.output)
+    before = []
+    for n in rest:
+        if n is tail:
+            continue
+        if any(i in after for i in n.input):
+            if n.op_type not in EPILOGUE_VIEWS:
+                raise CodegenUnsupported(f"{n.op_type} after the output Transpose would need a copy")
+            after.update(n.output)
+        else:
+            before.append(n)
+    ops = kernel.ops
+    outputs = [o for o in after if o in ops.outputs]
+    if len(outputs) != 1:
+        raise CodegenUnsupported(f"{len(outputs)} views of the transposed output leave the kernel, not one")
+    src = tail.input[0]
+    src_shape = ops.shape(src)
+    perm = attrs_of(tail).get("perm") or list(range(len(src_shape)))[::-1]
+    dense = contiguous_strides(ops.shape(tail.output[0]))
+    src_strides = [0] * len(src_shape)
+    for axis, p in enumerate(perm):  # type: ignore[union-attr]
+        src_strides[int(p)] = dense[axis]
+    y_shape = ops.shape(anchor.output[0])
+    strides = reshape_strides(src_shape, src_strides, y_shape)
+    if strides is None or not y_shape or (y_shape[-1] != 1 and strides[-1] != 1):
+        raise CodegenUnsupported(
+            f"Transpose {tail.name!r} does not keep the rows of {anchor.op_type} {anchor.name!r} contiguous"
+        )
+    return before, _Tail(src, outputs[0], strides)
 
 
 def _destination(kernel: _Kernel, epi: Epilogue, anchor_output: str) -> tuple[str, EpilogueCall | None]:
@@ -270,20 +332,32 @@ def _gemm_pre_steps(
     return source, steps, {c: c_shape}
 
 
-def _problem(kernel: _Kernel, node: onnx.NodeProto) -> tuple[GemmProblem, bool]:
-    """The GEMM of a MatMul/Gemm node; also whether the output has a column axis (B not 1-D)."""
+def _problem(
+    kernel: _Kernel, node: onnx.NodeProto, out_strides: tuple[int, ...] | None = None
+) -> tuple[GemmProblem, bool]:
+    """The GEMM of a MatMul/Gemm node (stored at `out_strides` when given, else densely); also
+    whether the output has a column axis (B not 1-D)."""
     ops = kernel.ops
     a = trace_view(node.input[0], ops, kernel.producers)
     b = trace_view(node.input[1], ops, kernel.producers)
     if node.op_type == "Gemm":
-        return gemm_problem(node, a, b, ops), True
-    p, _, b_vec = matmul_problem(a, b, ops)
+        p = gemm_problem(node, a, b, ops)
+        if out_strides is not None:
+            if p.n != 1 and out_strides[-1] != 1:
+                raise CodegenUnsupported("a permuted Gemm output must keep its columns contiguous")
+            ldc = out_strides[0] if p.m > 1 else max(1, p.n)
+            if ldc < p.n:
+                raise CodegenUnsupported(f"output rows {ldc} apart overlap rows of {p.n} columns")
+            p = replace(p, c_rs=ldc)
+        return p, True
+    p, _, b_vec = matmul_problem(a, b, ops, out_strides)
     return p, not b_vec
 
 
 def _emit_gemm(kernel: _Kernel, node: onnx.NodeProto, rest: list[onnx.NodeProto]) -> AnchorKernel:
     ops = kernel.ops
-    p, has_cols = _problem(kernel, node)
+    rest, tail = _split_tail(kernel, node, rest)
+    p, has_cols = _problem(kernel, node, tail.strides if tail is not None else None)
     y = node.output[0]
     y_shape = ops.shape(y)
     source, pre, overrides = _gemm_pre_steps(kernel, node, p)
@@ -300,11 +374,19 @@ def _emit_gemm(kernel: _Kernel, node: onnx.NodeProto, rest: list[onnx.NodeProto]
     )
     if math.prod(y_shape) == 0:
         return kernel.assemble(["  (void)args;"], "gemm", False, "empty output")
-    y_ptr, call = _destination(kernel, epi, y)
+    if tail is None:
+        y_ptr, call = _destination(kernel, epi, y)
+    else:
+        write_back, flat = plan_permuted_destination(epi, ops, value=tail.value, output=tail.output)
+        call = kernel.epilogue_call(epi, write_back, flat)
+        y_ptr = ops.output_pointer(tail.output)
     body, method = emit_gemm_body(p, y_ptr, call)
+    stored = ""
+    if tail is not None:
+        stored = f"; stored transposed (ldc {p.c_rs}, batch strides {list(p.c_batch_strides)})"
     desc = (
         f"{node.op_type} batch {list(p.batch)} M={p.m} N={p.n} K={p.k} (A {_layout(p.a)}, B {_layout(p.b)});"
-        f" epilogue {epi.describe()}"
+        f" epilogue {epi.describe()}{stored}"
     )
     return kernel.assemble(body, method, True, desc)
 
@@ -431,7 +513,7 @@ def _emit_fused_chain(kernel: _Kernel, anchors: list[int]) -> AnchorKernel:
     epi1_nodes = [n for k, n in enumerate(spec.nodes) if k in stage1_nodes and k not in skip]
     epi2_nodes = [n for k, n in enumerate(spec.nodes) if k not in stage1_nodes and k not in skip]
     for n in (*epi1_nodes, *epi2_nodes):
-        if n.op_type in VIEW_OPS or n.op_type in ("Conv", "ConvTranspose"):
+        if n.op_type in (VIEW_OPS - EPILOGUE_VIEWS) | {"Conv", "ConvTranspose"}:
             raise CodegenUnsupported(f"{n.op_type} inside a matmul chain's epilogue is not supported")
     if len(ops.shape(mid)) < 1 or len(ops.shape(h2)) < 2:
         raise CodegenUnsupported("chained matmuls need 2-D or higher operands")

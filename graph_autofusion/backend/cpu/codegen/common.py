@@ -260,6 +260,7 @@ class KernelEmitter:
                     if (
                         tuple(e for e, _ in window) == group.names
                         and tuple(d for _, d in window) == group.dims
+                        and window != [(group.expr, math.prod(group.dims))]
                     ):
                         items[start : start + n] = [(group.expr, math.prod(group.dims))]
                         changed = True

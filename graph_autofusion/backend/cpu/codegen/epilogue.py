@@ -7,11 +7,18 @@ scaling, affine batch norm ...) is emitted as a `static` C function over one suc
 right after the BLAS call that produced it, while the tile is still in L1/L2: a second pass over
 the full output would cost a whole extra round trip to memory (measured at 2x, DESIGN.md §1).
 
-Each epilogue operand is addressed by numpy broadcasting against the epilogue *domain* (the
-anchor's output shape). Per row of a tile the generated code hoists what depends on the row only,
-so the inner loop reads each operand as a constant, a per-row scalar or a unit-stride run, and
-the compiler vectorizes it; only an operand that broadcasts inside the column block (rare) pays
-for an index division per element.
+Views (Reshape, Flatten, Squeeze, Unsqueeze, Identity) may sit between epilogue ops: they do not
+move data, so every epilogue value is still indexed by the tile element's *linear* index
+`r * L + c`; a view only renames the value. Each operand is addressed by numpy broadcasting
+against the shape of the value its op produces (its *index space*: the anchor's output shape
+before any view, the view's shape after one), so a bias added after `[B*S, N] -> [B, S, N]`
+broadcasts as ONNX says. Per operand the generator splits that index space into a row part (a
+function of `r`, hoisted out of the inner loop) and a column part spanning the `L` elements of a
+tile row, splitting one axis when the row boundary falls inside it; the inner loop then reads each
+operand as a constant, a per-row scalar or a unit-stride run, and the compiler vectorizes it. An
+operand that broadcasts inside the column block (rare) pays for an index division per element,
+and one whose index space admits no row split (a view that cuts across tile rows) pays for the
+full index arithmetic on the linear index.
 
 `Operands` resolves tensor names to C: kernel parameters (`args[i]`), scalar constants baked in
 as literals, small constant arrays emitted as `static const` data.
@@ -27,6 +34,7 @@ import numpy as np
 import onnx
 
 from ....ops import OpKind, lookup
+from ....ops.elementwise import ctype
 from ..kernel_spec import KernelSpec
 from .common import CodegenUnsupported, attrs_of, c_literal
 
@@ -111,10 +119,6 @@ class Operands:
             return None
         return c_literal(value.reshape(-1)[0], self.elem_type(name))
 
-    def const_floats(self, name: str) -> list[float] | None:
-        value = self.constants.get(name)
-        return None if value is None else [float(v) for v in value.reshape(-1)]
-
     def pointer(self, name: str) -> str:
         """A `const T *` C expression addressing the tensor's dense buffer."""
         ctype = _ctype(self.elem_type(name))
@@ -137,9 +141,11 @@ class Operands:
 
 
 def _ctype(elem_type: int) -> str:
-    from ....ops.elementwise import ctype
-
     return ctype(elem_type)
+
+
+# Views an epilogue may contain: they alias their input (the same linear index, a new shape).
+EPILOGUE_VIEWS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
 
 
 @dataclass(frozen=True)
@@ -153,7 +159,13 @@ class Step:
 
     @staticmethod
     def of(node: onnx.NodeProto) -> Step:
+        if node.op_type in EPILOGUE_VIEWS:
+            return Step(node.op_type, (node.input[0],), node.output[0])  # shape/axes: compile time
         return Step(node.op_type, tuple(node.input), node.output[0], attrs_of(node))
+
+    @property
+    def is_view(self) -> bool:
+        return self.op_type in EPILOGUE_VIEWS
 
 
 @dataclass
@@ -162,7 +174,9 @@ class Epilogue:
 
     `source` names the raw contraction result (what the BLAS call leaves in the tile); every
     other value is a step output. `split` is how many leading domain dims make up the tile's row
-    index (the rest make up the column index).
+    index (the rest make up the column index). `spaces[step.output]` is the index space the
+    step's operands broadcast against (its output shape, or the domain for a step on a smaller
+    operand such as Gemm's `beta * C`).
     """
 
     source: str
@@ -170,6 +184,7 @@ class Epilogue:
     split: int
     steps: list[Step] = field(default_factory=list)
     shape_overrides: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    spaces: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def values(self) -> list[str]:
@@ -182,9 +197,18 @@ class Epilogue:
     def describe(self) -> str:
         return " -> ".join(s.op_type for s in self.steps) or "none"
 
+    def root(self, name: str) -> str:
+        """The value `name` views (itself unless a view step produced it)."""
+        views = {s.output: s.inputs[0] for s in self.steps if s.is_view}
+        while name in views:
+            name = views[name]
+        return name
+
 
 def check_step(step: Step) -> None:
     """Only scalar ops with a C expression may sit in an anchor's epilogue."""
+    if step.is_view:
+        return
     opdef = lookup(step.op_type)
     if opdef.kind not in (OpKind.ELEMENTWISE, OpKind.BROADCAST) or opdef.c_expr is None:
         raise CodegenUnsupported(f"{step.op_type} cannot be applied as an anchor epilogue")
@@ -232,6 +256,39 @@ def _offset_expr(var: str, dims: Sequence[int], strides: Sequence[int]) -> str:
     return " + ".join(terms) if terms else "0"
 
 
+Layout = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+
+
+def split_rows(dims: Sequence[int], strides: Sequence[int], row_len: int) -> Layout | None:
+    """(row dims, row strides, column dims, column strides) of an index space whose linear index
+    is `r * row_len + c`: the column part spans exactly `row_len` elements.
+
+    When the boundary falls inside an axis, that axis is split in two (always a pure relabelling:
+    `d -> (d / q, q)` with strides `(s * q, s)`); None when `row_len` does not divide that way
+    (e.g. rows of 10 over an index space `[5, 6]`)."""
+    dims = tuple(int(d) for d in dims)
+    strides = tuple(int(s) for s in strides)
+    if row_len <= 0 or math.prod(dims) % row_len:
+        return None
+    inner = 1
+    for a in range(len(dims) - 1, -1, -1):
+        if inner == row_len:
+            return dims[: a + 1], strides[: a + 1], dims[a + 1 :], strides[a + 1 :]
+        d = dims[a]
+        if inner * d > row_len:
+            q = row_len // inner
+            if row_len % inner or d % q:
+                return None
+            return (
+                (*dims[:a], d // q),
+                (*strides[:a], strides[a] * q),
+                (q, *dims[a + 1 :]),
+                (strides[a], *strides[a + 1 :]),
+            )
+        inner *= d
+    return ((), (), dims, strides) if inner == row_len else None
+
+
 # erf for float as x * P(x^2) / Q(x^2), evaluated in double: at most 0.82 ulp from the exact erf
 # over [-6, 6] (glibc's erff: 0.5 ulp), but unlike a libm call it inlines and vectorizes, so a
 # GELU epilogue costs ~1 cycle per element instead of ~15 ns (measured on BERT's 128x3072 FFN
@@ -269,55 +326,44 @@ def emit_epilogue(
     `out[r * L + c]` of its kernel output buffer.
     """
     domain = epi.domain
-    split = epi.split
-    row_dims, col_dims = domain[:split], domain[split:]
+    row_dims, col_dims = domain[: epi.split], domain[epi.split :]
     row_len = epi.row_len
-    col_dense = contiguous_strides(col_dims)
 
     head: list[str] = []
     per_row: list[str] = []
-    refs: dict[str, str] = {}  # operand name -> C expression valid in the inner loop
+    refs: dict[tuple[str, tuple[int, ...]], str] = {}  # (operand, index space) -> C expression
     body: list[str] = []
     local: dict[str, str] = {epi.source: "x"}
     counter = 0
 
-    def operand(name: str) -> str:
+    def operand(name: str, space: tuple[int, ...]) -> str:
         nonlocal counter
         if name in local:
             return local[name]
-        if name in refs:
-            return refs[name]
+        if (name, space) in refs:
+            return refs[(name, space)]
         literal = ops.scalar(name)
         if literal is not None:
-            refs[name] = literal
+            refs[(name, space)] = literal
             return literal
         shape = epi.shape_overrides.get(name, ops.shape(name))
-        strides = _broadcast_strides(shape, domain)
+        strides = _broadcast_strides(shape, space)
         counter += 1
         ptr = f"e{counter}"
         ctype = _ctype(ops.elem_type(name))
         head.append(f"  const {ctype} *restrict {ptr} = {ops.pointer(name)};")
-        row_strides, col_strides = strides[:split], strides[split:]
-        row_off = _offset_expr("r", row_dims, row_strides)
-        if not any(strides):
-            head.append(f"  const {ctype} {ptr}s = {ptr}[0];")
-            refs[name] = f"{ptr}s"
-        elif not any(col_strides):
-            per_row.append(f"    const {ctype} {ptr}s = {ptr}[{row_off}];")
-            refs[name] = f"{ptr}s"
-        elif tuple(col_strides) == tuple(
-            0 if d == 1 else s for d, s in zip(col_dims, col_dense, strict=True)
-        ):
-            per_row.append(f"    const {ctype} *restrict {ptr}r = {ptr} + {row_off};")
-            refs[name] = f"{ptr}r[c]"
-        else:
-            per_row.append(f"    const {ctype} *restrict {ptr}r = {ptr} + {row_off};")
-            refs[name] = f"{ptr}r[{_offset_expr('c', col_dims, col_strides)}]"
-        return refs[name]
+        refs[(name, space)] = _operand_ref(ptr, ctype, space, strides, row_len, head, per_row)
+        return refs[(name, space)]
 
     for k, step in enumerate(epi.steps):
         check_step(step)
-        args = [operand(n) if n else "" for n in step.inputs]
+        if step.is_view:
+            if step.inputs[0] not in local:
+                raise CodegenUnsupported(f"{step.op_type} of {step.inputs[0]!r} is not a view of the product")
+            local[step.output] = local[step.inputs[0]]
+            continue
+        space = epi.spaces.get(step.output, domain)
+        args = [operand(n, space) if n else "" for n in step.inputs]
         expr = lookup(step.op_type).c_expr(args, step.attrs)  # type: ignore[misc]
         expr = expr.replace("erff(", "af_erff(")
         var = f"v{k}"
@@ -353,6 +399,39 @@ def emit_epilogue(
     return "\n".join(lines)
 
 
+def _operand_ref(
+    ptr: str,
+    ctype: str,
+    space: tuple[int, ...],
+    strides: tuple[int, ...],
+    row_len: int,
+    head: list[str],
+    per_row: list[str],
+) -> str:
+    """The inner-loop C expression reading an operand with `strides` over the index space `space`
+    (hoisted declarations go to `head` and `per_row`), fastest form first."""
+    if not any(strides):
+        head.append(f"  const {ctype} {ptr}s = {ptr}[0];")
+        return f"{ptr}s"
+    if strides == tuple(0 if d == 1 else s for d, s in zip(space, contiguous_strides(space), strict=True)):
+        # The operand has the value's full shape: it is read at the linear index itself.
+        per_row.append(f"    const {ctype} *restrict {ptr}r = {ptr} + r * {row_len}L;")
+        return f"{ptr}r[c]"
+    layout = split_rows(space, strides, row_len)
+    if layout is None:
+        return f"{ptr}[{_offset_expr(f'(r * {row_len}L + c)', space, strides)}]"
+    row_dims, row_strides, col_dims, col_strides = layout
+    row_off = _offset_expr("r", row_dims, row_strides)
+    if not any(col_strides):
+        per_row.append(f"    const {ctype} {ptr}s = {ptr}[{row_off}];")
+        return f"{ptr}s"
+    per_row.append(f"    const {ctype} *restrict {ptr}r = {ptr} + {row_off};")
+    col_dense = contiguous_strides(col_dims)
+    if col_strides == tuple(0 if d == 1 else s for d, s in zip(col_dims, col_dense, strict=True)):
+        return f"{ptr}r[c]"
+    return f"{ptr}r[{_offset_expr('c', col_dims, col_strides)}]"
+
+
 def plan_destination(
     epi: Epilogue, ops: Operands, *, anchor_output: str
 ) -> tuple[str, str | None, list[str]]:
@@ -371,9 +450,30 @@ def plan_destination(
         if math.prod(ops.shape(name)) != numel:
             raise CodegenUnsupported(f"kernel output {name!r} is not the shape of the anchor output")
     dest = anchor_output if anchor_output in produced else produced[-1]
-    write_back = None if dest == epi.source else dest
+    write_back = None if epi.root(dest) == epi.source else dest
     flat = [v for v in produced if v != dest]
     return dest, write_back, flat
+
+
+def plan_permuted_destination(
+    epi: Epilogue, ops: Operands, *, value: str, output: str
+) -> tuple[str | None, list[str]]:
+    """`plan_destination` for tiles stored straight into `output`, a permuted layout of the
+    epilogue value `value` (an output Transpose folded into where the GEMM writes).
+
+    Returns what the epilogue stores back into the tile (None: the raw product already is
+    `value`) and the epilogue values that go, densely, to kernel outputs of their own."""
+    if value not in epi.values:
+        raise CodegenUnsupported(f"the transposed value {value!r} is not computed by the epilogue")
+    if output not in ops.outputs:
+        raise CodegenUnsupported(f"tensor {output!r} is not a kernel output")
+    flat = [v for v in epi.values if v in ops.outputs]
+    numel = math.prod(epi.domain)
+    for name in (output, *flat):
+        if math.prod(ops.shape(name)) != numel:
+            raise CodegenUnsupported(f"kernel output {name!r} is not the size of the anchor output")
+    write_back = None if epi.root(value) == epi.source else value
+    return write_back, flat
 
 
 def build_epilogue(
@@ -387,11 +487,13 @@ def build_epilogue(
     nodes: Sequence[onnx.NodeProto],
     shape_overrides: dict[str, tuple[int, ...]] | None = None,
 ) -> Epilogue:
-    """Collect `pre_steps` (the anchor's own bias, Gemm's C) and the body's elementwise nodes.
+    """Collect `pre_steps` (the anchor's own bias, Gemm's C) and the body's epilogue nodes.
 
     The domain is the anchor output's shape, left-padded to the highest rank among the values
-    (`Add(y[M,N], b[1,M,N])` yields `[1,M,N]`); a value that would broadcast the anchor output to
-    more elements is refused, since each element of the tile must map to one output element.
+    computed before any view (`Add(y[M,N], b[1,M,N])` yields `[1,M,N]`). Every value must have
+    the domain's element count: a value that would broadcast the anchor output to more elements
+    is refused, since each element of the tile must map to one output element. Views keep the
+    count by construction and give the values after them their own index space.
     """
     steps = list(pre_steps)
     if steps:
@@ -401,15 +503,29 @@ def build_epilogue(
         source = anchor_output
     steps.extend(Step.of(node) for node in nodes if node.op_type != "Constant")
     dom = tuple(int(d) for d in domain)
-    rank = max([len(dom), *(len(ops.shape(s.output)) for s in steps)])
+    numel = math.prod(dom)
+    before_views = steps[: next((k for k, s in enumerate(steps) if s.is_view), len(steps))]
+    rank = max([len(dom), *(len(ops.shape(s.output)) for s in before_views)])
     pad = rank - len(dom)
     dom = (1,) * pad + dom
+    spaces: dict[str, tuple[int, ...]] = {}
     for s in steps:
-        _broadcast_strides(ops.shape(s.output), dom)
+        shape = tuple(int(d) for d in ops.shape(s.output))
+        if math.prod(shape) == numel:
+            spaces[s.output] = shape
+        elif s.is_view or math.prod(shape) > numel:
+            raise CodegenUnsupported(
+                f"{s.op_type} output {s.output!r} {list(shape)} would broadcast the anchor's domain "
+                f"{list(dom)} to another element count"
+            )
+        else:
+            _broadcast_strides(shape, dom)  # a step on a smaller operand (Gemm's beta * C) runs per element
+            spaces[s.output] = dom
     return Epilogue(
         source=source,
         domain=dom,
         split=split + pad,
         steps=steps,
         shape_overrides=dict(shape_overrides or {}),
+        spaces=spaces,
     )

@@ -3,19 +3,25 @@
 The kernel owns the parallel loop: tasks are (batch, row block, column block) tiles of the output,
 each computed by one single-threaded `sgemm` and finished by the fused epilogue while the tile is
 hot. BLAS runs single-threaded inside the OpenMP loop, since two thread pools on the same cores
-fight (DESIGN.md §1). Tasks are handed out dynamically, one at a time: on a shared machine a
-worker thread may be descheduled for milliseconds, and with a static split the other thread
-would wait for its half instead of taking it over (measured: 2-thread medians 10-40x worse than
-1 thread under load with `schedule(static)`).
+fight (DESIGN.md §1). Tasks are handed out dynamically, one at a time (the atomic costs nothing
+next to an sgemm call): on a shared machine a worker thread may be descheduled for milliseconds,
+and with a static split the running thread would then wait for the other's half instead of
+taking it over. (The team's closing barrier still waits for a late thread; see
+benchmarks/anchors.py for what that costs on a busy machine and how `omp_set_dynamic` avoids it.)
 
 Stride-only prologues (Transpose, Reshape, Squeeze/Unsqueeze/Flatten/Identity on an anchor input,
 e.g. the attention head split `Reshape -> Transpose(0,2,1,3)` or `Transpose(0,1,3,2)` for K^T) are
 folded into the operand's view (`View`): leading dims, transpose flags and batch strides, never a
-copy. A view BLAS cannot address (neither axis unit-stride) is packed per tile into a thread-local
+copy. A view BLAS cannot address (neither axis unit-stride) is packed per tile into a per-thread
 buffer, which is correct but slower; the method string says so.
 
 `(B, M, K) x (K, N)` with a right operand shared across the batch is flattened into one
 `(B*M, K) x (K, N)` GEMM whenever the left operand's rows are evenly strided.
+
+The output side takes a stride change too: an output Transpose that keeps the last axis last
+(attention's `[B, H, S, D] -> Transpose(0, 2, 1, 3) -> [B, S, H, D]`) is folded into where each
+tile is stored, i.e. the `ldc` and per-batch offset of the sgemm (`GemmProblem.c_rs`,
+`c_batch_strides`), so the permuted tensor is written once, by the GEMM itself.
 """
 
 from __future__ import annotations
@@ -56,7 +62,7 @@ class View:
     strides: tuple[int, ...]
 
 
-def _reshape_strides(
+def reshape_strides(
     shape: Sequence[int], strides: Sequence[int], new_shape: Sequence[int]
 ) -> tuple[int, ...] | None:
     """Strides of `new_shape` over the same elements without a copy, or None (numpy's rule)."""
@@ -105,7 +111,7 @@ def trace_view(name: str, ops: Operands, producers: dict[str, onnx.NodeProto]) -
     if node.op_type == "Transpose":
         perm = attrs_of(node).get("perm") or list(range(len(src.shape)))[::-1]
         return View(src.base, tuple(src.shape[p] for p in perm), tuple(src.strides[p] for p in perm))  # type: ignore[union-attr]
-    strides = _reshape_strides(src.shape, src.strides, out_shape)
+    strides = reshape_strides(src.shape, src.strides, out_shape)
     if strides is None:
         raise CodegenUnsupported(f"{node.op_type} {node.name!r} on a transposed view would need a copy")
     return View(src.base, tuple(out_shape), strides)
@@ -137,7 +143,11 @@ class Matrix:
 
 @dataclass(frozen=True)
 class GemmProblem:
-    """`Y[b] = alpha * A[b] @ B[b]` for every index b of `batch`; Y dense `[*batch, m, n]`."""
+    """`Y[b] = alpha * A[b] @ B[b]` for every index b of `batch`.
+
+    Y is dense `[*batch, m, n]` unless `c_rs` is set: then row i of batch entry b starts at
+    `offset(b, c_batch_strides) + i * c_rs` (columns stay unit-stride), a permuted output layout.
+    """
 
     batch: tuple[int, ...]
     m: int
@@ -146,6 +156,8 @@ class GemmProblem:
     a: Matrix
     b: Matrix
     alpha: float = 1.0
+    c_rs: int | None = None
+    c_batch_strides: tuple[int, ...] = ()
 
     @property
     def batch_count(self) -> int:
@@ -163,9 +175,17 @@ def _split_batch(view: View, nd_batch: int) -> tuple[tuple[int, ...], tuple[int,
     return (1,) * pad + tuple(dims), (0,) * pad + tuple(strides)
 
 
-def matmul_problem(a: View, b: View, ops: Operands) -> tuple[GemmProblem, bool, bool]:
-    """The GEMM problem of `MatMul(a, b)` with numpy semantics; also whether a/b were 1-D."""
+def matmul_problem(
+    a: View, b: View, ops: Operands, out_strides: Sequence[int] | None = None
+) -> tuple[GemmProblem, bool, bool]:
+    """The GEMM problem of `MatMul(a, b)` with numpy semantics; also whether a/b were 1-D.
+
+    `out_strides` (element strides of the output's axes where the kernel stores it; dense when
+    None) must keep the last axis unit-stride; batch dims fold into M only where both A's and
+    the output's rows stay evenly spaced."""
     a_vec, b_vec = len(a.shape) == 1, len(b.shape) == 1
+    if out_strides is not None and (a_vec or b_vec):
+        raise CodegenUnsupported("a permuted output needs a MatMul of matrices, not of a vector")
     if a_vec:
         a = View(a.base, (1, a.shape[0]), (a.shape[0] * a.strides[0], a.strides[0]))
     if b_vec:
@@ -177,8 +197,12 @@ def matmul_problem(a: View, b: View, ops: Operands) -> tuple[GemmProblem, bool, 
     nd = max(len(a.shape), len(b.shape)) - 2
     a_dims, a_str = _split_batch(a, nd)
     b_dims, b_str = _split_batch(b, nd)
-    batch, sa, sb = [], [], []
-    for da, db, ta, tb in zip(a_dims, b_dims, a_str, b_str, strict=True):
+    full = tuple(max(da, db) for da, db in zip(a_dims, b_dims, strict=True))
+    c_str = tuple(out_strides) if out_strides is not None else contiguous_strides((*full, m, n))
+    if len(c_str) != nd + 2 or (n != 1 and c_str[-1] != 1):
+        raise CodegenUnsupported(f"output strides {list(c_str)} do not keep MatMul columns contiguous")
+    batch, sa, sb, sc = [], [], [], []
+    for da, db, ta, tb, tc in zip(a_dims, b_dims, a_str, b_str, c_str[:-2], strict=True):
         if da != db and 1 not in (da, db):
             raise CodegenUnsupported(f"MatMul batch dims do not broadcast: {a.shape} x {b.shape}")
         d = max(da, db)
@@ -187,17 +211,26 @@ def matmul_problem(a: View, b: View, ops: Operands) -> tuple[GemmProblem, bool, 
         batch.append(d)
         sa.append(ta if da != 1 else 0)
         sb.append(tb if db != 1 else 0)
+        sc.append(tc)
     a_rs, a_cs = a.strides[-2:]
-    # Fold trailing batch dims into M when B is shared across them and A's rows stay evenly spaced.
-    while batch and sb[-1] == 0 and (m == 1 or sa[-1] == m * a_rs):
+    c_rs = c_str[-2]
+    # Fold trailing batch dims into M when B is shared across them and the rows of A and of the
+    # output stay evenly spaced.
+    while batch and sb[-1] == 0 and (m == 1 or (sa[-1] == m * a_rs and sc[-1] == m * c_rs)):
         if m == 1:
-            a_rs = sa[-1]
+            a_rs, c_rs = sa[-1], sc[-1]
         m *= batch.pop()
         sa.pop()
         sb.pop()
+        sc.pop()
     pa = Matrix(ops.pointer(a.base), m, k, a_rs, a_cs, tuple(sa))
     pb = Matrix(ops.pointer(b.base), k, n, b.strides[-2], b.strides[-1], tuple(sb))
-    return GemmProblem(tuple(batch), m, n, k, pa, pb), a_vec, b_vec
+    if out_strides is None:
+        return GemmProblem(tuple(batch), m, n, k, pa, pb), a_vec, b_vec
+    ldc = c_rs if m > 1 else max(1, n)
+    if ldc < n:
+        raise CodegenUnsupported(f"output rows {ldc} apart overlap rows of {n} columns")
+    return GemmProblem(tuple(batch), m, n, k, pa, pb, c_rs=ldc, c_batch_strides=tuple(sc)), a_vec, b_vec
 
 
 def gemm_problem(node: onnx.NodeProto, a: View, b: View, ops: Operands) -> GemmProblem:
@@ -331,13 +364,15 @@ def emit_gemm_body(p: GemmProblem, y_ptr: str, epilogue: EpilogueCall | None) ->
     """The kernel body for a (batched) GEMM with a per-tile epilogue; also the method name.
 
     `epilogue(tile, ldt, r0, r1, c0, c1)` returns the C call finishing one tile, where rows are
-    output rows over the flattened batch (`b * m + i`) and columns output columns.
+    output rows over the flattened batch (`b * m + i`) and columns output columns; the tile sits
+    at its place in Y (`ldt` = the output's row stride, permuted or not).
     """
     mb, nb = tile_sizes(p)
     mt, nt = -(-p.m // mb), -(-p.n // nb)
     tasks = p.batch_count * mt * nt
     parallel = tasks > 1 and p.macs >= PARALLEL_MIN_MACS
-    call = sgemm_tile(p, batch_var="bi", dst="y", ldd=f"{p.n}L", indent="      ")
+    ldc = f"{p.n if p.c_rs is None else p.c_rs}L"
+    call = sgemm_tile(p, batch_var="bi", dst="y", ldd=ldc, indent="      ")
     lines = [f"  float *restrict Y = {y_ptr};"]
     lines.append(f"  /* {tasks} tiles of {mb}x{nb} (batch {p.batch_count}, M={p.m}, N={p.n}, K={p.k}) */")
     lines.append("  #pragma omp parallel")
@@ -352,12 +387,14 @@ def emit_gemm_body(p: GemmProblem, y_ptr: str, epilogue: EpilogueCall | None) ->
     lines.append(f"      const long m0 = (rest / {nt}L) * {mb}L, n0 = (rest % {nt}L) * {nb}L;")
     lines.append(f"      const long m1 = m0 + {mb}L < {p.m}L ? m0 + {mb}L : {p.m}L;")
     lines.append(f"      const long n1 = n0 + {nb}L < {p.n}L ? n0 + {nb}L : {p.n}L;")
-    lines.append(f"      float *y = Y + bi * {p.m * p.n}L + m0 * {p.n}L + n0;")
+    if p.c_rs is None:
+        lines.append(f"      float *y = Y + bi * {p.m * p.n}L + m0 * {p.n}L + n0;")
+    else:
+        c_off = _batch_offset("bi", p.batch, p.c_batch_strides)
+        lines.append(f"      float *y = Y + {c_off} + m0 * {ldc} + n0;")
     lines.extend(call.lines)
     if epilogue is not None:
-        lines.append(
-            "      " + epilogue("y", f"{p.n}L", f"bi * {p.m}L + m0", f"bi * {p.m}L + m1", "n0", "n1")
-        )
+        lines.append("      " + epilogue("y", ldc, f"bi * {p.m}L + m0", f"bi * {p.m}L + m1", "n0", "n1"))
     lines.append("    }")
     if call.packs_a:
         lines.append("    free(pa);")

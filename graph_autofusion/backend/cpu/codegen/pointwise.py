@@ -373,10 +373,15 @@ def _depth_to_space(em: KernelEmitter, block: Block, node: onnx.NodeProto, k: in
 
 @node_rule("SpaceToDepth")
 def _space_to_depth(em: KernelEmitter, block: Block, node: onnx.NodeProto, k: int, idx: Index) -> str:
-    b = int(attrs_of(node)["blocksize"])  # type: ignore[call-overload]
+    attrs = attrs_of(node)
+    b = int(attrs["blocksize"])  # type: ignore[call-overload]
+    mode = attrs.get("mode", b"DCR")
     c_in = em.info(node.input[0]).shape[1]
     n, c, h, w = idx
-    ij, ch = f"(({c}) / {c_in})", f"(({c}) % {c_in})"
+    if mode in (b"CRD", "CRD"):
+        ij, ch = f"(({c}) % {b * b})", f"(({c}) / {b * b})"
+    else:
+        ij, ch = f"(({c}) / {c_in})", f"(({c}) % {c_in})"
     return em.value(
         block, node.input[0], [n, ch, f"(({h}) * {b} + {ij} / {b})", f"(({w}) * {b} + {ij} % {b})"]
     )
@@ -392,3 +397,35 @@ def _batchnorm(em: KernelEmitter, block: Block, node: onnx.NodeProto, k: int, id
     scale, bias, mean, var = (em.value(block, n, [c]) for n in node.input[1:5])
     eps_c = c_literal(eps, onnx.TensorProto.FLOAT)
     return f"((({x}) - ({mean})) / sqrtf(({var}) + {eps_c}) * ({scale}) + ({bias}))"
+
+
+# -- elementwise ops whose attributes change the formula -------------------------------------------
+
+
+@node_rule("IsInf")
+def _isinf(em: KernelEmitter, block: Block, node: onnx.NodeProto, k: int, idx: Index) -> str:
+    attrs = attrs_of(node)
+    x = em.value(block, node.input[0], idx)
+    pos = int(attrs.get("detect_positive", 1))  # type: ignore[call-overload]
+    neg = int(attrs.get("detect_negative", 1))  # type: ignore[call-overload]
+    if pos and neg:
+        return f"((uint8_t)(isinf({x}) != 0))"
+    if pos:
+        return f"((uint8_t)(({x}) == INFINITY))"
+    if neg:
+        return f"((uint8_t)(({x}) == -INFINITY))"
+    return "((uint8_t)0)"
+
+
+@node_rule("Mod")
+def _mod(em: KernelEmitter, block: Block, node: onnx.NodeProto, k: int, idx: Index) -> str:
+    out = em.info(node.output[0])
+    a, b = (em.value(block, n, broadcast_index(idx, out.shape, em.info(n).shape)) for n in node.input)
+    if out.elem_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE):
+        return f"(({out.ctype})af_mod({a}, {b}))"
+    fmod = "fmodf" if out.elem_type == onnx.TensorProto.FLOAT else "fmod"
+    if int(attrs_of(node).get("fmod", 0)):  # type: ignore[call-overload]
+        return f"{fmod}({a}, {b})"
+    # fmod=0 on floats: the result takes the divisor's sign, as numpy's mod does.
+    r = em.declare(block, out.ctype, f"{fmod}({a}, {b})", "m")
+    return f"(({r}) != 0 && (({r}) < 0) != (({b}) < 0) ? ({r}) + ({b}) : ({r}))"

@@ -44,7 +44,8 @@ from .common import (
 REDUCTIONS = frozenset({
     "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
     "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp", "Softmax", "LogSoftmax",
-    "LayerNormalization", "GlobalAveragePool", "GlobalMaxPool",
+    "LayerNormalization", "GlobalAveragePool", "GlobalMaxPool", "InstanceNormalization",
+    "LpNormalization", "MeanVarianceNormalization",
 })  # fmt: skip
 # Full-domain ops at least this costly (registry flops per element) are buffered, not recomputed.
 _EXPENSIVE = 8
@@ -161,6 +162,40 @@ class _Builder:
             if has_bias:
                 self.node("Add", [y, node.input[2]], shape, out=node.output[0])
             return
+        if op in ("InstanceNormalization", "MeanVarianceNormalization"):
+            if op == "InstanceNormalization":
+                axes = list(range(2, rank))
+                eps = float(attrs.get("epsilon", 1e-5))  # type: ignore[arg-type]
+            else:
+                axes = sorted(normalize_axis(int(a), rank) for a in attrs.get("axes", [0, 2, 3]))  # type: ignore[union-attr]
+                eps = 1e-9
+            n = self.const(float(self.count(x, axes)), elem)
+            red_shape = [1 if a in axes else d for a, d in enumerate(shape)]
+            mean = self.node("Div", [self.acc("sum", x, axes), n], red_shape)
+            d = self.node("Sub", [x, mean], shape)
+            var = self.node("Div", [self.acc("sum", self.node("Mul", [d, d], shape), axes), n], red_shape)
+            sd = self.node("Sqrt", [self.node("Add", [var, self.const(eps, elem)], red_shape)], red_shape)
+            if op == "MeanVarianceNormalization":
+                self.node("Div", [d, sd], shape, out=node.output[0])
+                return
+            y = self.node("Div", [d, sd], shape)
+            per_channel = [shape[1], *([1] * (rank - 2))]  # (C,) -> (C, 1, ...) to broadcast over NCHW
+            scale = self.node("Reshape", [node.input[1]], per_channel)
+            bias = self.node("Reshape", [node.input[2]], per_channel)
+            self.node("Add", [self.node("Mul", [y, scale], shape), bias], shape, out=node.output[0])
+            return
+        if op == "LpNormalization":
+            axis = normalize_axis(int(attrs.get("axis", -1)), rank)  # type: ignore[call-overload]
+            p = int(attrs.get("p", 2))  # type: ignore[call-overload]
+            red_shape = [1 if a == axis else d for a, d in enumerate(shape)]
+            if p == 1:
+                norm = self.acc("sum", self.node("Abs", [x], shape), [axis])
+            else:
+                norm = self.node("Sqrt", [self.acc("sum", self.node("Mul", [x, x], shape), [axis])], red_shape)
+            zero = self.const(0.0, elem)
+            is_zero = self.node("Equal", [norm, zero], red_shape, onnx.TensorProto.BOOL)
+            self.node("Where", [is_zero, zero, self.node("Div", [x, norm], shape)], shape, elem, out=node.output[0])
+            return
         if op in ("GlobalAveragePool", "GlobalMaxPool"):
             axes = list(range(2, rank))
             kind = "sum" if op == "GlobalAveragePool" else "max"
@@ -225,8 +260,10 @@ def emit_reduction(spec: KernelSpec) -> str:
     b = _Builder(em)
     for node in spec.nodes:
         b.expand(node)
-    if b.full is None or b.axes is None:
-        raise CodegenUnsupported("reduction template without a reduction")
+    if b.full is None or b.axes is None:  # e.g. ReduceSum with noop_with_empty_axes: a copy
+        from .pointwise import loop_nests
+
+        return em.assemble("no reduction left: one loop", loop_nests(em, [(t.name, f"out{k}") for k, t in enumerate(spec.outputs)]))
     gen = _RowGenerator(em, b.items, b.full, b.axes)
     gen.generate(dry_run=True)
     gen.choose_buffers()
@@ -254,7 +291,9 @@ class _RowGenerator:
         self.kept = tuple(a for a in range(len(full)) if a not in axes)
         self.n = numel([full[a] for a in axes])
         self.total = numel(full)
-        self.outer = self.total // self.n if self.n else 0
+        if self.n == 0 or self.total == 0:
+            raise CodegenUnsupported("a reduction over an empty tensor")
+        self.outer = self.total // self.n
         self.level: dict[str, int] = {}
         self.accs = [it for it in items if isinstance(it, Acc)]
         for it in items:

@@ -1,0 +1,264 @@
+"""Run the ONNX backend node conformance cases through the CPU runtime.
+
+The `onnx` package builds its node test cases in memory (`onnx.backend.test.case.node`: one
+single-node model plus input and expected output arrays per case). This module keeps the cases of
+the ops the registry claims (any kind but opaque) whose data is fp32, compiles each case's model
+with the real runtime (`compile_model`: every non-view op becomes a generated kernel) and compares
+the outputs with the expected ones.
+
+    cases = collect_cases()                      # claimed ops, float cases
+    precompile(cases, cache)                     # every unique kernel, a few compiler runs
+    outcomes = [run_case(c, cache) for c in cases]
+    print(format_summary(summarize(outcomes)))
+
+A case only *passes* when every node ran as a compiled kernel and matched; a case whose op fell
+back to the onnx.reference host path is reported as `host`, because then nothing of ours was
+checked. The test (tests/.../test_conformance.py) and a benchmark or CLI share this code.
+
+Operands that real models carry as constants (shapes, axes, pads, repeats, split sizes: the int64
+operands of the op) are turned into initializers before compiling: canonicalization does the same
+to a real model, and the generators specialise on those values. Operands read per element
+(Gather/GatherElements indices, ReverseSequence lengths) stay runtime inputs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import warnings
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from ...errors import FusionError
+from ...ops import OpKind, registered_ops
+from .cache import KernelCache
+from .codegen import CodegenUnsupported, generate
+from .compiler import KernelSource, compile_kernels
+from .extract import extract
+from .runtime import DRIVER_SOURCE, DRIVER_SYMBOL, compile_model
+
+RTOL = 1e-5
+ATOL = 1e-6
+# int64 operands read element by element (data, not parameters): they stay graph inputs.
+RUNTIME_INT_OPERANDS: Mapping[str, frozenset[int]] = {
+    "Gather": frozenset({1}),
+    "GatherElements": frozenset({1}),
+    "ReverseSequence": frozenset({1}),
+}
+_FLOAT = np.dtype(np.float32)
+_AUX = (np.dtype(np.int64), np.dtype(np.bool_))
+
+PASS, MISMATCH, HOST, ERROR = "pass", "mismatch", "host", "error"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One conformance case, ready for the runtime."""
+
+    name: str
+    op_type: str
+    model: onnx.ModelProto  # parameter operands already folded into initializers
+    inputs: dict[str, np.ndarray]
+    expected: dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    case: str
+    op_type: str
+    status: str  # pass | mismatch | host | error
+    detail: str = ""
+    max_abs_error: float = 0.0
+
+
+@dataclass
+class OpRate:
+    op_type: str
+    passed: int = 0
+    total: int = 0
+    failed: list[str] = field(default_factory=list)
+
+    @property
+    def rate(self) -> float:
+        return self.passed / self.total if self.total else 1.0
+
+
+def claimed_ops() -> frozenset[str]:
+    """Default-domain ops the registry says the backend handles (every kind but opaque)."""
+    return frozenset(
+        op.op_type for (domain, _), op in registered_ops().items() if domain == "" and op.kind != OpKind.OPAQUE
+    )
+
+
+@lru_cache(maxsize=1)
+def _all_node_cases() -> tuple[object, ...]:
+    """Every node case onnx generates (built once per process: importing them runs numpy code)."""
+    from onnx.backend.test.case.node import collect_testcases
+
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        with np.errstate(all="ignore"):
+            return tuple(collect_testcases())
+
+
+def _is_float_case(op_type: str, inputs: Sequence[object], outputs: Sequence[object]) -> bool:
+    """fp32 data, with int64/bool only where the op needs them (indices, parameters, masks)."""
+    arrays = [*inputs, *outputs]
+    if not all(isinstance(a, np.ndarray) for a in arrays) or not inputs:
+        return False
+    if inputs[0].dtype != _FLOAT:  # type: ignore[union-attr]
+        return False
+    return all(a.dtype == _FLOAT or a.dtype in _AUX for a in arrays)  # type: ignore[union-attr]
+
+
+def _fold_parameters(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """Turn the node's int64 parameter operands into initializers (see the module docstring)."""
+    node = model.graph.node[0]
+    keep = RUNTIME_INT_OPERANDS.get(node.op_type, frozenset())
+    folded = {
+        name
+        for k, name in enumerate(node.input)
+        if name and k > 0 and k not in keep and name in feeds and feeds[name].dtype == np.int64
+    }
+    if not folded:
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    inputs = [vi for vi in out.graph.input if vi.name not in folded]
+    del out.graph.input[:]
+    out.graph.input.extend(inputs)
+    out.graph.initializer.extend(numpy_helper.from_array(feeds.pop(n), n) for n in sorted(folded))
+    return out
+
+
+def collect_cases(ops: Iterable[str] | None = None) -> list[Case]:
+    """The single-node fp32 cases of `ops` (default: the claimed ops), in onnx's order.
+
+    Function-expanded variants (`*_expanded*`) are left out: they test other ops' composition.
+    """
+    wanted = frozenset(ops) if ops is not None else claimed_ops()
+    cases = []
+    for tc in _all_node_cases():
+        model = tc.model  # type: ignore[attr-defined]
+        if model is None or "_expanded" in tc.name or len(model.graph.node) != 1:  # type: ignore[attr-defined]
+            continue
+        node = model.graph.node[0]
+        if node.domain not in ("", "ai.onnx") or node.op_type not in wanted:
+            continue
+        ins, outs = tc.data_sets[0]  # type: ignore[attr-defined]
+        if not _is_float_case(node.op_type, list(ins), list(outs)):
+            continue
+        feeds = {n: np.asarray(a) for n, a in zip([i.name for i in model.graph.input], ins, strict=True)}
+        expected = {o.name: np.asarray(a) for o, a in zip(model.graph.output, outs, strict=True)}
+        cases.append(Case(tc.name, node.op_type, _fold_parameters(model, feeds), feeds, expected))  # type: ignore[attr-defined]
+    return cases
+
+
+def precompile(cases: Sequence[Case], cache: KernelCache, jobs: int | None = None) -> int:
+    """Compile every case's kernels in one batch (a few combined units); return how many.
+
+    Cases whose extraction or generation fails are skipped here; `run_case` reports them. A
+    compiler failure in the batch is swallowed too: `run_case` then rebuilds that case's kernels
+    alone and reports the error against it.
+    """
+    sources: dict[str, KernelSource] = {}
+    for case in cases:
+        try:
+            plan = extract(case.model)
+        except FusionError:
+            continue
+        for symbol, spec in plan.specs.items():
+            if symbol in sources:
+                continue
+            try:
+                kernel = generate(spec)
+            except CodegenUnsupported:
+                continue
+            sources[symbol] = KernelSource(symbol, kernel.source, uses_blas=kernel.uses_blas)
+    batch = [*sources.values(), KernelSource(DRIVER_SYMBOL, DRIVER_SOURCE, uses_openmp=False)]
+    with contextlib.suppress(FusionError):
+        compile_kernels(batch, cache=cache, jobs=jobs, combine=True)
+    return len(sources)
+
+
+def compare(got: np.ndarray, want: np.ndarray, rtol: float = RTOL, atol: float = ATOL) -> tuple[bool, float, str]:
+    """(ok, max abs error, why not) for one output; NaN matches NaN, infinities match exactly."""
+    if got.shape != want.shape:
+        return False, float("inf"), f"shape {list(got.shape)} != expected {list(want.shape)}"
+    if got.dtype != want.dtype:
+        return False, float("inf"), f"dtype {got.dtype} != expected {want.dtype}"
+    if want.dtype.kind != "f":
+        bad = int(np.count_nonzero(got != want))
+        return bad == 0, float(bad != 0), f"{bad} element(s) differ" if bad else ""
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        ok = np.isclose(g, w, rtol=rtol, atol=atol, equal_nan=True)
+        err = np.where(np.isfinite(g) & np.isfinite(w), np.abs(g - w), 0.0)
+    worst = float(err.max()) if err.size else 0.0
+    bad = int(np.count_nonzero(~ok))
+    return bad == 0, worst, f"{bad}/{ok.size} element(s) off, max abs error {worst:.3g}" if bad else ""
+
+
+def run_case(
+    case: Case,
+    cache: KernelCache,
+    *,
+    rtol: float = RTOL,
+    atol: float = ATOL,
+    threads: int = 1,
+) -> Outcome:
+    """Compile and run one case; never raises for a failure of the case itself."""
+    try:
+        compiled = compile_model(case.model, cache=cache, threads=threads)
+        got = compiled.run(case.inputs)
+    except Exception as exc:  # noqa: BLE001 - a conformance run records every failure
+        return Outcome(case.name, case.op_type, ERROR, f"{type(exc).__name__}: {exc}"[:500])
+    hosts = compiled.stats["host_ops"]
+    worst = 0.0
+    problems = []
+    for name, want in case.expected.items():
+        ok, err, why = compare(got[name], want, rtol, atol)
+        worst = max(worst, err)
+        if not ok:
+            problems.append(f"{name}: {why}")
+    if problems:
+        status = MISMATCH
+    elif hosts:
+        status = HOST
+        problems = [f"{h['op_type']} ran on the host: {h['reason']}" for h in hosts]
+    else:
+        status = PASS
+    return Outcome(case.name, case.op_type, status, "; ".join(problems)[:500], worst)
+
+
+def summarize(outcomes: Iterable[Outcome], known_gaps: Mapping[str, str] | None = None) -> dict[str, OpRate]:
+    """Pass counts per op; a case listed in `known_gaps` still counts as not passed."""
+    del known_gaps
+    rates: dict[str, OpRate] = defaultdict(lambda: OpRate(""))
+    for o in outcomes:
+        rate = rates[o.op_type]
+        rate.op_type = o.op_type
+        rate.total += 1
+        if o.status == PASS:
+            rate.passed += 1
+        else:
+            rate.failed.append(o.case)
+    return dict(sorted(rates.items()))
+
+
+def format_summary(rates: Mapping[str, OpRate]) -> str:
+    """One line per op and the overall rate, for a terminal or an assertion message."""
+    lines = [f"{'op':<28}{'passed':>8}{'cases':>7}{'rate':>8}"]
+    for r in rates.values():
+        lines.append(f"{r.op_type:<28}{r.passed:>8}{r.total:>7}{r.rate:>8.0%}")
+    passed = sum(r.passed for r in rates.values())
+    total = sum(r.total for r in rates.values())
+    overall = passed / total if total else 1.0
+    lines.append(f"{'overall':<28}{passed:>8}{total:>7}{overall:>8.1%}")
+    return "\n".join(lines)
