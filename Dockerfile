@@ -35,6 +35,7 @@ RUN .venv/bin/pip uninstall -y -q scipy-openblas32
 
 # ---- runtime: a non-root user, tini as PID 1 (signals reach the service, children are reaped) ----
 FROM base AS runtime
+ARG PYTHON_IMAGE
 ARG VERSION=0.1.0
 ARG REVISION=unknown
 ARG CREATED=unknown

@@ -8,8 +8,8 @@ For each model (full size unless `--small`), one line with the median latency (m
 
 the ratios fused/unfused and fused/ORT_ENABLE_ALL (below 1.0: we are faster), the arena peak
 fused vs unfused, the cold compile time of the fused model (an empty kernel cache) and the warm
-load time (every kernel already cached). Runs of the four contenders are interleaved
-(a, b, c, d, a, b, ...) so a noisy neighbour hurts all of them alike.
+load time (every kernel already cached). The four contenders run in alternating rounds of
+consecutive calls (see `block_medians`) so a noisy neighbour hurts all of them alike.
 
 Run: `.venv/bin/python benchmarks/runtime_speed.py [--models resnet50,bert_base] [--threads 2]
 [--reps 20] [--small] [--json]`
@@ -56,16 +56,23 @@ def ort_session(
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
-def interleaved_medians(runners: dict[str, Callable[[], Any]], reps: int) -> dict[str, float]:
-    """Median wall time (ms) of each runner, after one warm-up call each, runs interleaved."""
-    for run in runners.values():
-        run()
+def block_medians(runners: dict[str, Callable[[], Any]], reps: int, rounds: int = 3) -> dict[str, float]:
+    """Median wall time (ms) of each runner over `rounds` rounds of consecutive calls.
+
+    Each round runs every contender in turn, a block of calls each (the first call of a block is
+    a warm-up and not timed): alternating rounds spread a noisy neighbour over all of them, while
+    blocks keep one runtime's idle thread pool (onnxruntime and OpenMP workers spin for a while
+    after a run) from stealing the cores of the next contender's timed calls.
+    """
     times: dict[str, list[float]] = {name: [] for name in runners}
-    for _ in range(reps):
+    per_round = max(1, reps // rounds)
+    for _ in range(rounds):
         for name, run in runners.items():
-            t0 = time.perf_counter()
             run()
-            times[name].append((time.perf_counter() - t0) * 1e3)
+            for _ in range(per_round):
+                t0 = time.perf_counter()
+                run()
+                times[name].append((time.perf_counter() - t0) * 1e3)
     return {name: statistics.median(values) for name, values in times.items()}
 
 
@@ -89,7 +96,7 @@ def measure(name: str, *, threads: int, reps: int, small: bool) -> dict[str, Any
         expected = enable_all.run(None, feeds)
         got = ours_fused(feeds)
         max_abs = max(float(np.max(np.abs(g - e))) for g, e in zip(got.values(), expected, strict=True))
-        medians = interleaved_medians(
+        medians = block_medians(
             {
                 "unfused": lambda: ours_unfused(feeds),
                 "fused": lambda: ours_fused(feeds),

@@ -193,6 +193,8 @@ def test_no_secrets_and_only_settings_variables_baked_in(stages: dict[str, Stage
     labels = " ".join(a for s in _chain(stages, "api") for a in s.args("LABEL"))
     for key in ("title", "version", "revision", "source", "licenses", "created"):
         assert f"org.opencontainers.image.{key}=" in labels
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert f"VERSION={version}" in [a for s in _chain(stages, "api") for a in s.args("ARG")]
 
 
 def test_dockerignore_allows_exactly_what_the_build_copies(stages: dict[str, Stage]) -> None:

@@ -343,7 +343,9 @@ class CompiledModel:
                         )
                     np.copyto(out, res, casting="unsafe")
 
-    def profile(self, inputs: Mapping[str, Any] | Sequence[Any] | np.ndarray, reps: int = 5) -> list[dict[str, Any]]:
+    def profile(
+        self, inputs: Mapping[str, Any] | Sequence[Any] | np.ndarray, reps: int = 5
+    ) -> list[dict[str, Any]]:
         """Median time of every kernel and host op over `reps` runs, in execution order."""
         feeds = self._check_inputs(inputs)
         rows: list[dict[str, Any]] = []
@@ -365,8 +367,13 @@ class CompiledModel:
                             t0 = time.perf_counter()
                             fn(argv)
                             lap.append(time.perf_counter() - t0)
-                            rows.append({"node": step.node_name, "symbol": step.symbol,
-                                         "template": self.kernels[step.symbol].template})
+                            rows.append(
+                                {
+                                    "node": step.node_name,
+                                    "symbol": step.symbol,
+                                    "template": self.kernels[step.symbol].template,
+                                }
+                            )
                     else:
                         op, ins, outs = payload
                         t0 = time.perf_counter()

@@ -54,8 +54,25 @@ static inline int64_t af_mod(int64_t a, int64_t b) {
 # has SIMD variants of one for every x86 vector ISA, the prelude declares it `omp declare simd`, so
 # gcc vectorizes loops calling it (an AVX2 expf runs ~30x faster than the scalar one) without
 # -ffast-math; glibc documents these variants within 4 ulp, far inside the fp32 1e-5 budget.
-_UNARY_MATH = ("expf", "logf", "tanhf", "erff", "sinf", "cosf", "tanf", "asinf", "acosf", "atanf", "sinhf",
-               "coshf", "asinhf", "acoshf", "atanhf", "expm1f", "log1pf")
+_UNARY_MATH = (
+    "expf",
+    "logf",
+    "tanhf",
+    "erff",
+    "sinf",
+    "cosf",
+    "tanf",
+    "asinf",
+    "acosf",
+    "atanf",
+    "sinhf",
+    "coshf",
+    "asinhf",
+    "acoshf",
+    "atanhf",
+    "expm1f",
+    "log1pf",
+)
 _BINARY_MATH = ("powf",)
 _ISA_VARIANTS = (("b", 4), ("c", 8), ("d", 8), ("e", 16))
 

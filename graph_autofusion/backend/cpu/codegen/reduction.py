@@ -191,10 +191,14 @@ class _Builder:
             if p == 1:
                 norm = self.acc("sum", self.node("Abs", [x], shape), [axis])
             else:
-                norm = self.node("Sqrt", [self.acc("sum", self.node("Mul", [x, x], shape), [axis])], red_shape)
+                norm = self.node(
+                    "Sqrt", [self.acc("sum", self.node("Mul", [x, x], shape), [axis])], red_shape
+                )
             zero = self.const(0.0, elem)
             is_zero = self.node("Equal", [norm, zero], red_shape, onnx.TensorProto.BOOL)
-            self.node("Where", [is_zero, zero, self.node("Div", [x, norm], shape)], shape, elem, out=node.output[0])
+            self.node(
+                "Where", [is_zero, zero, self.node("Div", [x, norm], shape)], shape, elem, out=node.output[0]
+            )
             return
         if op in ("GlobalAveragePool", "GlobalMaxPool"):
             axes = list(range(2, rank))
@@ -263,7 +267,10 @@ def emit_reduction(spec: KernelSpec) -> str:
     if b.full is None or b.axes is None:  # e.g. ReduceSum with noop_with_empty_axes: a copy
         from .pointwise import loop_nests
 
-        return em.assemble("no reduction left: one loop", loop_nests(em, [(t.name, f"out{k}") for k, t in enumerate(spec.outputs)]))
+        return em.assemble(
+            "no reduction left: one loop",
+            loop_nests(em, [(t.name, f"out{k}") for k, t in enumerate(spec.outputs)]),
+        )
     gen = _RowGenerator(em, b.items, b.full, b.axes)
     gen.generate(dry_run=True)
     gen.choose_buffers()

@@ -50,7 +50,7 @@ def _claimed() -> set[str]:
     return {op for (domain, op), d in registered_ops().items() if domain == "" and d.kind != OpKind.OPAQUE}
 
 
-def _cases() -> list:  # noqa: ANN001
+def _cases() -> list:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from onnx.backend.test.case.node import collect_testcases
@@ -60,7 +60,12 @@ def _cases() -> list:  # noqa: ANN001
     kept = []
     for case in everything:
         nodes = case.model.graph.node
-        if case.kind != "node" or len(nodes) != 1 or nodes[0].op_type not in claimed or len(case.data_sets) != 1:
+        if (
+            case.kind != "node"
+            or len(nodes) != 1
+            or nodes[0].op_type not in claimed
+            or len(case.data_sets) != 1
+        ):
             continue
         types = {vi.type.tensor_type.elem_type for vi in [*case.model.graph.input, *case.model.graph.output]}
         if onnx.TensorProto.FLOAT in types and types <= _TYPES:
@@ -68,7 +73,7 @@ def _cases() -> list:  # noqa: ANN001
     return kept
 
 
-def _bind_integer_inputs(case) -> tuple[onnx.ModelProto, dict[str, np.ndarray], list[np.ndarray]]:  # noqa: ANN001
+def _bind_integer_inputs(case) -> tuple[onnx.ModelProto, dict[str, np.ndarray], list[np.ndarray]]:
     model = onnx.ModelProto()
     model.CopyFrom(case.model)
     inputs, outputs = case.data_sets[0]
@@ -81,13 +86,13 @@ def _bind_integer_inputs(case) -> tuple[onnx.ModelProto, dict[str, np.ndarray], 
     return model, feeds, list(outputs)
 
 
-def _prewarm(models: list[onnx.ModelProto], cache) -> None:  # noqa: ANN001
+def _prewarm(models: list[onnx.ModelProto], cache) -> None:
     """Compile every case's kernels in one combined batch (far faster than one compile per case)."""
     sources = []
     for model in models:
         try:
             plan = extract(model)
-        except Exception:  # noqa: BLE001 - the per-case run below reports it
+        except Exception:
             continue
         for symbol, spec in plan.specs.items():
             try:
@@ -114,7 +119,7 @@ def test_backend_node_conformance(kernel_cache, capsys: pytest.CaptureFixture[st
                 np.testing.assert_allclose(
                     value, want, rtol=max(case.rtol, 1e-5), atol=max(case.atol, 1e-6), err_msg=name
                 )
-        except Exception as exc:  # noqa: BLE001 - collected and reported below
+        except Exception as exc:
             results[op]["fail"] += 1
             failures.append(f"{case.name}: {type(exc).__name__}: {str(exc)[:300]}")
             continue

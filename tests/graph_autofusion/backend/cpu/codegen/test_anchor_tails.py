@@ -181,6 +181,30 @@ def test_chain_with_view_after_second_matmul(rng: np.random.Generator) -> None:
     check_planned(case, "chain_view_tail", k=24 * 4, method="matmul_chain")
 
 
+def test_chain_with_view_inside_first_epilogue(rng: np.random.Generator) -> None:
+    """MatMul -> Reshape -> Add -> Relu -> MatMul: the view between the first GEMM's epilogue ops
+    keeps the row-block chain (the intermediate is linear in the per-thread block)."""
+    case = make_case(
+        [
+            _node("MatMul", ["x", "w1"], ["h"]),
+            _node("Reshape", ["h", "shape"], ["h3"]),
+            _node("Add", ["h3", "b1"], ["ha"]),
+            _node("Relu", ["ha"], ["hr"]),
+            _node("MatMul", ["hr", "w2"], ["o"]),
+        ],
+        {"x": rand(rng, 24, 16)},
+        ["o"],
+        {
+            "w1": rand(rng, 16, 20),
+            "shape": _i64(4, 6, 20),
+            "b1": rand(rng, 6, 20),
+            "w2": rand(rng, 20, 12),
+        },
+        template="anchor_chain",
+    )
+    check_planned(case, "chain_view_inside", k=20 * 4, method="matmul_chain")
+
+
 # -- an output Transpose folded into the GEMM's stores -------------------------------------------
 
 
