@@ -29,6 +29,7 @@ import platform
 import shutil
 import tarfile
 import tempfile
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -131,12 +132,15 @@ def load(bundle_path: str | Path, *, threads: int | None = None) -> CompiledMode
         except (tarfile.TarError, OSError) as exc:
             shutil.rmtree(extracted, ignore_errors=True)
             raise BundleError(f"{str(path)!r} is not a readable bundle archive: {exc}") from exc
-        # The shared objects stay mapped after the files go, so the directory can be removed
-        # once everything is loaded.
         try:
-            return _load_dir(extracted, threads)
-        finally:
+            compiled = _load_dir(extracted, threads)
+        except BaseException:
             shutil.rmtree(extracted, ignore_errors=True)
+            raise
+        # The extracted kernels stay on disk while the model lives (save_bundle copies them
+        # again) and are removed with it.
+        weakref.finalize(compiled, shutil.rmtree, extracted, ignore_errors=True)
+        return compiled
     if not path.is_dir():
         raise BundleError(f"{str(path)!r} is neither a bundle directory nor a .tar.gz/.tgz bundle")
     return _load_dir(path, threads)

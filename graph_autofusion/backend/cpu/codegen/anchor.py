@@ -167,9 +167,6 @@ def emit_anchor(spec: KernelSpec) -> AnchorKernel:
     node = spec.nodes[anchors[0]]
     prologue = kernel.view_nodes_feeding([i for i in node.input if i])
     rest = [n for k, n in enumerate(spec.nodes) if k not in prologue and k != anchors[0]]
-    for n in rest:
-        if n.op_type in VIEW_OPS - EPILOGUE_VIEWS - {"Transpose"}:
-            raise CodegenUnsupported(f"{n.op_type} after an anchor is not part of the anchor template")
     if node.op_type in ("Conv", "ConvTranspose"):
         for n in rest:
             if n.op_type == "Transpose":

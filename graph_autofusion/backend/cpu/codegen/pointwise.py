@@ -16,7 +16,10 @@ from collections.abc import Sequence
 
 import onnx
 
-from ..kernel_spec import KernelSpec
+import math
+
+from ....ops import OpKind, lookup
+from ..kernel_spec import KernelSpec, TensorInfo
 from .common import (
     PARALLEL_MIN_ELEMENTS,
     Block,
@@ -38,9 +41,68 @@ from .common import (
 def emit_pointwise(spec: KernelSpec, description: str = "") -> str:
     """C source for a pointwise kernel (also used for single injective/elementwise ops)."""
     em = KernelEmitter(spec)
+    _coalesce(em)
     body = loop_nests(em, [(t.name, f"out{k}") for k, t in enumerate(spec.outputs)])
     what = description or "one loop over the output index space, producers inlined"
     return em.assemble(what, body)
+
+
+_SHAPE_FREE_RULES = frozenset({"Where", "Mod", "IsInf", "Identity"})
+
+
+def _coalesce(em: KernelEmitter) -> None:
+    """Merge adjacent dims that every tensor of a broadcast-only kernel treats alike.
+
+    With only elementwise/broadcast ops, dims a-1 and a can become one when each tensor (right
+    aligned) has both of them full or both of size 1: `x[1,64,56,56] + b[1,64,1,1]` then runs as
+    `[64, 3136] + [64, 1]`, whose inner loop is long and unit-stride. Shapes are rewritten in
+    place in the emitter; row-major order makes the result identical.
+    """
+    spec = em.spec
+    shapes = {t.shape for t in spec.outputs}
+    if len(shapes) != 1 or not spec.nodes:
+        return
+    for node in spec.nodes:
+        opdef = lookup(node.op_type)
+        shape_free = node.op_type in _SHAPE_FREE_RULES or (
+            opdef.kind in (OpKind.ELEMENTWISE, OpKind.BROADCAST) and opdef.c_expr is not None
+        )
+        if not shape_free or node.op_type == "Pow" and False:
+            return
+    out = next(iter(shapes))
+    rank = len(out)
+    if rank < 2:
+        return
+    names = {n for node in spec.nodes for n in (*node.input, *node.output) if n}
+    names |= {t.name for t in (*spec.inputs, *spec.outputs)}
+    padded = {}
+    for name in names:
+        shape = em.info(name).shape
+        if len(shape) > rank:
+            return
+        padded[name] = (1,) * (rank - len(shape)) + tuple(shape)
+    groups: list[list[int]] = [[0]]
+    for a in range(1, rank):
+        prev = groups[-1][-1]
+        ok = all(
+            (p[prev] == 1 and p[a] == 1) or (p[prev] == out[prev] and p[a] == out[a])
+            for p in padded.values()
+        )
+        if ok or out[a] == 1:
+            groups[-1].append(a)
+        else:
+            groups.append([a])
+    if len(groups) == rank:
+        return
+    for name, p in padded.items():
+        info = em.info(name)
+        merged = tuple(math.prod(p[a] for a in g) for g in groups)
+        if math.prod(merged) != info.numel:  # a dim of size 1 merged with a broadcast one: keep as is
+            return
+        padded[name] = merged
+    for name, merged in padded.items():
+        info = em.info(name)
+        em.tensors[name] = TensorInfo(name, merged, info.elem_type)
 
 
 def loop_nests(em: KernelEmitter, outputs: Sequence[tuple[str, str]]) -> list[str]:
