@@ -1,6 +1,9 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,3 +46,35 @@ def test_settings_read_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path
     monkeypatch.setenv("AUTOFUSION_REDIS_URL", "redis://h:1/0")
     s = Settings()
     assert s.data_dir == tmp_path and s.max_upload_bytes == 2 * 1024 * 1024 and not s.embedded
+
+
+def _race_for_key(data_dir: str, barrier: Any, results: Any) -> None:
+    barrier.wait()
+    try:
+        results.put(ensure_key(Settings(data_dir=Path(data_dir), api_keys="")))
+    except BaseException as exc:  # reported by the test, not lost with the child
+        results.put(exc)
+
+
+@pytest.mark.parametrize("round_", range(3))
+def test_replicas_starting_together_create_exactly_one_key(tmp_path, round_: int) -> None:
+    """Replicas on a fresh shared volume: one creates the key, the others adopt its file."""
+    ctx = multiprocessing.get_context("fork")
+    replicas = 8
+    barrier, results = ctx.Barrier(replicas), ctx.Queue()
+    procs = [
+        ctx.Process(target=_race_for_key, args=(str(tmp_path / "data"), barrier, results))
+        for _ in range(replicas)
+    ]
+    for p in procs:
+        p.start()
+    outcomes = [results.get(timeout=30) for _ in procs]
+    for p in procs:
+        p.join(timeout=30)
+    errors = [o for o in outcomes if isinstance(o, BaseException)]
+    assert not errors, errors
+    created = [k for k in outcomes if k is not None]
+    assert len(created) == 1, f"{len(created)} replicas each created (and printed) a key"
+    ring = load_keyring(Settings(data_dir=tmp_path / "data", api_keys=""))
+    assert ring.tenant_for(created[0]) == "default"
+    assert (tmp_path / "data" / "api_keys.json").stat().st_mode & 0o777 == 0o600

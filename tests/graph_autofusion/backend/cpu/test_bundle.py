@@ -98,3 +98,10 @@ def test_missing_or_foreign_bundle_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "dir" / "manifest.json").write_text(json.dumps({"format": "other"}))
     with pytest.raises(BundleError, match="manifest"):
         load(tmp_path / "dir")
+
+
+def test_model_loaded_from_an_archive_can_be_saved_again(compiled, tmp_path: Path) -> None:
+    loaded = load(compiled.save_bundle(tmp_path / "first.tgz"))
+    again = load(loaded.save_bundle(tmp_path / "second"))
+    feeds = random_feeds(compiled.model, seed=2)
+    assert_close(again(feeds), compiled(feeds), rtol=0, atol=0)

@@ -148,3 +148,11 @@ def test_large_kernel_is_parallel_and_small_is_not() -> None:
         source = emit_pointwise(spec)
         assert ("omp parallel" in source) is parallel
         assert "Relu" in source.split("*/")[0]  # the comment names the ops
+
+
+def test_broadcast_only_kernels_coalesce_dims(kernel_cache) -> None:
+    nodes = [helper.make_node("Add", ["x", "b"], ["a"]), helper.make_node("Relu", ["a"], ["y"])]
+    model = make_model(nodes, {"x": [2, 8, 7, 7]}, ["y"], {"b": np.ones((8, 1, 1), np.float32)})
+    fused = check(model, kernel_cache, "pointwise")
+    source = emit_pointwise(next(iter(extract(fused.model).specs.values())))
+    assert "< 49; ++i2" in source  # (2, 8, 7, 7) + (8, 1, 1) runs as (2, 8, 49) + (8, 1)
