@@ -53,7 +53,40 @@ class Settings(BaseSettings):
     broker_poll_interval: float = Field(
         default=0.2, gt=0, description="Seconds between polls of the embedded file-system broker."
     )
-    cache_dir: Path | None = Field(default=None, description="Kernel cache; default `<data_dir>/cache`.")
+    # --- the engine's own knobs -------------------------------------------------------------
+    # The engine (graph_autofusion) reads these variables itself and never imports the service; they
+    # are declared here so that one model documents and validates every `AUTOFUSION_*` variable, and
+    # `engine_environment()` hands the validated values to the engine in each worker process.
+    cache_dir: Path | None = Field(
+        default=None,
+        description="Compiled-kernel cache of the workers (`AUTOFUSION_CACHE_DIR`, read by the engine); "
+        "default `<data_dir>/cache`.",
+    )
+    cache_max_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="Size bound of the kernel cache in bytes, least recently used kernels evicted first "
+        "(read by the engine; engine default 2 GiB).",
+    )
+    isa: str | None = Field(
+        default=None,
+        description="x86-64 level kernels are compiled for: `v1`..`v4`, `x86-64-vN` or `generic` (read by "
+        "the engine; default: the host's level, at most v3).",
+    )
+    cc: str | None = Field(
+        default=None,
+        description="C compiler command for the kernels, optionally with a wrapper (`ccache gcc`; read by "
+        "the engine; default `cc`).",
+    )
+    cc_timeout: float | None = Field(
+        default=None, gt=0, description="Seconds one kernel compilation may take (read by the engine)."
+    )
+    blas_threads: int | None = Field(
+        default=None,
+        ge=1,
+        description="OpenBLAS threads of BLAS-backed kernels (read by the engine; default 1, since the "
+        "kernels of a job already run in parallel).",
+    )
     log_level: str = Field(default="INFO", description="Log level of the API and the workers.")
     retry_after: int = Field(default=1, ge=1, description="`Retry-After` seconds on unfinished jobs.")
     debug_stage_delay: float = Field(
@@ -69,6 +102,27 @@ class Settings(BaseSettings):
 
         parse_api_keys(value)  # raises ValueError naming the bad entry (never echoing a whole key)
         return value
+
+    @field_validator("isa")
+    @classmethod
+    def _isa_is_a_level(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        from graph_autofusion.backend.cpu.isa import parse_level
+        from graph_autofusion.errors import FusionError
+
+        try:
+            parse_level(value)  # the engine's own parser, so both accept exactly the same spellings
+        except FusionError as exc:
+            raise ValueError(exc.message) from None
+        return value.strip()
+
+    @field_validator("cc")
+    @classmethod
+    def _cc_not_blank(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None  # an empty variable means "the engine's default", as the engine reads it
+        return value.strip()
 
     @model_validator(mode="after")
     def _limits_are_ordered(self) -> Settings:
@@ -91,6 +145,20 @@ class Settings(BaseSettings):
     @property
     def kernel_cache_dir(self) -> Path:
         return self.cache_dir or self.data_dir / "cache"
+
+    def engine_environment(self) -> dict[str, str]:
+        """The engine's variables with their validated values, for a worker's `os.environ`: the
+        engine reads them from there, and the kernel cache defaults to the data dir's (shared)."""
+        values: dict[str, object | None] = {
+            "CACHE_DIR": self.kernel_cache_dir.resolve(),
+            "CACHE_MAX_BYTES": self.cache_max_bytes,
+            "ISA": self.isa,
+            "CC": self.cc,
+            "CC_TIMEOUT": self.cc_timeout,
+            "BLAS_THREADS": self.blas_threads,
+        }
+        prefix = self.model_config["env_prefix"]
+        return {f"{prefix}{name}": str(value) for name, value in values.items() if value is not None}
 
     @property
     def max_upload_bytes(self) -> int:

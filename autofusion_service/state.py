@@ -11,6 +11,7 @@ from autofusion_worker.queue import JobQueue
 from .auth import KeyRing
 from .blobs import BlobStore
 from .settings import Settings
+from .status_views import StatusViews
 from .store import JobStore, WorkerInfo
 
 
@@ -21,20 +22,26 @@ class ServiceState:
     blobs: BlobStore
     queue: JobQueue
     keyring: KeyRing
-    _workers: tuple[float, list[WorkerInfo]] = (0.0, [])
+    status_views: StatusViews = field(default_factory=StatusViews)
+    _workers: tuple[float, list[WorkerInfo], set[str]] = (0.0, [], set())
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _heartbeats(self, max_age: float) -> tuple[list[WorkerInfo], set[str]]:
+        with self._lock:
+            fetched_at, workers, served = self._workers
+            if time.monotonic() - fetched_at > max_age:
+                workers = self.store.workers()
+                served = {t for w in workers for t in w.targets}
+                self._workers = (time.monotonic(), workers, served)
+            return workers, served
 
     def live_workers(self, max_age: float = 1.0) -> list[WorkerInfo]:
         """Heartbeats, cached for a second: status polls ask this on every queued job."""
-        with self._lock:
-            fetched_at, workers = self._workers
-            if time.monotonic() - fetched_at > max_age:
-                workers = self.store.workers()
-                self._workers = (time.monotonic(), workers)
-            return workers
+        return self._heartbeats(max_age)[0]
 
-    def served_targets(self) -> set[str]:
-        return {t for w in self.live_workers() for t in w.targets}
+    def served_targets(self, max_age: float = 1.0) -> set[str]:
+        """Targets live workers serve (same cache; do not modify the returned set)."""
+        return self._heartbeats(max_age)[1]
 
     def close(self) -> None:
         self.queue.close()

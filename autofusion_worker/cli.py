@@ -7,6 +7,7 @@ import logging
 import os
 import socket
 import sys
+from typing import Any
 
 from autofusion_service.settings import Settings
 
@@ -33,8 +34,34 @@ def worker_command(args: argparse.Namespace) -> int:
     return run_worker(Settings(), targets)
 
 
+def apply_engine_environment(settings: Settings) -> None:
+    """Put the engine's settings (ISA, compiler, kernel cache, BLAS threads) into this process's
+    environment, where the engine reads them; the job processes inherit it."""
+    os.environ.update(settings.engine_environment())
+
+
+def stop_consuming(consumers: list[Any]) -> None:
+    """Cancel the task consumer of a worker that was told to stop.
+
+    Celery's warm shutdown lets the running job finish but only leaves its event loop after that;
+    with a polling transport (kombu's file-system broker of embedded mode) the loop meanwhile keeps
+    fetching, so the next message would be taken — and started — as soon as the running job is
+    acknowledged, only to be killed when `autofusion serve` stops the worker. Cancelling the consumer
+    ends fetching at once; kombu hands a message that arrives for a cancelled consumer back to the
+    queue. (The Redis transport's event loop checks for shutdown before each fetch, so Celery's own
+    handling suffices there.)"""
+    for consumer in consumers:
+        task_consumer = getattr(consumer, "task_consumer", None)
+        if task_consumer is None:
+            continue
+        try:
+            task_consumer.cancel()
+        except Exception:  # the connection may be gone already; then nothing is being fetched
+            logging.getLogger("autofusion_worker").warning("could not cancel the consumer", exc_info=True)
+
+
 def run_worker(settings: Settings, targets: list[str]) -> int:
-    from celery.signals import worker_ready, worker_shutdown
+    from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 
     from autofusion_service.store import open_store
 
@@ -51,12 +78,26 @@ def run_worker(settings: Settings, targets: list[str]) -> int:
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    apply_engine_environment(settings)
     app = make_celery(settings, targets)
     name = f"{'+'.join(targets)}@{socket.gethostname()}-{os.getpid()}"
     heartbeat = Heartbeat(
         settings, open_store(settings), JobQueue(settings, app), name, targets, settings.worker_concurrency
     )
-    worker_ready.connect(lambda **_: heartbeat.start(), weak=False)
+    consumers: list[Any] = []
+
+    def on_ready(sender: Any = None, **_: Any) -> None:
+        consumers.append(sender)  # Celery's Consumer: its task consumer is cancelled on shutdown
+        heartbeat.start()
+
+    def on_shutting_down(**_: Any) -> None:
+        # Runs in the SIGTERM/SIGINT handler of the main process, before the warm shutdown.
+        heartbeat.drain()
+        if settings.embedded:
+            stop_consuming(consumers)
+
+    worker_ready.connect(on_ready, weak=False)
+    worker_shutting_down.connect(on_shutting_down, weak=False)
     worker_shutdown.connect(lambda **_: heartbeat.stop(), weak=False)
     argv = [
         "worker",

@@ -73,11 +73,21 @@ class Heartbeat(threading.Thread):
             except Exception:  # the store or broker is briefly away: keep beating once it is back
                 log.warning("heartbeat/sweep failed", exc_info=True)
             self._stop_event.wait(min(self.settings.heartbeat_interval, self.settings.sweep_interval, 1.0))
+        self._withdraw()
+
+    def drain(self) -> None:
+        """The worker is shutting down: stop offering it as live at once (`/readyz`, `/targets`)
+        while its running job finishes. Safe to call from a signal handler: it only sets an event;
+        the thread itself withdraws the heartbeat."""
+        self._stop_event.set()
 
     def stop(self) -> None:
         self._stop_event.set()
         if self.is_alive():
             self.join(timeout=5)
+        self._withdraw()
+
+    def _withdraw(self) -> None:
         try:
             self.store.remove_worker(self.info.id)
         except Exception:

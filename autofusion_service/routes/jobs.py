@@ -25,8 +25,12 @@ _DOWNLOAD_HEADERS = {
 }
 
 
+def _is_job_id(job_id: str) -> bool:
+    return job_id.isalnum() and len(job_id) <= 64
+
+
 def load_job(store: JobStore, tenant: str, job_id: str) -> JobRecord:
-    job = store.get(job_id) if job_id.isalnum() and len(job_id) <= 64 else None
+    job = store.get(job_id) if _is_job_id(job_id) else None
     if job is None or job.tenant != tenant:
         raise ProblemError("not_found", 404, f"no job {job_id!r}")
     return job
@@ -95,12 +99,15 @@ def list_jobs(
     },
 )
 async def get_job(job_id: str, state: State, tenant: Tenant) -> Response:
-    # The hottest route (every client polls it): async, so no thread-pool hop — the store lookup is
-    # one local Redis GET or SQLite read — and serialized once here instead of re-validated.
-    job = load_job(state.store, tenant, job_id)
-    headers = {} if job.terminal else {"Retry-After": str(state.settings.retry_after)}
-    view = job_view(job, waiting=job.target not in state.served_targets())
-    return Response(view.model_dump_json(), media_type="application/json", headers=headers)
+    # The hottest route (every client polls it): async, so no thread-pool hop; one store read of the
+    # record's JSON (a local Redis GET or SQLite read); the body rendered once per record version.
+    raw = state.store.get_raw(job_id) if _is_job_id(job_id) else None
+    view = state.status_views.get(raw) if raw else None
+    if view is None or view.tenant != tenant:
+        raise ProblemError("not_found", 404, f"no job {job_id!r}")
+    headers = {} if view.terminal else {"Retry-After": str(state.settings.retry_after)}
+    waiting = view.record.status == "queued" and view.waiting(state.served_targets())
+    return Response(view.body(waiting), media_type="application/json", headers=headers)
 
 
 @router.post(

@@ -74,6 +74,10 @@ class JobStore(ABC):
     def get(self, job_id: str) -> JobRecord | None: ...
 
     @abstractmethod
+    def get_raw(self, job_id: str) -> str | None:
+        """The record's stored JSON, unparsed: status polls answer from a cache keyed by it."""
+
+    @abstractmethod
     def list_jobs(self, tenant: str, cursor: str | None, limit: int) -> tuple[list[JobRecord], str | None]:
         """The tenant's jobs, newest first, starting after `cursor` (an id); returns the next cursor."""
 

@@ -85,8 +85,11 @@ class RedisJobStore(JobStore):
                     continue
 
     def get(self, job_id: str) -> JobRecord | None:
-        raw = self.r.get(self._k("job", job_id))
+        raw = self.get_raw(job_id)
         return JobRecord.model_validate_json(raw) if raw else None
+
+    def get_raw(self, job_id: str) -> str | None:
+        return self.r.get(self._k("job", job_id))
 
     def list_jobs(self, tenant: str, cursor: str | None, limit: int) -> tuple[list[JobRecord], str | None]:
         upper = f"({cursor}" if cursor else "+"

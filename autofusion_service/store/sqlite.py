@@ -104,6 +104,10 @@ class SqliteJobStore(JobStore):
     def get(self, job_id: str) -> JobRecord | None:
         return self._read(self._conn(), job_id)
 
+    def get_raw(self, job_id: str) -> str | None:
+        row = self._conn().execute("SELECT data FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return row[0] if row else None
+
     def list_jobs(self, tenant: str, cursor: str | None, limit: int) -> tuple[list[JobRecord], str | None]:
         rows = (
             self._conn()

@@ -10,14 +10,7 @@ import pytest
 
 import graph_autofusion as gaf
 
-SMALL = {
-    "mlp": {},
-    "resnet50": {"image_size": 32, "width": 8},
-    "mobilenet_v2": {"image_size": 32, "width_mult": 0.25},
-    "bert_base": {"num_layers": 2, "hidden": 64, "heads": 2, "seq_len": 16, "vocab": 100},
-    "gpt2": {"num_layers": 2, "hidden": 64, "heads": 2, "seq_len": 16, "vocab": 100},
-    "vit_b16": {"image_size": 32, "patch": 16, "num_layers": 2, "hidden": 64, "heads": 2},
-}
+SMALL = gaf.zoo.TINY
 CASES = [(name, style) for name in SMALL for style in ("torchscript", "dynamo")]
 
 

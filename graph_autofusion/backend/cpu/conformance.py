@@ -26,10 +26,10 @@ from __future__ import annotations
 import contextlib
 import io
 import warnings
-from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 import onnx
@@ -50,6 +50,15 @@ RUNTIME_INT_OPERANDS: Mapping[str, frozenset[int]] = {
     "Gather": frozenset({1}),
     "GatherElements": frozenset({1}),
     "ReverseSequence": frozenset({1}),
+}
+# Cases whose expected outputs onnx writes by hand with fewer digits than fp32 carries: the
+# tolerance follows the data's precision (our result is checked against the exact value too).
+EXPECTED_PRECISION: Mapping[str, tuple[float, float, str]] = {
+    "test_averagepool_2d_ceil_last_window_starts_on_pad": (
+        1e-3,
+        1e-4,
+        "expected values are written with 4 decimals (0.1511 for 1.3595/9 = 0.151056)",
+    ),
 }
 _FLOAT = np.dtype(np.float32)
 _AUX = (np.dtype(np.int64), np.dtype(np.bool_))
@@ -81,6 +90,7 @@ class Outcome:
 class OpRate:
     op_type: str
     passed: int = 0
+    gaps: int = 0  # cases listed as known gaps (not passed, not failures)
     total: int = 0
     failed: list[str] = field(default_factory=list)
 
@@ -92,12 +102,14 @@ class OpRate:
 def claimed_ops() -> frozenset[str]:
     """Default-domain ops the registry says the backend handles (every kind but opaque)."""
     return frozenset(
-        op.op_type for (domain, _), op in registered_ops().items() if domain == "" and op.kind != OpKind.OPAQUE
+        op.op_type
+        for (domain, _), op in registered_ops().items()
+        if domain == "" and op.kind != OpKind.OPAQUE
     )
 
 
 @lru_cache(maxsize=1)
-def _all_node_cases() -> tuple[object, ...]:
+def _all_node_cases() -> tuple[Any, ...]:
     """Every node case onnx generates (built once per process: importing them runs numpy code)."""
     from onnx.backend.test.case.node import collect_testcases
 
@@ -107,14 +119,26 @@ def _all_node_cases() -> tuple[object, ...]:
             return tuple(collect_testcases())
 
 
-def _is_float_case(op_type: str, inputs: Sequence[object], outputs: Sequence[object]) -> bool:
-    """fp32 data, with int64/bool only where the op needs them (indices, parameters, masks)."""
+def _is_float_case(inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> bool:
+    """fp32 data, with int64/bool only where the op needs them (indices, parameters, masks).
+
+    The data is fp32 when an output is, or when the first input is (ArgMax, comparisons and
+    IsNaN read fp32 and write int64/bool); Trilu or Where over int64 data are integer cases.
+    """
     arrays = [*inputs, *outputs]
-    if not all(isinstance(a, np.ndarray) for a in arrays) or not inputs:
+    if not inputs or not all(a.dtype == _FLOAT or a.dtype in _AUX for a in arrays):
         return False
-    if inputs[0].dtype != _FLOAT:  # type: ignore[union-attr]
-        return False
-    return all(a.dtype == _FLOAT or a.dtype in _AUX for a in arrays)  # type: ignore[union-attr]
+    return inputs[0].dtype == _FLOAT or any(a.dtype == _FLOAT for a in outputs)
+
+
+def _arrays(values: Sequence[object]) -> list[np.ndarray] | None:
+    """The case's values as arrays (numpy scalars included); None for sequences or protos."""
+    out = []
+    for v in values:
+        if not isinstance(v, np.ndarray | np.generic):
+            return None
+        out.append(np.asarray(v))
+    return out
 
 
 def _fold_parameters(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> onnx.ModelProto:
@@ -145,18 +169,18 @@ def collect_cases(ops: Iterable[str] | None = None) -> list[Case]:
     wanted = frozenset(ops) if ops is not None else claimed_ops()
     cases = []
     for tc in _all_node_cases():
-        model = tc.model  # type: ignore[attr-defined]
-        if model is None or "_expanded" in tc.name or len(model.graph.node) != 1:  # type: ignore[attr-defined]
+        model = tc.model
+        if model is None or "_expanded" in tc.name or len(model.graph.node) != 1:
             continue
         node = model.graph.node[0]
         if node.domain not in ("", "ai.onnx") or node.op_type not in wanted:
             continue
-        ins, outs = tc.data_sets[0]  # type: ignore[attr-defined]
-        if not _is_float_case(node.op_type, list(ins), list(outs)):
+        ins, outs = _arrays(tc.data_sets[0][0]), _arrays(tc.data_sets[0][1])
+        if ins is None or outs is None or not _is_float_case(ins, outs):
             continue
-        feeds = {n: np.asarray(a) for n, a in zip([i.name for i in model.graph.input], ins, strict=True)}
-        expected = {o.name: np.asarray(a) for o, a in zip(model.graph.output, outs, strict=True)}
-        cases.append(Case(tc.name, node.op_type, _fold_parameters(model, feeds), feeds, expected))  # type: ignore[attr-defined]
+        feeds = dict(zip([i.name for i in model.graph.input], ins, strict=True))
+        expected = {o.name: a for o, a in zip(model.graph.output, outs, strict=True)}
+        cases.append(Case(tc.name, node.op_type, _fold_parameters(model, feeds), feeds, expected))
     return cases
 
 
@@ -187,7 +211,9 @@ def precompile(cases: Sequence[Case], cache: KernelCache, jobs: int | None = Non
     return len(sources)
 
 
-def compare(got: np.ndarray, want: np.ndarray, rtol: float = RTOL, atol: float = ATOL) -> tuple[bool, float, str]:
+def compare(
+    got: np.ndarray, want: np.ndarray, rtol: float = RTOL, atol: float = ATOL
+) -> tuple[bool, float, str]:
     """(ok, max abs error, why not) for one output; NaN matches NaN, infinities match exactly."""
     if got.shape != want.shape:
         return False, float("inf"), f"shape {list(got.shape)} != expected {list(want.shape)}"
@@ -213,11 +239,16 @@ def run_case(
     atol: float = ATOL,
     threads: int = 1,
 ) -> Outcome:
-    """Compile and run one case; never raises for a failure of the case itself."""
+    """Compile and run one case; never raises for a failure of the case itself.
+
+    `EXPECTED_PRECISION` widens the tolerance of the few cases whose expected data is rounded.
+    """
+    if case.name in EXPECTED_PRECISION:
+        rtol, atol = max(rtol, EXPECTED_PRECISION[case.name][0]), max(atol, EXPECTED_PRECISION[case.name][1])
     try:
         compiled = compile_model(case.model, cache=cache, threads=threads)
         got = compiled.run(case.inputs)
-    except Exception as exc:  # noqa: BLE001 - a conformance run records every failure
+    except Exception as exc:  # a conformance run records every failure of a case
         return Outcome(case.name, case.op_type, ERROR, f"{type(exc).__name__}: {exc}"[:500])
     hosts = compiled.stats["host_ops"]
     worst = 0.0
@@ -238,15 +269,16 @@ def run_case(
 
 
 def summarize(outcomes: Iterable[Outcome], known_gaps: Mapping[str, str] | None = None) -> dict[str, OpRate]:
-    """Pass counts per op; a case listed in `known_gaps` still counts as not passed."""
-    del known_gaps
-    rates: dict[str, OpRate] = defaultdict(lambda: OpRate(""))
+    """Pass counts per op, sorted by op; `known_gaps` cases are counted apart (not as passes)."""
+    gaps = known_gaps or {}
+    rates: dict[str, OpRate] = {}
     for o in outcomes:
-        rate = rates[o.op_type]
-        rate.op_type = o.op_type
+        rate = rates.setdefault(o.op_type, OpRate(o.op_type))
         rate.total += 1
         if o.status == PASS:
             rate.passed += 1
+        elif o.case in gaps:
+            rate.gaps += 1
         else:
             rate.failed.append(o.case)
     return dict(sorted(rates.items()))
@@ -254,11 +286,41 @@ def summarize(outcomes: Iterable[Outcome], known_gaps: Mapping[str, str] | None 
 
 def format_summary(rates: Mapping[str, OpRate]) -> str:
     """One line per op and the overall rate, for a terminal or an assertion message."""
-    lines = [f"{'op':<28}{'passed':>8}{'cases':>7}{'rate':>8}"]
+    lines = [f"{'op':<27}{'passed':>7}{'gaps':>6}{'failed':>7}{'cases':>7}{'rate':>8}"]
     for r in rates.values():
-        lines.append(f"{r.op_type:<28}{r.passed:>8}{r.total:>7}{r.rate:>8.0%}")
+        lines.append(f"{r.op_type:<27}{r.passed:>7}{r.gaps:>6}{len(r.failed):>7}{r.total:>7}{r.rate:>8.1%}")
     passed = sum(r.passed for r in rates.values())
+    gaps = sum(r.gaps for r in rates.values())
+    failed = sum(len(r.failed) for r in rates.values())
     total = sum(r.total for r in rates.values())
     overall = passed / total if total else 1.0
-    lines.append(f"{'overall':<28}{passed:>8}{total:>7}{overall:>8.1%}")
+    lines.append(f"{'overall':<27}{passed:>7}{gaps:>6}{failed:>7}{total:>7}{overall:>8.1%}")
     return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m graph_autofusion.backend.cpu.conformance [OP ...]`: print the pass rates."""
+    import argparse
+    import tempfile
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("ops", nargs="*", help="op types to run (default: every claimed op)")
+    parser.add_argument("--cache", help="kernel cache directory (default: a temporary one)")
+    parser.add_argument("--jobs", type=int, default=None, help="parallel compiler runs")
+    parser.add_argument("-v", "--verbose", action="store_true", help="list every case that did not pass")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="af-conformance-") as tmp:
+        cache = KernelCache(args.cache or tmp)
+        cases = collect_cases(args.ops or None)
+        precompile(cases, cache, jobs=args.jobs)
+        outcomes = [run_case(c, cache) for c in cases]
+    print(format_summary(summarize(outcomes)))
+    if args.verbose:
+        for o in outcomes:
+            if o.status != PASS:
+                print(f"{o.status:<9}{o.case}: {o.detail}")
+    return 0 if all(o.status == PASS for o in outcomes) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -32,7 +32,7 @@ from .kernel_spec import KernelSpec, TensorInfo
 
 FUSED_DOMAIN = "ai.graph_autofusion"
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"})
-POOL_OPS = frozenset({"MaxPool", "AveragePool"})
+POOL_OPS = frozenset({"MaxPool", "AveragePool", "LpPool"})
 # Initializers read by a kernel are also handed to the generator as values when they are small:
 # shape/axes/index tensors and scalars let it specialise (Slice bounds, Pow(x, 2) -> x*x).
 CONST_MAX_ELEMENTS = 64
@@ -170,7 +170,7 @@ def single_template(node: onnx.NodeProto, opset: int) -> str | None:
         return "single"
     if kind == OpKind.ANCHOR:
         return "anchor"
-    if kind in (OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.INJECTIVE) and op != "ReverseSequence":
+    if kind in (OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.INJECTIVE):
         return "pointwise"
     return None
 

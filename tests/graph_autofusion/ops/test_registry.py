@@ -12,14 +12,7 @@ from graph_autofusion.ops import OpKind, lookup, registered_ops
 from graph_autofusion.ops.registry import NodeShapes
 
 EXPORTS = Path(__file__).resolve().parents[2] / "data" / "torch_exports"
-SMALL = {
-    "mlp": {},
-    "resnet50": {"image_size": 32, "width": 8},
-    "mobilenet_v2": {"image_size": 32, "width_mult": 0.25},
-    "bert_base": {"num_layers": 1, "hidden": 32, "heads": 2, "seq_len": 8, "vocab": 50},
-    "gpt2": {"num_layers": 1, "hidden": 32, "heads": 2, "seq_len": 8, "vocab": 50},
-    "vit_b16": {"image_size": 32, "patch": 16, "num_layers": 1, "hidden": 32, "heads": 2},
-}
+SMALL = gaf.zoo.TINY
 
 
 def _models() -> list[tuple[str, onnx.ModelProto]]:

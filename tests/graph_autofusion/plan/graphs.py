@@ -6,6 +6,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from graph_autofusion import Pattern
+
 F = TensorProto.FLOAT
 
 
@@ -33,3 +35,15 @@ def model(nodes, inputs, outputs, inits=(), opset=17) -> onnx.ModelProto:
 
 def node(op, inputs, outputs, name, **attrs) -> onnx.NodeProto:
     return helper.make_node(op, inputs, outputs, name=name, **attrs)
+
+
+class Propose(Pattern):
+    """A user pattern proposing fixed node sets, so legality answers for exactly these groups."""
+
+    name = "propose"
+
+    def __init__(self, *groups: list[str]) -> None:
+        self.groups = groups
+
+    def match(self, graph):
+        return [list(g) for g in self.groups]

@@ -4,22 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from graphs import model, node
+from graphs import Propose, model, node
 
 import graph_autofusion as gaf
-from graph_autofusion import FusionConfig, Pattern
-
-
-class Propose(Pattern):
-    """A user pattern proposing fixed node sets, to drive legality directly."""
-
-    name = "propose"
-
-    def __init__(self, *groups: list[str]) -> None:
-        self.groups = groups
-
-    def match(self, graph):
-        return [list(g) for g in self.groups]
+from graph_autofusion import FusionConfig
 
 
 def refused(fused: gaf.FusedGraph, source: str | None = None) -> dict[str, list[dict]]:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from graphs import model, node
+from graphs import Propose, model, node
 
 import graph_autofusion as gaf
-from graph_autofusion import FusionConfig, Pattern
+from graph_autofusion import FusionConfig
 from graph_autofusion.ir import Graph
 from graph_autofusion.plan.templates import classify
 
@@ -221,18 +221,6 @@ def test_views_the_generators_do_not_read_stay_refused(op: str) -> None:
 
 
 # -- through the planner ----------------------------------------------------------------------
-
-
-class Propose(Pattern):
-    """Proposes fixed node sets, so legality answers for exactly these groups."""
-
-    name = "propose"
-
-    def __init__(self, *groups: list[str]) -> None:
-        self.groups = groups
-
-    def match(self, graph):
-        return [list(g) for g in self.groups]
 
 
 def test_refused_tail_is_reported_as_nf006() -> None:

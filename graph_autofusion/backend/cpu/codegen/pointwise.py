@@ -416,6 +416,28 @@ def _trilu(em: KernelEmitter, block: Block, node: onnx.NodeProto, k: int, idx: I
     return f"({cond} ? ({value}) : 0)"
 
 
+@node_rule("ReverseSequence")
+def _reverse_sequence(em: KernelEmitter, block: Block, node: onnx.NodeProto, k: int, idx: Index) -> str:
+    """out[.., t, ..] = x[.., len-1-t, ..] for t < len (len = sequence_lens[batch]), else x[.., t, ..].
+
+    The lengths are data (read per element), clamped into [0, steps] so a bad length never reads
+    outside the tensor.
+    """
+    attrs = attrs_of(node)
+    shape = em.info(node.input[0]).shape
+    batch = int(attrs.get("batch_axis", 1))  # type: ignore[call-overload]
+    time = int(attrs.get("time_axis", 0))  # type: ignore[call-overload]
+    steps = shape[time]
+    raw = em.value(block, node.input[1], [idx[batch]])
+    n, t = em.fresh("len"), em.fresh("rt")
+    block.emit(f"int64_t {n} = (int64_t)({raw});")
+    block.emit(f"{n} = {n} < 0 ? 0 : ({n} > {steps} ? {steps} : {n});")
+    block.emit(f"const int64_t {t} = ({idx[time]}) < {n} ? {n} - 1 - ({idx[time]}) : ({idx[time]});")
+    src = list(idx)
+    src[time] = t
+    return em.value(block, node.input[0], src)
+
+
 @node_rule("DepthToSpace")
 def _depth_to_space(em: KernelEmitter, block: Block, node: onnx.NodeProto, k: int, idx: Index) -> str:
     attrs = attrs_of(node)

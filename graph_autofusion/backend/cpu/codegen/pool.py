@@ -1,11 +1,12 @@
-"""The `pool` template: MaxPool/AveragePool as a direct windowed loop, epilogue fused.
+"""The `pool` template: MaxPool/AveragePool/LpPool as a direct windowed loop, epilogue fused.
 
 The kernel is a pointwise loop over the pooled output; the pool node's rule computes one output
 element by walking its window (pads, strides, dilations; ceil_mode is already in the static output
 shape), and the elementwise epilogue (bias, activation, ...) is applied to that value before the
 single store. AveragePool divides by the number of window positions inside the input, or, with
 count_include_pad, inside the padded input (positions that only ceil_mode added are never counted,
-as in onnxruntime).
+as in onnxruntime). LpPool sums |x|^p over the window positions inside the input (padding adds
+zeros) in double and returns the sum^(1/p).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from .pointwise import emit_pointwise
 
 def emit_pool(spec: KernelSpec) -> str:
     """C source for a pooling kernel with its epilogue."""
-    pools = [n.op_type for n in spec.nodes if n.op_type in ("MaxPool", "AveragePool")]
+    pools = [n.op_type for n in spec.nodes if n.op_type in ("MaxPool", "AveragePool", "LpPool")]
     return emit_pointwise(
         spec, f"direct windowed {'/'.join(pools) or 'pool'} loop, epilogue applied before the store"
     )
@@ -52,7 +53,7 @@ def _pads(
     return pads[:nd], pads[nd:]
 
 
-@node_rule("MaxPool", "AveragePool")
+@node_rule("MaxPool", "AveragePool", "LpPool")
 def _pool(em: KernelEmitter, block: Block, node: onnx.NodeProto, k: int, idx: Index) -> str:
     if k != 0:
         raise CodegenUnsupported(f"{node.op_type} indices output")
@@ -66,25 +67,34 @@ def _pool(em: KernelEmitter, block: Block, node: onnx.NodeProto, k: int, idx: In
     in_sp, out_sp = list(x.shape[2:]), list(out.shape[2:])
     head, tail = _pads(node, in_sp, out_sp, kernel, strides, dil)
     is_max = node.op_type == "MaxPool"
+    is_lp = node.op_type == "LpPool"
+    p = int(attrs.get("p", 2))  # type: ignore[call-overload]
+    if is_lp and p < 1:
+        raise CodegenUnsupported(f"LpPool with p={p}")
     include_pad = bool(int(attrs.get("count_include_pad", 0)))  # type: ignore[call-overload]
     acc = em.fresh("p")
     valid = em.fresh("nv")
     padded = em.fresh("np")
     block.emit(f"{'float' if is_max else 'double'} {acc} = {'-INFINITY' if is_max else '0.0'};")
-    if not is_max:
+    if not is_max and not is_lp:
         block.emit(f"int64_t {valid} = 0, {padded} = 0;")
     pos: list[str] = []
 
     def nest(d: int, parent: Block) -> None:
         if d == nd:
             inside = " && ".join(f"{h} >= 0 && {h} < {in_sp[i]}" for i, h in enumerate(pos))
-            if not is_max:
+            if not is_max and not is_lp:
                 parent.emit(f"++{padded};")
             parent.emit(f"if ({inside}) {{")
             body = parent.child()
             v = em.value(body, node.input[0], [idx[0], idx[1], *pos])
             if is_max:
                 body.emit(f"{acc} = ({v}) > {acc} ? ({v}) : {acc};")
+            elif is_lp:
+                d = em.fresh("d")
+                body.emit(f"const double {d} = (double)({v});")
+                term = {1: f"fabs({d})", 2: f"{d} * {d}"}.get(p, f"pow(fabs({d}), {p}.0)")
+                body.emit(f"{acc} += {term};")
             else:
                 body.emit(f"{acc} += (double)({v});")
                 body.emit(f"++{valid};")
@@ -104,5 +114,7 @@ def _pool(em: KernelEmitter, block: Block, node: onnx.NodeProto, k: int, idx: In
     nest(0, block)
     if is_max:
         return acc
+    if is_lp:
+        return {1: f"(float)({acc})", 2: f"(float)sqrt({acc})"}.get(p, f"(float)pow({acc}, 1.0 / {p}.0)")
     divisor = padded if include_pad else valid
     return f"(float)({acc} / (double)({divisor} ? {divisor} : 1))"

@@ -27,6 +27,7 @@ import numpy as np
 import onnx
 
 from ....ops import lookup
+from ....ops.registry import NodeShapes
 from ..kernel_spec import KernelSpec
 from .common import (
     PARALLEL_MIN_ELEMENTS,
@@ -36,6 +37,8 @@ from .common import (
     IndexGroup,
     KernelEmitter,
     attrs_of,
+    c_literal,
+    node_rule,
     normalize_axis,
     numel,
     reshape_index,
@@ -49,6 +52,8 @@ REDUCTIONS = frozenset({
 })  # fmt: skip
 # Full-domain ops at least this costly (registry flops per element) are buffered, not recomputed.
 _EXPENSIVE = 8
+# Elements a float partial sum covers before it is added into the double total (8 lanes of 16).
+SUM_BLOCK = 128
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,22 @@ class Acc:
     kind: str  # sum | max | min | prod
     src: str
     dst: str
+
+
+EXP_SHIFTED = "AfExpShifted"  # internal: exp(d) for d = x - max(x) <= 0 (see _Builder.exp_shifted)
+_EXP_FLOOR = -80.0  # exp(-80) ~ 1.8e-35: flushing below it changes nothing a float32 sum can see
+
+
+@node_rule(EXP_SHIFTED)
+def _exp_shifted(em: KernelEmitter, block: Block, node: onnx.NodeProto, k: int, idx: Index) -> str:
+    x = em.value(block, node.input[0], idx)
+    out = em.info(node.output[0])
+    floor = c_literal(_EXP_FLOOR, out.elem_type)
+    zero = c_literal(0.0, out.elem_type)
+    exp = "expf" if out.elem_type == onnx.TensorProto.FLOAT else "exp"
+    clamped = em.declare(block, out.ctype, f"({x}) < {floor} ? {floor} : ({x})", "c")
+    e = em.declare(block, out.ctype, f"{exp}({clamped})", "e")
+    return f"(({x}) < {floor} ? {zero} : {e})"
 
 
 class _Builder:
@@ -112,6 +133,16 @@ class _Builder:
         self.items.append(node)
         return out
 
+    def exp_shifted(self, d: str, shape: Sequence[int]) -> str:
+        """exp(d) for d = x - max(x) <= 0, flushed to 0 below d = -87.
+
+        The flush changes a result by less than 2e-38 absolute. It keeps masked positions
+        (-inf, -1e4, finfo.min) on the fast path of the vectorized expf, which falls back to
+        scalar code for lanes that underflow, and keeps denormals (slow to divide) out of the
+        row that is normalized next.
+        """
+        return self.node(EXP_SHIFTED, [d], shape)
+
     def count(self, src: str, axes: Sequence[int]) -> int:
         shape = self.em.info(src).shape
         return numel([shape[a] for a in axes])
@@ -131,7 +162,7 @@ class _Builder:
             axes = [normalize_axis(int(attrs.get("axis", -1)), rank)]  # type: ignore[call-overload]
             m = self.acc("max", x, axes)
             d = self.node("Sub", [x, m], shape)
-            e = self.node("Exp", [d], shape)
+            e = self.exp_shifted(d, shape)
             s = self.acc("sum", e, axes)
             if op == "Softmax":
                 self.node("Div", [e, s], shape, out=node.output[0])
@@ -252,7 +283,7 @@ class _Builder:
             return self.node("Log", [self.acc("sum", x, axes)], red, out=out)
         if op == "ReduceLogSumExp":
             m = self.acc("max", x, axes)
-            e = self.node("Exp", [self.node("Sub", [x, m], shape)], shape)
+            e = self.exp_shifted(self.node("Sub", [x, m], shape), shape)
             ls = self.node("Log", [self.acc("sum", e, axes)], red)
             return self.node("Add", [ls, m], red, out=out)
         raise CodegenUnsupported(f"reduction {op}")
@@ -274,6 +305,13 @@ def emit_reduction(spec: KernelSpec) -> str:
     gen = _RowGenerator(em, b.items, b.full, b.axes)
     gen.generate(dry_run=True)
     gen.choose_buffers()
+    for _ in range(3):  # a buffered value spares its inputs a second pass: drop buffers now unused
+        gen.accessed = {}
+        gen.generate(dry_run=True)
+        keep = [n for n in gen.buffered if len(gen.accessed.get(n, ())) >= 2]
+        if len(keep) == len(gen.buffered):
+            break
+        gen.buffered = {n: f"b{k}" for k, n in enumerate(keep)}
     body = gen.generate(dry_run=False)
     ops = ", ".join(sorted({n.op_type for n in spec.nodes if n.op_type in REDUCTIONS}))
     return em.assemble(
@@ -331,19 +369,31 @@ class _RowGenerator:
         return self.n > 1 and self.em.info(name).numel == self.outer
 
     def choose_buffers(self) -> None:
+        """Keep a full-domain value in a row buffer when a later pass needs it again and
+        recomputing it is costly (exp, erf, ...) or reads 1-byte data (a bool mask): gcc cannot
+        vectorize a loop that mixes 1-byte loads with SIMD libm calls, so the mask is applied
+        once, in the pass without them."""
         for name, passes in self.accessed.items():
             if len(passes) < 2 or name not in self.em.producer:
                 continue
-            node = self.em.producer[name][0]
-            cost = lookup(node.op_type).flops
-            try:
-                from ....ops.registry import NodeShapes
-
-                per = cost(NodeShapes([(1,)], [(1,)], [4], [4], {}))
-            except Exception:
-                per = 0
-            if per >= _EXPENSIVE:
+            if self._per_element_cost(name) >= _EXPENSIVE or self._reads_narrow(name, set()):
                 self.buffered[name] = f"b{len(self.buffered)}"
+
+    def _per_element_cost(self, name: str) -> float:
+        node = self.em.producer[name][0]
+        try:
+            return float(lookup(node.op_type).flops(NodeShapes([(1,)], [(1,)], [4], [4], {})))
+        except Exception:  # a cost function that needs real shapes: treat the op as cheap
+            return 0.0
+
+    def _reads_narrow(self, name: str, seen: set[str]) -> bool:
+        if name in seen:
+            return False
+        seen.add(name)
+        if name not in self.em.producer:
+            return self.em.info(name).dtype.itemsize == 1 and name not in self.em.constants
+        node = self.em.producer[name][0]
+        return any(self._reads_narrow(i, seen) for i in node.input if i)
 
     def _hook(self, name: str, block: Block) -> str | None:
         if name not in self.em.producer or not self._is_full(name) or self._level(name) > self.current_pass:
@@ -422,6 +472,7 @@ class _RowGenerator:
                 inner.emit(f"const int64_t j{a} = {expr};" if full[a] != 1 else f"const int64_t j{a} = 0;")
             clauses = []
             finals = []
+            partials = []  # (float partial, double total) of each sum
             for acc in accs:
                 var = em.fresh("a")
                 ctype = "double" if acc.kind in ("sum", "prod") else em.info(acc.src).ctype
@@ -429,8 +480,10 @@ class _RowGenerator:
                 outer.emit(f"{ctype} {var} = {init};")
                 v = em.value(inner, acc.src, list(names_full))
                 if acc.kind == "sum":
-                    inner.emit(f"{var} += (double)({v});")
-                    clauses.append(f"reduction(+:{var})")
+                    part = em.fresh("s")
+                    partials.append((part, var))
+                    inner.emit(f"{part} += {v};")
+                    clauses.append(f"reduction(+:{part})")
                 elif acc.kind == "prod":
                     inner.emit(f"{var} *= (double)({v});")
                     clauses.append(f"reduction(*:{var})")
@@ -447,9 +500,19 @@ class _RowGenerator:
                     v = em.value(inner, name, self._coords(name, list(names_full), full))
                     inner.emit(f"{buf}[j] = {v};")
                     self.stored[name] = stage
-            outer.emit(f"#pragma omp simd {' '.join(clauses)}".rstrip())
-            outer.emit(f"for (int64_t j = 0; j < {self.n}; ++j) {{")
-            outer.extend(inner)
+            # Sums run in blocks: float lanes inside a block (vectorizes even next to 1-byte
+            # masks and libm calls), blocks added in double, so a long row stays accurate.
+            block = min(self.n, SUM_BLOCK)
+            outer.emit(f"for (int64_t jb = 0; jb < {self.n}; jb += {block}) {{")
+            outer.emit(f"  const int64_t je = jb + {block} < {self.n} ? jb + {block} : {self.n};")
+            for part, _ in partials:
+                outer.emit(f"  float {part} = 0.0f;")
+            outer.emit(f"  #pragma omp simd {' '.join(clauses)}".rstrip())
+            outer.emit("  for (int64_t j = jb; j < je; ++j) {")
+            outer.extend(Block(indent=0, lines=["  " + line for line in inner.lines]))
+            outer.emit("  }")
+            for part, total in partials:
+                outer.emit(f"  {total} += (double){part};")
             outer.emit("}")
             for acc, var in finals:
                 info = em.info(acc.dst)
