@@ -7,6 +7,7 @@ in the same directory and are renamed into place, so a reader never sees a half-
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -55,24 +56,71 @@ class BlobStore:
         return self.put_chunks(iter(lambda: stream.read(_CHUNK), b""))
 
     def put_chunks(self, chunks: Iterable[bytes]) -> tuple[str, int]:
-        hasher = hashlib.sha256()
-        size = 0
-        fd, tmp_name = tempfile.mkstemp(dir=self._tmp)
+        staged = self.stage()
         try:
-            with os.fdopen(fd, "wb") as out:
-                for chunk in chunks:
-                    hasher.update(chunk)
-                    size += len(chunk)
-                    out.write(chunk)
-            digest = hasher.hexdigest()
-            target = self.path(digest)
-            if target.is_file():
-                os.unlink(tmp_name)
-            else:
-                target.parent.mkdir(exist_ok=True)
-                os.replace(tmp_name, target)
-        except BaseException:
-            if os.path.exists(tmp_name):
-                os.unlink(tmp_name)
-            raise
-        return digest, size
+            for chunk in chunks:
+                staged.write(chunk)
+            staged.commit()
+        finally:
+            staged.discard()
+        return staged.digest, staged.size
+
+    def stage(self) -> StagedBlob:
+        """A blob written piece by piece (an upload as it streams in), hashed on the way; `commit()`
+        moves it into the store, `discard()` drops it."""
+        return StagedBlob(self)
+
+
+class StagedBlob:
+    """A blob being written: a temporary file beside the store (so that the final rename stays on
+    one file system) and the running sha256 of what was written."""
+
+    def __init__(self, store: BlobStore) -> None:
+        self.store = store
+        fd, name = tempfile.mkstemp(dir=store._tmp)
+        self.path = Path(name)
+        self._out: BinaryIO | None = os.fdopen(fd, "wb")
+        self._hasher = hashlib.sha256()
+        self.size = 0
+        self._digest: str | None = None
+
+    def write(self, data: bytes | memoryview) -> None:
+        if self._out is None:
+            raise ValueError("the blob is already complete")
+        self._hasher.update(data)
+        self._out.write(data)
+        self.size += len(data)
+
+    def close(self) -> str:
+        """Finish writing; returns the digest."""
+        if self._out is not None:
+            self._out.close()
+            self._out = None
+            self._digest = self._hasher.hexdigest()
+        assert self._digest is not None
+        return self._digest
+
+    @property
+    def digest(self) -> str:
+        return self.close()
+
+    def read(self) -> bytes:
+        self.close()
+        return self.path.read_bytes()
+
+    def commit(self) -> str:
+        """Move the blob into the store (an identical stored blob makes this a no-op)."""
+        digest = self.close()
+        target = self.store.path(digest)
+        if not target.is_file():
+            target.parent.mkdir(exist_ok=True)
+            os.replace(self.path, target)
+        return digest
+
+    def discard(self) -> None:
+        """Remove the temporary file, if still there (safe to call more than once)."""
+        if self._out is not None:
+            self._out.close()
+            self._out = None
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)

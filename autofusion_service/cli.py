@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -129,19 +130,33 @@ def _server(config: uvicorn.Config, on_exit_signal: Callable[[], None]) -> uvico
     return Server(config)
 
 
+@dataclass
+class _Shutdown:
+    """Shutdown signals `serve` saw outside uvicorn's own handling, and the server to tell."""
+
+    received: list[int] = field(default_factory=list)
+    server: uvicorn.Server | None = None
+
+    def handle(self, sig: int, frame: FrameType | None) -> None:
+        self.received.append(sig)
+        if self.server is not None:
+            self.server.handle_exit(sig, frame)  # idempotent once it is shutting down
+
+
 @contextlib.contextmanager
-def _signals_end_serving() -> Iterator[list[int]]:
+def _signals_end_serving() -> Iterator[_Shutdown]:
     """Handle SIGTERM/SIGINT outside uvicorn's own handling too.
 
     uvicorn installs its handlers while it serves and, once it has drained, restores the previous
     ones and raises the signal again, "to trigger the expected behaviour". With the default handlers
-    that kills `serve` before it has stopped its worker. Here the previous handler only records the
-    signal, so `serve` stops its worker and exits normally."""
-    received: list[int] = []
+    that kills `serve` before it has stopped its worker. Here the previous handler records the signal
+    (and passes it to the server, for one that arrives before uvicorn's handlers are in place), so
+    `serve` stops its worker and exits normally."""
+    shutdown = _Shutdown()
     handled = (signal.SIGTERM, signal.SIGINT)
-    previous = {sig: signal.signal(sig, lambda s, _f: received.append(s)) for sig in handled}
+    previous = {sig: signal.signal(sig, shutdown.handle) for sig in handled}
     try:
-        yield received
+        yield shutdown
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -173,7 +188,7 @@ def serve(
             f"{settings.data_dir / KEY_FILE}):\n  {key}",
             flush=True,
         )
-    with _signals_end_serving():
+    with _signals_end_serving() as shutdown:
         supervisor: WorkerSupervisor | None = None
         if settings.embedded and worker:
             env = {**os.environ, "AUTOFUSION_DATA_DIR": str(settings.data_dir.resolve())}
@@ -194,9 +209,13 @@ def serve(
                 settings, host, port, api_workers=api_workers, drain_timeout=drain_timeout
             )
             if api_workers > 1:
-                Multiprocess(config, sockets=[config.bind_socket()]).run()
+                if not shutdown.received:
+                    Multiprocess(config, sockets=[config.bind_socket()]).run()
             else:
-                _server(config, supervisor.begin_stop if supervisor else lambda: None).run()
+                shutdown.server = _server(config, supervisor.begin_stop if supervisor else lambda: None)
+                if shutdown.received:  # a signal before the server existed: start and stop at once
+                    shutdown.server.should_exit = True
+                shutdown.server.run()
         finally:
             if supervisor is not None:
                 supervisor.stop(timeout=worker_drain_timeout)

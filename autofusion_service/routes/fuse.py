@@ -10,23 +10,26 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from typing import Annotated, Any
+from typing import Any
 
 import pydantic
-from fastapi import APIRouter, File, Form, Response, UploadFile
+from fastapi import APIRouter, Request, Response
+from starlette.concurrency import run_in_threadpool
 
 import graph_autofusion as gaf
 from autofusion_worker.targets import TARGETS
 
+from ..blobs import is_digest
 from ..deps import State, Tenant
 from ..problems import ProblemError, problem_responses
 from ..schemas import Job, job_view
+from ..state import ServiceState
 from ..store import JobRecord
 from ..store.records import new_job_id
+from ..uploads import REQUEST_BODY, Submission, read_submission
 
 router = APIRouter(tags=["jobs"])
 _TARGET_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
-_CHUNK = 1 << 20
 
 
 def job_key(model_digest: str, canonical_config: str, target: str) -> str:
@@ -65,42 +68,11 @@ def _check_model(data: bytes, config: gaf.FusionConfig) -> None:
         raise ProblemError(exc.code, exc.status, exc.message) from None
 
 
-def _hash_upload(upload: UploadFile, limit: int) -> tuple[str, int]:
-    hasher, size = hashlib.sha256(), 0
-    upload.file.seek(0)
-    for chunk in iter(lambda: upload.file.read(_CHUNK), b""):
-        hasher.update(chunk)
-        size += len(chunk)
-        if size > limit:
-            raise ProblemError(
-                "payload_too_large", 413, f"the model exceeds the limit of {limit} bytes", limit_bytes=limit
-            )
-    upload.file.seek(0)
-    return hasher.hexdigest(), size
-
-
-@router.post(
-    "/fuse",
-    status_code=202,
-    response_model=Job,
-    summary="Submit a model for fusion",
-    responses={
-        200: {"model": Job, "description": "The same submission already exists: its job."},
-        202: {
-            "description": "Accepted: the new job (already succeeded when identical results existed).",
-            "headers": {"Location": {"description": "`/jobs/{id}`", "schema": {"type": "string"}}},
-        },
-        **problem_responses(401, 413, 422, 503),
-    },
-)
-def submit(
-    response: Response,
-    state: State,
-    tenant: Tenant,
-    model: Annotated[UploadFile, File(description="The ONNX model file.")],
-    config: Annotated[str | None, Form(description="The engine's FusionConfig as a JSON object.")] = None,
-    target: Annotated[str, Form(description="Target to compile for, e.g. `cpu`.")] = "cpu",
-) -> Job:
+def _create_job(state: ServiceState, tenant: str, submission: Submission) -> tuple[JobRecord, bool]:
+    """Everything after the body is in: checks, the model into the blob store, the job. Blocking
+    (the engine's load guard, the store, the broker), so it runs in the thread pool."""
+    fields = submission.fields
+    target = fields.get("target") or "cpu"
     served = state.served_targets()
     if not _TARGET_NAME.match(target) or (target not in TARGETS and target not in served):
         raise ProblemError(
@@ -110,12 +82,8 @@ def submit(
             served=sorted(served),
             known=sorted(TARGETS),
         )
-    config_data, fusion_config = _parse_config(config)
-    digest, size = _hash_upload(model, state.settings.max_upload_bytes)
-    if not state.blobs.exists(digest):
-        _check_model(model.file.read(), fusion_config)
-        model.file.seek(0)
-        state.blobs.put_file(model.file)
+    config_data, fusion_config = _parse_config(fields.get("config"))
+    digest, size, filename = _model_for(state, tenant, submission, fusion_config)
     record = JobRecord(
         id=new_job_id(),
         tenant=tenant,
@@ -124,27 +92,101 @@ def submit(
         config=config_data,
         model_digest=digest,
         model_size=size,
-        model_filename=(model.filename or "model.onnx")[:255],
+        model_filename=filename[:255],
         engine_version=gaf.__version__,
     )
     done = state.store.find_succeeded(record.job_key)
     if done is not None:
-        job, created = state.store.submit_copy(record, done)
-    else:
-        job, created = state.store.submit(record)
-        if created:
-            try:
-                state.queue.publish(job.id, job.target)
-            except Exception as exc:
-                state.store.fail(
-                    job.id,
-                    {"code": "broker_unavailable", "status": 503, "detail": "the job queue is unavailable"},
-                )
-                raise ProblemError(
-                    "broker_unavailable",
-                    503,
-                    f"the job queue is unavailable ({type(exc).__name__}); retry later",
-                ) from None
+        return state.store.submit_copy(record, done)
+    job, created = state.store.submit(record)
+    if created:
+        try:
+            state.queue.publish(job.id, job.target)
+        except Exception as exc:
+            state.store.fail(
+                job.id,
+                {"code": "broker_unavailable", "status": 503, "detail": "the job queue is unavailable"},
+            )
+            raise ProblemError(
+                "broker_unavailable",
+                503,
+                f"the job queue is unavailable ({type(exc).__name__}); retry later",
+            ) from None
+    return job, created
+
+
+def _model_for(
+    state: ServiceState, tenant: str, submission: Submission, config: gaf.FusionConfig
+) -> tuple[str, int, str]:
+    """(digest, size, filename) of the submitted model: the uploaded part, stored (after the
+    engine's load guard) unless an identical blob is there already, or a `model_digest` naming a
+    blob this tenant uploaded before. Whether another tenant has it is never revealed."""
+    claimed = submission.fields.get("model_digest")
+    staged = submission.model
+    if staged is not None:
+        digest = staged.digest
+        if claimed and claimed != digest:
+            raise ProblemError(
+                "validation_error",
+                422,
+                "model_digest does not match the sha256 of the uploaded model",
+                title="Invalid request",
+                errors=[
+                    {
+                        "loc": ["body", "model_digest"],
+                        "msg": "does not match the model",
+                        "type": "value_error",
+                    }
+                ],
+            )
+        if not state.blobs.exists(digest):
+            _check_model(staged.read(), config)
+            staged.commit()
+        return digest, staged.size, submission.model_filename or "model.onnx"
+    if not claimed:
+        raise ProblemError(
+            "validation_error",
+            422,
+            "body.model: Field required (or give model_digest)",
+            title="Invalid request",
+            errors=[{"loc": ["body", "model"], "msg": "Field required", "type": "missing"}],
+        )
+    if not (is_digest(claimed) and state.store.owns(tenant, claimed) and state.blobs.exists(claimed)):
+        raise ProblemError(
+            "unknown_model_digest",
+            422,
+            "no model with this sha256 was uploaded by this tenant; submit the model file instead",
+            model_digest=claimed if is_digest(claimed) else None,
+        )
+    filename = submission.fields.get("model_filename") or "model.onnx"
+    return claimed, state.blobs.size(claimed), filename
+
+
+@router.post(
+    "/fuse",
+    status_code=202,
+    response_model=Job,
+    summary="Submit a model for fusion",
+    description="Multipart form: `model` (the ONNX file) or `model_digest` (the sha256 of a model "
+    "this tenant uploaded before, so that a resubmission sends no model bytes), `config`, `target`.",
+    responses={
+        200: {"model": Job, "description": "The same submission already exists: its job."},
+        202: {
+            "description": "Accepted: the new job (already succeeded when identical results existed).",
+            "headers": {"Location": {"description": "`/jobs/{id}`", "schema": {"type": "string"}}},
+        },
+        **problem_responses(401, 413, 422, 503),
+    },
+    openapi_extra={"requestBody": REQUEST_BODY},
+)
+async def submit(request: Request, response: Response, state: State, tenant: Tenant) -> Job:
+    # Async so that the body streams straight into the blob store (see uploads.py); the blocking
+    # rest runs in the thread pool.
+    submission = await read_submission(request, state.blobs, state.settings.max_upload_bytes)
+    try:
+        job, created = await run_in_threadpool(_create_job, state, tenant, submission)
+    finally:
+        submission.discard()
     response.status_code = 202 if created else 200
     response.headers["Location"] = f"/jobs/{job.id}"
-    return job_view(job, waiting=job.target not in served)
+    return job_view(job, waiting=job.target not in state.served_targets())

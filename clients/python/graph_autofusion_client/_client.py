@@ -21,6 +21,7 @@ import httpx
 
 from . import _protocol as proto
 from ._config import ConfigLike
+from ._exceptions import AutofusionError
 from ._inputs import ModelLike
 from ._job import AsyncJob, AsyncProgressCallback, Job, ProgressCallback
 from ._models import JobState, PatternInfo, Report, Target
@@ -44,7 +45,9 @@ class _BaseClient:
         timeout: float | httpx.Timeout,
         retry: RetryPolicy | None,
         headers: Mapping[str, str] | None,
+        digest_first_min_bytes: int | None = proto.DIGEST_FIRST_MIN_BYTES,
     ) -> None:
+        self.digest_first_min_bytes = digest_first_min_bytes
         url = base_url or os.environ.get(ENV_URL)
         if not url:
             raise ValueError(f"no service URL: pass base_url or set {ENV_URL}")
@@ -77,6 +80,9 @@ class _BaseClient:
 class Client(_BaseClient):
     """Blocking client. ``base_url``/``api_key`` default to ``$AUTOFUSION_URL``/``$AUTOFUSION_API_KEY``.
 
+    ``digest_first_min_bytes``: models at least this large are submitted by sha256 first and only
+    uploaded when the service does not hold them for this tenant (see `submit`); None always uploads.
+
     Use it as a context manager (or call `close`) to release its connection pool.
     """
 
@@ -89,8 +95,9 @@ class Client(_BaseClient):
         retry: RetryPolicy | None = None,
         headers: Mapping[str, str] | None = None,
         transport: httpx.BaseTransport | None = None,
+        digest_first_min_bytes: int | None = proto.DIGEST_FIRST_MIN_BYTES,
     ) -> None:
-        super().__init__(base_url, api_key, timeout, retry, headers)
+        super().__init__(base_url, api_key, timeout, retry, headers, digest_first_min_bytes)
         self._http = httpx.Client(transport=transport, **self._http_kwargs())
 
     # -- I/O -----------------------------------------------------------------------------------------
@@ -154,8 +161,18 @@ class Client(_BaseClient):
         target: str = "cpu",
         filename: str | None = None,
     ) -> Job:
-        """Upload a model for fusion; a repeated identical submission returns the same job."""
-        return Job(self, self._request(proto.submit_call(model, config, target, filename)))
+        """Submit a model for fusion; a repeated identical submission returns the same job.
+
+        A model of at least ``digest_first_min_bytes`` is first named by its sha256 alone; only if
+        the service does not hold it for this tenant is the file uploaded."""
+        by_digest, upload = proto.submit_calls(model, config, target, filename, self.digest_first_min_bytes)
+        if by_digest is not None:
+            try:
+                return Job(self, self._request(by_digest))
+            except AutofusionError as exc:
+                if not proto.upload_needed(exc):
+                    raise
+        return Job(self, self._request(upload))
 
     def get_job(self, job_id: str) -> Job:
         """Reattach to a job by id (e.g. one submitted by an earlier pipeline step)."""
@@ -278,8 +295,9 @@ class AsyncClient(_BaseClient):
         retry: RetryPolicy | None = None,
         headers: Mapping[str, str] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        digest_first_min_bytes: int | None = proto.DIGEST_FIRST_MIN_BYTES,
     ) -> None:
-        super().__init__(base_url, api_key, timeout, retry, headers)
+        super().__init__(base_url, api_key, timeout, retry, headers, digest_first_min_bytes)
         self._http = httpx.AsyncClient(transport=transport, **self._http_kwargs())
 
     # -- I/O -----------------------------------------------------------------------------------------
@@ -347,7 +365,17 @@ class AsyncClient(_BaseClient):
         target: str = "cpu",
         filename: str | None = None,
     ) -> AsyncJob:
-        return AsyncJob(self, await self._request(proto.submit_call(model, config, target, filename)))
+        # hashing a large model takes a while: not on the event loop
+        by_digest, upload = await asyncio.to_thread(
+            proto.submit_calls, model, config, target, filename, self.digest_first_min_bytes
+        )
+        if by_digest is not None:
+            try:
+                return AsyncJob(self, await self._request(by_digest))
+            except AutofusionError as exc:
+                if not proto.upload_needed(exc):
+                    raise
+        return AsyncJob(self, await self._request(upload))
 
     async def get_job(self, job_id: str) -> AsyncJob:
         return AsyncJob(self, (await self._request(proto.get_job_call(job_id))).state)

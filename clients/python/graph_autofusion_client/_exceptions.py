@@ -169,6 +169,7 @@ _BY_CODE: dict[str, type[AutofusionError]] = {
     "payload_too_large": PayloadTooLargeError,
     "job_not_ready": JobNotReadyError,
     "validation_error": InvalidRequestError,
+    "unknown_model_digest": InvalidRequestError,
     "service_unavailable": ServiceUnavailableError,
 }
 _BY_STATUS: dict[int, type[AutofusionError]] = {

@@ -8,6 +8,7 @@ to gigabytes.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 from collections.abc import Callable
@@ -23,6 +24,8 @@ class SerializableModel(Protocol):
     def SerializeToString(self) -> bytes: ...
 
 
+_HASH_CHUNK = 1 << 20
+
 ModelLike = str | os.PathLike[str] | bytes | bytearray | memoryview | SerializableModel | IO[bytes]
 
 
@@ -34,6 +37,16 @@ class ModelUpload:
     def multipart(self) -> dict[str, Any]:
         """The ``files=`` argument for one attempt (a fresh file object each call)."""
         return {"model": (self.filename, self.open(), "application/octet-stream")}
+
+    def measure(self) -> tuple[int, str]:
+        """``(size, sha256 hex)`` of the model, read once through the opener (streamed, so a large
+        file is never held in memory)."""
+        hasher, size = hashlib.sha256(), 0
+        with self.open() as stream:
+            for chunk in iter(lambda: stream.read(_HASH_CHUNK), b""):
+                hasher.update(chunk)
+                size += len(chunk)
+        return size, hasher.hexdigest()
 
 
 def model_upload(model: ModelLike, filename: str | None = None) -> ModelUpload:

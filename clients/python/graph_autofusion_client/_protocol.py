@@ -24,6 +24,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from ._config import ConfigLike, config_to_dict
 from ._exceptions import (
+    AutofusionError,
     IntegrityError,
     ServiceUnavailableError,
     UnexpectedResponseError,
@@ -146,15 +147,56 @@ def _job_path(job_id: str, suffix: str = "") -> str:
     return f"/jobs/{quote(job_id, safe='')}{suffix}"
 
 
-def submit_call(
-    model: ModelLike, config: ConfigLike | None, target: str, filename: str | None
-) -> Call[JobState]:
-    upload = model_upload(model, filename)
+#: Models at least this large are first submitted by digest alone (`submit_calls`); below it an
+#: upload costs about what the extra round trip would.
+DIGEST_FIRST_MIN_BYTES = 1 << 20
+#: Answers to a digest-only submission after which the model is uploaded instead: the service does
+#: not hold that model for this tenant (or predates `model_digest` and asks for the file).
+UPLOAD_NEEDED_CODES = frozenset({"unknown_model_digest", "validation_error"})
+
+
+def _submit_fields(config: ConfigLike | None, target: str) -> dict[str, Any]:
     data: dict[str, Any] = {"target": target}
     config_dict = config_to_dict(config)
     if config_dict is not None:
         data["config"] = json.dumps(config_dict, sort_keys=True)
-    return Call("POST", "/fuse", _job, data=data, files=upload.multipart)
+    return data
+
+
+def submit_call(
+    model: ModelLike, config: ConfigLike | None, target: str, filename: str | None
+) -> Call[JobState]:
+    upload = model_upload(model, filename)
+    return Call("POST", "/fuse", _job, data=_submit_fields(config, target), files=upload.multipart)
+
+
+def submit_calls(
+    model: ModelLike,
+    config: ConfigLike | None,
+    target: str,
+    filename: str | None,
+    digest_first_min_bytes: int | None = DIGEST_FIRST_MIN_BYTES,
+) -> tuple[Call[JobState] | None, Call[JobState]]:
+    """``(by_digest, upload)``: a submission naming the model by its sha256 only, to try first (None
+    for models under ``digest_first_min_bytes``, or with it None), and the full upload.
+
+    A pipeline resubmits the same model over and over; the service keeps every model a tenant
+    uploaded, so naming it by digest skips sending (and the service parsing) the whole file. Both
+    requests are idempotent, like every ``POST /fuse``: retrying either is safe."""
+    upload = model_upload(model, filename)
+    data = _submit_fields(config, target)
+    by_digest = None
+    if digest_first_min_bytes is not None:
+        size, digest = upload.measure()
+        if size >= digest_first_min_bytes:
+            fields = {**data, "model_digest": digest, "model_filename": upload.filename}
+            by_digest = Call("POST", "/fuse", _job, data=fields)
+    return by_digest, Call("POST", "/fuse", _job, data=data, files=upload.multipart)
+
+
+def upload_needed(error: AutofusionError) -> bool:
+    """Whether a refused digest-only submission should be followed by the upload."""
+    return error.status == 422 and error.code in UPLOAD_NEEDED_CODES
 
 
 def get_job_call(job_id: str) -> Call[Snapshot]:

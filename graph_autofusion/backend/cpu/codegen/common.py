@@ -49,6 +49,18 @@ static inline int64_t af_mod(int64_t a, int64_t b) {
   int64_t r = b ? a % b : 0;
   return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
+/* max(x, floor) as a bit select: gcc sees through a plain `x < f ? f : x` feeding expf and
+ * calls expf on the raw value (slow for underflowing lanes); this form it keeps. */
+static inline float af_clamp_low(float x, float f) {
+  uint32_t xb, fb;
+  memcpy(&xb, &x, 4);
+  memcpy(&fb, &f, 4);
+  const uint32_t m = (x < f) ? 0xffffffffu : 0u;
+  const uint32_t rb = (xb & ~m) | (fb & m);
+  float r;
+  memcpy(&r, &rb, 4);
+  return r;
+}
 """
 # libm functions the registry's C expressions call. When glibc's vector math library (libmvec)
 # has SIMD variants of one for every x86 vector ISA, the prelude declares it `omp declare simd`, so

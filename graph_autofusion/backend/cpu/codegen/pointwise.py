@@ -368,7 +368,6 @@ def _pad(em: KernelEmitter, block: Block, node: onnx.NodeProto, k: int, idx: Ind
         pads = [int(v) for v in attrs.get("pads", [])]  # type: ignore[union-attr]
         axes = list(range(rank))
     begin = [0] * rank
-    naxes = len(axes)
     for j, a in enumerate(axes):
         begin[normalize_axis(a, rank)] = pads[j]
     fill = "0"
@@ -376,7 +375,6 @@ def _pad(em: KernelEmitter, block: Block, node: onnx.NodeProto, k: int, idx: Ind
         fill = em.value(block, node.input[2], [])
     elif mode == "constant" and "value" in attrs:
         fill = c_literal(attrs["value"], in_info.elem_type)
-    del naxes
     src: Index = []
     conds: list[str] = []
     for e, b, d in zip(idx, begin, in_info.shape, strict=True):

@@ -63,9 +63,8 @@ def _cumsum(em: KernelEmitter, block: Block, node: onnx.NodeProto, k: int, idx: 
     src = list(idx)
     src[axis] = r
     if reverse:
-        lo, hi = (f"({here}) + 1" if exclusive else f"{here}"), str(x.shape[axis])
+        lo = f"({here}) + 1" if exclusive else f"{here}"
         loop = f"for (int64_t {r} = {x.shape[axis] - 1}; {r} >= {lo}; --{r})"
-        del hi
     else:
         hi = f"{here}" if exclusive else f"({here}) + 1"
         loop = f"for (int64_t {r} = 0; {r} < {hi}; ++{r})"

@@ -57,7 +57,6 @@ def make_model(
 def fuse_all(model: onnx.ModelProto, template: str, pattern: str = "test") -> onnx.ModelProto:
     """Wrap every node of `model` into one fused kernel (docs/fused-format.md)."""
     graph = model.graph
-    init_names = {t.name for t in graph.initializer}
     produced = {o for n in graph.node for o in n.output}
     external: list[str] = []
     for n in graph.node:
@@ -79,7 +78,6 @@ def fuse_all(model: onnx.ModelProto, template: str, pattern: str = "test") -> on
         {"pattern": pattern, "template": template, "members": [n.name or n.op_type for n in graph.node]}
     )
     call = helper.make_node("fused_0", external, outs, domain=FUSED_DOMAIN, name="fused_0")
-    del init_names
     new_graph = helper.make_graph(
         [call], graph.name, list(graph.input), list(graph.output), list(graph.initializer)
     )

@@ -37,27 +37,31 @@ from graph_autofusion.backend.cpu.conformance import (
 from graph_autofusion.ops import lookup
 
 _TRAINING_DROPOUT = (
-    "training-mode Dropout (a random mask) is not an inference op; the runtime has no generator"
+    "training_mode input: a random mask, not inference; extract keeps it off the view path (host op)"
 )
+_BN_TRAINING = "training_mode=1 (batch statistics, running mean/var outputs): only inference BN compiles"
+_DROPOUT_MASK = "the optional mask output: only a mask-free inference Dropout is aliased as a view (host op)"
+_GROUP_NORM = "GroupNormalization has no generator (no rule in reduction.py): host op"
+_MAXPOOL_INDICES = "MaxPool's Indices output: pool.py computes values only, extract sends it to the host"
 _EMPTY_REDUCE = (
-    "reduction over a zero-size tensor: the generator declines it and onnx.reference computes it on the host"
+    "reduction over a zero-size tensor: reduction.py declines it (CodegenUnsupported), so it runs on the host"
 )
 
 KNOWN_GAPS: Mapping[str, str] = {
-    "test_batchnorm_example_training_mode": "training-mode BatchNormalization (running stats outputs)",
-    "test_batchnorm_epsilon_training_mode": "training-mode BatchNormalization (running stats outputs)",
-    "test_dropout_default_mask": "Dropout's optional mask output: only the data output is aliased as a view",
-    "test_dropout_default_mask_ratio": "Dropout's optional mask output: only the data output is aliased",
+    "test_batchnorm_example_training_mode": _BN_TRAINING,
+    "test_batchnorm_epsilon_training_mode": _BN_TRAINING,
+    "test_dropout_default_mask": _DROPOUT_MASK,
+    "test_dropout_default_mask_ratio": _DROPOUT_MASK,
     "test_training_dropout_default": _TRAINING_DROPOUT,
     "test_training_dropout_default_mask": _TRAINING_DROPOUT,
     "test_training_dropout": _TRAINING_DROPOUT,
     "test_training_dropout_mask": _TRAINING_DROPOUT,
     "test_training_dropout_zero_ratio": _TRAINING_DROPOUT,
     "test_training_dropout_zero_ratio_mask": _TRAINING_DROPOUT,
-    "test_group_normalization_example": "GroupNormalization has no generator (reduction.py); host op",
-    "test_group_normalization_epsilon": "GroupNormalization has no generator (reduction.py); host op",
-    "test_maxpool_with_argmax_2d_precomputed_pads": "MaxPool's Indices output has no generator; host op",
-    "test_maxpool_with_argmax_2d_precomputed_strides": "MaxPool's Indices output has no generator; host op",
+    "test_group_normalization_example": _GROUP_NORM,
+    "test_group_normalization_epsilon": _GROUP_NORM,
+    "test_maxpool_with_argmax_2d_precomputed_pads": _MAXPOOL_INDICES,
+    "test_maxpool_with_argmax_2d_precomputed_strides": _MAXPOOL_INDICES,
     "test_reduce_log_sum_empty_set": _EMPTY_REDUCE,
     "test_reduce_log_sum_exp_empty_set": _EMPTY_REDUCE,
     "test_reduce_l1_empty_set": _EMPTY_REDUCE,
