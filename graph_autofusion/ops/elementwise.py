@@ -156,7 +156,9 @@ register(OpDef("Clip", OpKind.ELEMENTWISE, per_output(2), c_expr=_clip))
 register(
     OpDef("Cast", OpKind.ELEMENTWISE, per_output(0), c_expr=lambda a, t: f"(({ctype(int(t['to']))})({a[0]}))")
 )
-register(OpDef("IsInf", OpKind.ELEMENTWISE, per_output(1), c_expr=lambda a, t: f"isinf({a[0]})"))
+# IsInf and Mod depend on attributes and on the element type (fmod=0 follows the divisor's sign
+# for floats, C's `%` for integers): the backend emits them with node rules, not a C expression.
+register(OpDef("IsInf", OpKind.ELEMENTWISE, per_output(1), tags=frozenset({"node_rule"})))
 
 for _op, _tpl, _cost in [
     ("Add", "(({0}) + ({1}))", 1),
@@ -206,14 +208,7 @@ register(
         c_expr=lambda a, t: "((" + " + ".join(f"({x})" for x in a) + f") / {len(a)}.0f)",
     )
 )
-register(
-    OpDef(
-        "Mod",
-        OpKind.BROADCAST,
-        per_output(2),
-        c_expr=lambda a, t: f"fmodf({a[0]}, {a[1]})" if t.get("fmod") else f"af_mod({a[0]}, {a[1]})",
-    )
-)
-# Inference BatchNormalization left after folding: a per-channel affine map.  Canonicalization
-# rewrites it into Mul/Add with broadcastable constants, so no C expression is needed here.
-register(OpDef("BatchNormalization", OpKind.BROADCAST, per_output(2)))
+register(OpDef("Mod", OpKind.BROADCAST, per_output(2), tags=frozenset({"node_rule"})))
+# Inference BatchNormalization left after folding: a per-channel affine map whose parameters
+# broadcast along axis 1 (not numpy's rule), so the backend emits it with a node rule.
+register(OpDef("BatchNormalization", OpKind.BROADCAST, per_output(2), tags=frozenset({"node_rule"})))
