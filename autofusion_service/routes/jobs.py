@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import FileResponse
 
 from ..blobs import BlobStore
-from ..deps import State, Tenant
+from ..deps import BEARER_SECURITY, State, Tenant, tenant_of
 from ..problems import ProblemError, problem_responses
 from ..schemas import Job, JobList, job_view
 from ..store import JobRecord, JobStore
@@ -97,10 +97,13 @@ def list_jobs(
         },
         **problem_responses(401, 404),
     },
+    openapi_extra={"security": BEARER_SECURITY},
 )
-async def get_job(job_id: str, state: State, tenant: Tenant) -> Response:
-    # The hottest route (every client polls it): async, so no thread-pool hop; one store read of the
-    # record's JSON (a local Redis GET or SQLite read); the body rendered once per record version.
+async def get_job(job_id: str, request: Request) -> Response:
+    # The hottest route (every client polls it): async, so no thread-pool hop; authentication without
+    # the dependency machinery (see `tenant_of`); one store read of the record's JSON (a local Redis
+    # GET or SQLite read); the body rendered once per record version.
+    state, tenant = tenant_of(request)
     raw = state.store.get_raw(job_id) if _is_job_id(job_id) else None
     view = state.status_views.get(raw) if raw else None
     if view is None or view.tenant != tenant:

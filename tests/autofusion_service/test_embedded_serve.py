@@ -103,3 +103,11 @@ def test_serve_uses_the_fast_server_stack_and_the_drain_timeout(tmp_path) -> Non
         loop.close()
     config.load()  # fails if httptools is not installed
     assert config.http_protocol_class.__name__ == "HttpToolsProtocol"
+
+
+def test_default_api_workers_follow_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    from autofusion_service import cli
+
+    for cores, expected in ((1, 1), (2, 1), (4, 2), (8, 4), (64, 4)):
+        monkeypatch.setattr(cli.os, "sched_getaffinity", lambda _pid, n=cores: set(range(n)))
+        assert cli.default_api_workers() == expected

@@ -98,7 +98,7 @@ def test_bad_digest_fields(client: httpx.Client) -> None:
 @pytest.mark.parametrize(
     "body",
     [
-        b"--b\r\nContent-Disposition: form-data; name=\"model\"; filename=\"m\"\r\n\r\nabc",  # cut off
+        b'--b\r\nContent-Disposition: form-data; name="model"; filename="m"\r\n\r\nabc',  # cut off
         b"no multipart here",
     ],
     ids=["truncated", "garbage"],
@@ -121,3 +121,12 @@ def test_uploads_leave_no_staged_files(client: httpx.Client, staging: Path, embe
     assert list(staging.iterdir()) == []
     stored = embedded_api.settings.blob_dir / hashlib.sha256(model).hexdigest()[:2]
     assert (stored / hashlib.sha256(model).hexdigest()).read_bytes() == model
+
+
+def test_openapi_documents_both_ways_to_submit(client: httpx.Client) -> None:
+    operation = client.get("/openapi.json").json()["paths"]["/fuse"]["post"]
+    content = operation["requestBody"]["content"]
+    multipart = content["multipart/form-data"]["schema"]["properties"]
+    assert multipart["model"]["format"] == "binary" and "pattern" in multipart["model_digest"]
+    assert content["application/x-www-form-urlencoded"]["schema"]["required"] == ["model_digest"]
+    assert "unknown_model_digest" in operation["responses"]["422"]["description"]

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+from pathlib import Path
+
 import numpy as np
 import pytest
 from anchor_helpers import RTOL, check, make_case, rand, run_kernel, run_ort, spec_for
@@ -9,6 +13,8 @@ from onnx import helper, numpy_helper
 
 from graph_autofusion.backend.cpu.codegen.anchor import AnchorKernel, emit_anchor
 from graph_autofusion.backend.cpu.codegen.common import CodegenUnsupported
+from graph_autofusion.backend.cpu.codegen.epilogue import epilogue_erf
+from graph_autofusion.backend.cpu.compiler import KernelSource, compiler_identity, kernel_flags
 
 
 @pytest.fixture
@@ -51,7 +57,7 @@ def test_matmul_bias_relu_flattens_batch_into_one_gemm(rng: np.random.Generator)
     assert kernel.source.count("AF_SGEMM(AfRowMajor") == 1
 
 
-def test_matmul_bias_gelu_erf_form_tiled_and_parallel(rng: np.random.Generator) -> None:
+def test_matmul_bias_gelu_erf_form_tiled_and_parallel(rng: np.random.Generator, tmp_path: Path) -> None:
     # Large enough for several tiles (tiles over rows and columns, epilogue on each tile).
     case = make_case(
         [_node("MatMul", ["x", "w"], ["y"]), _node("Add", ["y", "b"], ["z"]), *_gelu_erf("z", "o")],
@@ -62,7 +68,64 @@ def test_matmul_bias_gelu_erf_form_tiled_and_parallel(rng: np.random.Generator) 
     kernel = check(case, "mm_bias_gelu", k=64, method="gemm")
     assert "#pragma omp parallel" in kernel.source  # several tiles, worth a thread team
     assert "schedule(dynamic, 1)" in kernel.source
-    assert "af_erff(" in kernel.source and "0.5f" in kernel.source  # vectorizable erf, scalars baked in
+    assert (
+        f"{epilogue_erf()}(" in kernel.source and "0.5f" in kernel.source
+    )  # vectorizable erf, scalars baked in
+    _assert_epilogue_vectorized(kernel, tmp_path)
+
+
+def _assert_epilogue_vectorized(kernel: AnchorKernel, tmp_path: Path) -> None:
+    """Compile the kernel as the project does, asking gcc which loops it vectorized: every
+    epilogue's inner loop (over a tile row) must be one of them, or the fused kernel would pay
+    more for its epilogue than the separate pointwise kernels it replaces."""
+    info = compiler_identity()
+    if "clang" in info.version.lower() or "gcc" not in info.path.lower():
+        pytest.skip("-fopt-info-vec is a gcc option")
+    src = tmp_path / "k.c"
+    src.write_text(kernel.source)
+    flags = kernel_flags(KernelSource("k", kernel.source, uses_blas=kernel.uses_blas))
+    flags = [f for f in flags if f not in ("-shared", "-pipe")]
+    proc = subprocess.run(
+        [*info.command, *flags, "-c", "-fopt-info-vec-optimized", str(src), "-o", str(tmp_path / "k.o")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    loops = [
+        n for n, line in enumerate(kernel.source.splitlines(), 1) if "for (long c = c0; c < c1; ++c)" in line
+    ]
+    assert loops, "no epilogue loop found"
+    vectorized = {int(m) for m in re.findall(r"k\.c:(\d+):\d+: optimized: loop vectorized", proc.stderr)}
+    assert set(loops) <= vectorized, proc.stderr
+
+
+def test_conv_bias_relu_residual_epilogue_vectorizes(rng: np.random.Generator, tmp_path: Path) -> None:
+    # A ResNet bottleneck tail: 1x1 conv + bias -> Add(residual) -> Relu, rows = output channels.
+    case = make_case(
+        [
+            _node("Conv", ["x", "w", "b"], ["y"], kernel_shape=[1, 1]),
+            _node("Add", ["y", "skip"], ["z"]),
+            _node("Relu", ["z"], ["o"]),
+        ],
+        {"x": rand(rng, 1, 16, 8, 8), "skip": rand(rng, 1, 24, 8, 8)},
+        ["o"],
+        {"w": rand(rng, 24, 16, 1, 1), "b": rand(rng, 24)},
+    )
+    kernel = check(case, "conv_bias_add_relu", k=16)
+    _assert_epilogue_vectorized(kernel, tmp_path)
+
+
+def test_gemm_bias_epilogue_vectorizes_with_broadcast_bias(rng: np.random.Generator, tmp_path: Path) -> None:
+    # Bias broadcast along the contiguous axis: read as a unit-stride run, no index arithmetic.
+    case = make_case(
+        [_node("MatMul", ["x", "w"], ["y"]), _node("Add", ["y", "b"], ["o"])],
+        {"x": rand(rng, 1, 40, 32)},
+        ["o"],
+        {"w": rand(rng, 32, 48), "b": rand(rng, 48)},
+    )
+    kernel = check(case, "mm_bias", k=32, method="gemm")
+    assert "/" not in kernel.source.split("static void", 1)[1].split("}", 1)[0].replace("/*", "")
+    _assert_epilogue_vectorized(kernel, tmp_path)
 
 
 @pytest.mark.parametrize("trans_a", [0, 1])
