@@ -3,7 +3,9 @@ onnxruntime (ORT_ENABLE_ALL, which fuses Conv+Relu and MatMul+Add itself) on the
 
 Shapes: the conv shape classes of ResNet-50 (stem 7x7/2, 1x1 reduce/expand, 3x3 at each stage,
 3x3 stride 2, 1x1 stride-2 downsample), two MobileNetV2 depthwise convs, and the three GEMMs of a
-BERT-base layer at sequence length 128 (as MatMul + Add + Relu). Batch 1.
+BERT-base layer at sequence length 128 (as MatMul + Add + Relu), plus the FFN's first GEMM with
+its real epilogue, bias + exact GELU (Div, Erf, Add, Mul, Mul; onnxruntime fuses it into its own
+BiasGelu). Batch 1.
 
 For each shape and thread count: the median latency of our kernel, of onnxruntime, and their
 ratio (ours / ort; below 1.0 means we are faster), the same for the fastest run (on a shared,
@@ -20,8 +22,12 @@ Run: `.venv/bin/python benchmarks/anchors.py [--threads 1,2] [--reps 15] [--only
 On a shared machine, 2-thread medians of any fork/join kernel suffer when the second thread is
 not scheduled in time: the team's closing barrier waits for it (stalls in multiples of the 4 ms
 scheduler tick were measured at load average 2.5 on 2 cores), while onnxruntime's caller thread
-simply does the work itself. `--omp-dynamic` lets libgomp size the team by the load average, which
-removes those stalls (dw 3x3 144x56x56 at 2 threads: median 12 ms -> 0.26 ms).
+simply does the work itself. Spinning idle workers made it worse (they hold the core the late
+thread needs), so the backend runs libgomp with `OMP_WAIT_POLICY=PASSIVE` (threads.py, which has
+the figures). `--omp-dynamic` lets libgomp size the team by the load average instead (dw 3x3
+144x56x56 at 2 threads: median 12 ms -> 0.26 ms), but on 2 cores that average includes this
+process, so it nearly always means one thread, even on an idle machine: a diagnostic, not a
+setting for the runtime.
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ class Shape:
     family: str  # resnet | dw | bert
     kind: str  # conv | matmul
     dims: tuple[int, ...]  # conv: (cin, cout, hw, k, stride, group); matmul: (m, k, n)
+    epilogue: str = "relu"  # matmul only: "relu" (bias + ReLU) or "gelu" (bias + exact GELU, with erf)
 
 
 SHAPES = [
@@ -73,6 +80,7 @@ SHAPES = [
     Shape("dw 3x3/2 96 112", "dw", "conv", (96, 96, 112, 3, 2, 96)),
     Shape("bert 128x768x768", "bert", "matmul", (128, 768, 768)),
     Shape("bert 128x768x3072", "bert", "matmul", (128, 768, 3072)),
+    Shape("bert 128x768x3072 gelu", "bert", "matmul", (128, 768, 3072), "gelu"),
     Shape("bert 128x3072x768", "bert", "matmul", (128, 3072, 768)),
 ]
 
@@ -100,11 +108,22 @@ def _model(shape: Shape, rng: np.random.Generator) -> tuple[onnx.ModelProto, dic
             "w": (rng.standard_normal((kk, n)) / np.sqrt(kk)).astype(np.float32),
             "b": rng.standard_normal(n).astype(np.float32),
         }
-        nodes = [
-            helper.make_node("MatMul", ["x", "w"], ["y"]),
-            helper.make_node("Add", ["y", "b"], ["z"]),
-            helper.make_node("Relu", ["z"], ["o"]),
-        ]
+        nodes = [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Add", ["y", "b"], ["z"])]
+        if shape.epilogue == "gelu":  # BERT's FFN: z * 0.5 * (1 + erf(z / sqrt(2))), as exporters write it
+            inits.update(
+                sqrt2=np.array(np.sqrt(2.0), np.float32),
+                one=np.array(1.0, np.float32),
+                half=np.array(0.5, np.float32),
+            )
+            nodes += [
+                helper.make_node("Div", ["z", "sqrt2"], ["g_div"]),
+                helper.make_node("Erf", ["g_div"], ["g_erf"]),
+                helper.make_node("Add", ["g_erf", "one"], ["g_add"]),
+                helper.make_node("Mul", ["z", "g_add"], ["g_mul"]),
+                helper.make_node("Mul", ["g_mul", "half"], ["o"]),
+            ]
+        else:
+            nodes.append(helper.make_node("Relu", ["z"], ["o"]))
     graph = helper.make_graph(
         nodes,
         "bench",

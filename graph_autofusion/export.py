@@ -29,7 +29,7 @@ def _value_info(graph: Graph, name: str, local: str) -> onnx.ValueInfoProto:
 def _function(
     graph: Graph, group: PlannedGroup, opset: int
 ) -> tuple[onnx.FunctionProto, list[str], list[str]]:
-    inputs, outputs = group_boundary(graph, group.members)
+    inputs, outputs = group_boundary(graph, group.members, group.private)
     inline = [
         x
         for x in inputs

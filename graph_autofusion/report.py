@@ -33,7 +33,7 @@ def build_report(
     schedule = [frozenset(g.members) for g in plan.groups]
     groups = []
     for k, g in enumerate(g for g in plan.groups if len(g.members) > 1):
-        inputs, outputs = group_boundary(graph, g.members)
+        inputs, outputs = group_boundary(graph, g.members, g.private)
         parts_bytes = sum(unfused_costs[i].bytes for i in g.members)
         groups.append(
             {

@@ -48,8 +48,13 @@ class KernelCost:
         return self.compute_time(hw) >= self.memory_time(hw)
 
 
-def group_boundary(graph: Graph, members: Collection[int]) -> tuple[list[str], list[str]]:
-    """External inputs (activations and weights, first-use order) and outputs of a node set."""
+def group_boundary(
+    graph: Graph, members: Collection[int], private: Collection[int] = ()
+) -> tuple[list[str], list[str]]:
+    """External inputs (activations and weights, first-use order) and outputs of a node set.
+
+    Values of `private` members (recomputed here and in each other kernel that reads them) are
+    never outputs."""
     inputs: dict[str, None] = {}
     outputs: dict[str, None] = {}
     for i in sorted(members):
@@ -60,6 +65,8 @@ def group_boundary(graph: Graph, members: Collection[int]) -> tuple[list[str], l
             p = graph.values[x].producer
             if p is None or p not in members:
                 inputs.setdefault(x)
+        if i in private:
+            continue
         for o in node.outputs:
             if not o:
                 continue
@@ -69,10 +76,10 @@ def group_boundary(graph: Graph, members: Collection[int]) -> tuple[list[str], l
     return list(inputs), list(outputs)
 
 
-def kernel_cost(graph: Graph, members: Collection[int]) -> KernelCost:
+def kernel_cost(graph: Graph, members: Collection[int], private: Collection[int] = ()) -> KernelCost:
     nodes = [graph.nodes[i] for i in members]
     is_kernel = any(n.kind != OpKind.VIEW for n in nodes)
-    inputs, outputs = group_boundary(graph, members)
+    inputs, outputs = group_boundary(graph, members, private)
     traffic = sum(graph.values[x].nbytes for x in inputs) + sum(graph.values[x].nbytes for x in outputs)
     return KernelCost(
         flops=sum(n.cost.flops for n in nodes),

@@ -36,6 +36,7 @@ class PlannedGroup:
     template: str
     patterns: list[str]
     cost: KernelCost
+    private: frozenset[int] = frozenset()  # members recomputed here and in other kernels
 
     @property
     def is_kernel(self) -> bool:
@@ -256,20 +257,22 @@ class Planner:
             merged = []
             for r in readers:
                 members = sorted(set(groups[r].members) | set(grp.members))
-                template, _ = classify(g, members)
-                acts = [x for x in group_boundary(g, members)[0] if not g.values[x].is_const]
+                private = groups[r].private | frozenset(grp.members)
+                template, _ = classify(g, members, private=private)
+                acts = [x for x in group_boundary(g, members, private)[0] if not g.values[x].is_const]
                 if (
                     template is None
                     or len(acts) > self.config.max_inputs
                     or len(members) > self.config.max_fusion_size
                 ):
                     break
-                merged.append((r, members, template))
+                merged.append((r, members, template, private))
             else:
-                for r, members, template in merged:
+                for r, members, template, private in merged:
                     old = groups[r]
                     patterns = old.patterns if "recompute" in old.patterns else [*old.patterns, "recompute"]
-                    groups[r] = PlannedGroup(members, template, patterns, kernel_cost(g, members))
+                    cost = kernel_cost(g, members, private)
+                    groups[r] = PlannedGroup(members, template, patterns, cost, private)
                 dropped.add(k)
                 self.stats.setdefault("recompute", {"matched": 0, "applied": 0, "refused": 0})
                 self.stats["recompute"]["matched"] += 1

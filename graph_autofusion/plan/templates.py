@@ -177,15 +177,18 @@ def _nocopy_reshape(shape: list[int], strides: list[int], new_shape: list[int]) 
     return new_strides
 
 
-def classify(graph: Graph, members: Collection[int]) -> tuple[str | None, str]:
-    """(template, "") when one kernel can run `members`, else (None, why)."""
+def classify(graph: Graph, members: Collection[int], private: Collection[int] = ()) -> tuple[str | None, str]:
+    """(template, "") when one kernel can run `members`, else (None, why).
+
+    `private` names members recomputed inside this kernel: their values never leave it, even
+    where other kernels read the same node (each of those recomputes its own copy)."""
     try:
-        return _classify(graph, members), ""
+        return _classify(graph, members, frozenset(private)), ""
     except Misfit as why:
         return None, str(why)
 
 
-def _classify(graph: Graph, members: Collection[int]) -> str:
+def _classify(graph: Graph, members: Collection[int], private: frozenset[int] = frozenset()) -> str:
     nodes = [graph.nodes[i] for i in sorted(members)]
     real = [n for n in nodes if n.kind != OpKind.VIEW]
     if not real:
@@ -214,7 +217,7 @@ def _classify(graph: Graph, members: Collection[int]) -> str:
         _epilogue_only(graph, members, pools[0])
         return "pool"
     if reductions:
-        _reduction(graph, members, reductions)
+        _reduction(graph, members, reductions, private)
         return "reduction"
     _pointwise(graph, members)
     return "pointwise"
@@ -379,7 +382,9 @@ def _anchor_chain(graph: Graph, members: Collection[int], anchors: list[Node]) -
     _epilogue_only(graph, rest, second, views=True)
 
 
-def _reduction(graph: Graph, members: Collection[int], reductions: list[Node]) -> None:
+def _reduction(
+    graph: Graph, members: Collection[int], reductions: list[Node], private: frozenset[int]
+) -> None:
     outer = inner = None
     for r in reductions:
         found = reduced_axes(graph, r)
@@ -397,8 +402,17 @@ def _reduction(graph: Graph, members: Collection[int], reductions: list[Node]) -
         n = graph.nodes[i]
         if n.kind == OpKind.REDUCE:
             continue
-        if n.kind not in REDUCTION_PROLOGUE_KINDS:
+        if n.kind not in REDUCTION_PROLOGUE_KINDS | {OpKind.INJECTIVE}:
             raise Misfit(f"{n.op_type} '{n.name}' cannot join a row reduction")
         size = _numel(graph, _out(n))
-        if size not in (full, reduced):
+        if size not in (full, reduced) and i not in private and _leaves(graph, n, members):
             raise Misfit(f"{n.op_type} '{n.name}' works on {size} elements, rows are {outer}x{inner}")
+
+
+def _leaves(graph: Graph, node: Node, members: Collection[int]) -> bool:
+    """Whether a value of `node` is read outside the kernel (it must then be on a row domain)."""
+    for o in node.outputs:
+        v = graph.values[o] if o else None
+        if v is not None and (v.is_output or any(c not in members for c in v.consumers)):
+            return True
+    return False

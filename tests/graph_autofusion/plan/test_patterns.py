@@ -108,3 +108,20 @@ def test_conv_patterns_apply_on_resnet() -> None:
     report = gaf.fuse(m).report()
     assert report["patterns"]["conv_epilogue"]["applied"] >= 10
     assert report["canonicalize"]["fold_batchnorm"] >= 10
+
+
+def test_cheap_producers_are_recomputed_in_each_reader_and_still_match() -> None:
+    # BERT's attention-mask chain (Unsqueeze, Cast, Sub, Mul on [B, S]) feeds every layer's softmax:
+    # it is recomputed inside each softmax kernel instead of running as a kernel of its own, and
+    # the embedding Gathers join the embedding LayerNorm.
+    m = gaf.zoo.build("bert_base", num_layers=2, hidden=64, heads=2, seq_len=16, vocab=100)
+    fused = gaf.fuse(m)
+    report = fused.report()
+    assert report["patterns"]["recompute"]["applied"] == 1
+    readers = [g for g in report["groups"] if "recompute" in g["pattern"]]
+    assert len(readers) == 2 and all("Softmax" in g["op_types"] for g in readers)
+    assert any(
+        g["op_types"][:1] == ["Gather"] and "LayerNormalization" in g["op_types"] for g in report["groups"]
+    )
+    assert fused.verify().passed  # the generated kernels, not just onnxruntime
+    assert fused.verify(runner="onnxruntime").passed
