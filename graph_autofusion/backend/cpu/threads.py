@@ -23,13 +23,17 @@ its descheduled team mate needs, and the kernels' closing barriers then wait who
 slices. Measured on 2 cores with one busy neighbour process (`python -c "while True: pass"`),
 2 OpenMP threads, median of 15 runs: BERT-base 2 layers 80.5 ms (p90 271) spinning vs 51.3 ms
 (p90 83) passive, ResNet-50 209 ms vs 120 ms; passive then matches one thread (49.1 / 116 ms).
-On an otherwise idle machine passive costs one futex wake per parallel region (a few
-microseconds; within run-to-run noise on both models). `omp_set_dynamic(1)` was tried and
+On an otherwise idle machine passive costs a futex wake per parallel region: medians 4-8%
+higher (three alternating pairs: BERT 2 layers 26.6-29.8 vs 25.4-27.0 ms, ResNet-50 58-68 vs
+56-66 ms), a price worth paying where neighbours are the norm (several workers per host); on a
+dedicated machine set `AUTOFUSION_OMP_WAIT_POLICY=default` (libgomp's spin-then-sleep) or
+`OMP_WAIT_POLICY=ACTIVE`. A short spin (`GOMP_SPINCOUNT=10000`/`20000`)
+was worse than both on ResNet-50 (101-173 ms). `omp_set_dynamic(1)` was tried and
 rejected: libgomp sizes the team as cores minus the 1-minute load average, which counts this
 process itself, so on 2 cores it always ran one thread and gave up the idle-machine speedup
-(BERT 2 layers 46-54 ms instead of 26-28 ms). A policy set in the environment (ACTIVE for a
-dedicated machine) is left alone, and one that libgomp had already read (another library
-loaded it first) cannot be changed: `omp_wait_policy()` reports what is in effect.
+(BERT 2 layers 46-54 ms instead of 26-28 ms). A policy set in the environment is left alone,
+and one that libgomp had already read (another library loaded it first) cannot be changed:
+`omp_wait_policy()` reports what is in effect.
 """
 
 from __future__ import annotations
@@ -130,6 +134,8 @@ if hasattr(os, "register_at_fork"):
 
 
 WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
+# Our own knob: "passive" (the default), "active", or "default" to leave libgomp's spin-then-sleep.
+BACKEND_WAIT_POLICY_ENV = "AUTOFUSION_OMP_WAIT_POLICY"
 DEFAULT_WAIT_POLICY = "PASSIVE"
 _wait_policy: str | None = None  # what libgomp read, when known
 
@@ -140,12 +146,19 @@ def _default_wait_policy() -> None:
     if _libgomp_mapped():
         _wait_policy = os.environ.get(WAIT_POLICY_ENV)  # already read: whatever was set then
         return
-    _wait_policy = os.environ.setdefault(WAIT_POLICY_ENV, DEFAULT_WAIT_POLICY)
+    wanted = os.environ.get(BACKEND_WAIT_POLICY_ENV, DEFAULT_WAIT_POLICY).strip().upper()
+    if wanted not in ("PASSIVE", "ACTIVE", "DEFAULT"):
+        log.warning("ignoring %s=%r (expected passive, active or default)", BACKEND_WAIT_POLICY_ENV, wanted)
+        wanted = DEFAULT_WAIT_POLICY
+    if wanted == "DEFAULT":
+        _wait_policy = os.environ.get(WAIT_POLICY_ENV)
+        return
+    _wait_policy = os.environ.setdefault(WAIT_POLICY_ENV, wanted)
 
 
 def omp_wait_policy() -> str:
-    """How idle OpenMP workers of this process wait: "PASSIVE", "ACTIVE", or "default" (libgomp's
-    spin-then-sleep, when it was loaded before this module could choose)."""
+    """How idle OpenMP workers of this process wait: "PASSIVE", "ACTIVE", or "DEFAULT" (libgomp's
+    spin-then-sleep: asked for, or libgomp was loaded before this module could choose)."""
     return (_wait_policy or "default").upper()
 
 
