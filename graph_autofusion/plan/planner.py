@@ -28,6 +28,10 @@ from .templates import classify
 VIEW_PRIORITY = 1e30  # absorbing a view costs nothing: try those merges first
 RECOMPUTE_MAX_INPUT_BYTES = 64 * 1024  # inputs this small stay cache-resident when re-read
 RECOMPUTABLE = {OpKind.VIEW, OpKind.ELEMENTWISE, OpKind.BROADCAST}
+# A reader iterates its whole domain; recomputing a producer of a much smaller (broadcast) domain
+# inside it repeats the producer's work that many times and, measured on BERT's attention mask,
+# costs more than the separate kernel it saves (the row loops also stop vectorizing).
+RECOMPUTE_MAX_REDUNDANCY = 4
 
 
 @dataclass
@@ -254,6 +258,9 @@ class Planner:
             readers = sorted({owner[c] for o in outputs for c in g.values[o].consumers} - {k})
             if not readers or any(groups[r].template == "view" for r in readers):
                 continue
+            produced = max(_numel(g.values[o].shape) for o in outputs)
+            if any(_domain(g, groups[r].members) > RECOMPUTE_MAX_REDUNDANCY * produced for r in readers):
+                continue  # a broadcast producer would be recomputed for every element of a far larger domain
             merged = []
             for r in readers:
                 members = sorted(set(groups[r].members) | set(grp.members))
@@ -278,6 +285,18 @@ class Planner:
                 self.stats["recompute"]["matched"] += 1
                 self.stats["recompute"]["applied"] += 1
         return [grp for k, grp in enumerate(groups) if k not in dropped]
+
+
+def _numel(shape: tuple[int, ...] | None) -> int:
+    n = 1
+    for d in shape or ():
+        n *= d
+    return n
+
+
+def _domain(graph: Graph, members: Sequence[int]) -> int:
+    """Elements of the largest value a kernel computes: the size of its loop domain."""
+    return max(_numel(graph.values[o].shape) for i in members for o in graph.nodes[i].outputs if o)
 
 
 def _schedule(part: Partition) -> list[int]:
