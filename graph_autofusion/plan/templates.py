@@ -10,6 +10,7 @@ import math
 from collections.abc import Collection
 
 from ..ir import Graph, Node
+from ..layout import reshape_strides
 from ..ops import OpKind
 
 POINTWISE_KINDS = {OpKind.VIEW, OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.INJECTIVE}
@@ -130,51 +131,11 @@ def operand_strides(
             shape = [shape[p] for p in perm]
             strides = [strides[p] for p in perm]
         else:
-            new = _nocopy_reshape(shape, strides, out_shape)
+            new = reshape_strides(shape, strides, out_shape)
             if new is None:
                 return None
             shape, strides = out_shape, new
     return tuple(shape), tuple(strides)
-
-
-def _nocopy_reshape(shape: list[int], strides: list[int], new_shape: list[int]) -> list[int] | None:
-    """Strides for viewing (shape, strides) as new_shape without copying (numpy's rule)."""
-    old = [(d, s) for d, s in zip(shape, strides, strict=True) if d != 1]
-    new_strides = [0] * len(new_shape)
-    oi, ni = 0, 0
-    while ni < len(new_shape) and oi < len(old):
-        if new_shape[ni] == 1:
-            new_strides[ni] = 0
-            ni += 1
-            continue
-        np_, op_ = new_shape[ni], old[oi][0]
-        nj, oj = ni + 1, oi + 1
-        while np_ != op_:
-            if np_ < op_:
-                while nj < len(new_shape) and new_shape[nj] == 1:
-                    nj += 1
-                if nj >= len(new_shape):
-                    return None
-                np_ *= new_shape[nj]
-                nj += 1
-            else:
-                if oj >= len(old):
-                    return None
-                op_ *= old[oj][0]
-                oj += 1
-        for k in range(oi, oj - 1):
-            if old[k][1] != old[k + 1][0] * old[k + 1][1]:
-                return None
-        new_strides[nj - 1] = old[oj - 1][1]
-        for k in range(nj - 1, ni, -1):
-            new_strides[k - 1] = new_strides[k] * new_shape[k]
-        ni, oi = nj, oj
-    while ni < len(new_shape):
-        if new_shape[ni] != 1:
-            return None
-        new_strides[ni] = 0
-        ni += 1
-    return new_strides
 
 
 def classify(graph: Graph, members: Collection[int], private: Collection[int] = ()) -> tuple[str | None, str]:
@@ -294,7 +255,7 @@ def _output_transpose(graph: Graph, members: Collection[int], root: Node, desc: 
     for axis, p in enumerate(perm):
         src_strides[p] = dense[axis]
     y = list(graph.shape(_out(root)) or ())
-    strides = _nocopy_reshape(src, src_strides, y)
+    strides = reshape_strides(src, src_strides, y)
     if strides is None or not y or (y[-1] != 1 and strides[-1] != 1):
         raise Misfit(
             f"Transpose '{tail.name}' does not keep the rows of {root.op_type} '{root.name}' contiguous"
