@@ -44,3 +44,53 @@ def reshape_strides(
             out[nonunit[k - 1]] = out[nonunit[k]] * new[nonunit[k]]
         ni, oi = nj, oj
     return tuple(out)
+
+
+def split_sizes(dim: int, outputs: int, given: Sequence[int] | None) -> list[int] | None:
+    """Sizes of a Split's outputs along its axis (ONNX rules), or None when they do not cover it.
+
+    Without explicit sizes the axis splits into equal parts, the last one smaller when it does not
+    divide (opset 18; earlier opsets only allow even splits, which this rule also gives)."""
+    if outputs < 1:
+        return None
+    if given is not None:
+        sizes = [int(v) for v in given]
+    else:
+        part = -(-dim // outputs)
+        sizes = [max(0, min(part, dim - k * part)) for k in range(outputs)]
+    if len(sizes) != outputs or any(s < 0 for s in sizes) or sum(sizes) != dim:
+        return None
+    return sizes
+
+
+def slice_window(
+    shape: Sequence[int],
+    starts: Sequence[int],
+    ends: Sequence[int],
+    axes: Sequence[int] | None,
+    steps: Sequence[int] | None,
+) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """(first index, shape) of a step-1 Slice of `shape` (ONNX clamping rules), or None.
+
+    Such a window is the source's strides from an element offset, so it is a view, not a copy;
+    any other step is a gather."""
+    rank = len(shape)
+    axes = list(range(len(starts))) if axes is None else [int(a) for a in axes]
+    if len(starts) != len(ends) or len(axes) != len(starts):
+        return None
+    if steps is not None and (len(steps) != len(starts) or any(int(s) != 1 for s in steps)):
+        return None
+    begin = [0] * rank
+    out = [int(d) for d in shape]
+    seen: set[int] = set()
+    for start, end, axis in zip(starts, ends, axes, strict=True):
+        if not -rank <= axis < rank or axis % rank in seen:
+            return None
+        axis %= rank
+        seen.add(axis)
+        dim = int(shape[axis])
+        lo = int(start) + dim if int(start) < 0 else int(start)
+        hi = int(end) + dim if int(end) < 0 else int(end)
+        lo, hi = min(max(lo, 0), dim), min(max(hi, 0), dim)
+        begin[axis], out[axis] = lo, max(0, hi - lo)
+    return tuple(begin), tuple(out)

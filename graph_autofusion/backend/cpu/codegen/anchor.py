@@ -91,7 +91,14 @@ class _Kernel:
 
     def _index_inputs(self) -> set[str]:
         # Reshape's shape operand is read at compile time and may arrive as a parameter too.
-        return {n.input[1] for n in self.spec.nodes if n.op_type == "Reshape" and len(n.input) > 1}
+        # So are Split's sizes and Slice's window (stride-only prologues).
+        return {
+            i
+            for n in self.spec.nodes
+            if n.op_type in ("Reshape", "Split", "Slice")
+            for i in n.input[1:]
+            if i
+        }
 
     def ancestors(self, names: list[str]) -> set[int]:
         """Indices (in spec.nodes) of the nodes the given tensors depend on."""
@@ -263,7 +270,7 @@ def _emit_conv(kernel: _Kernel, node: onnx.NodeProto, rest: list[onnx.NodeProto]
     ptrs = []
     for k, view in enumerate(views):
         if view.strides == contiguous_strides(view.shape):
-            ptrs.append(ops.pointer(view.base))
+            ptrs.append(view.pointer(ops))
             continue
         # A transposing prologue (NHWC -> NCHW, ...): one strided copy into a dense buffer.
         name = f"dense{k}"
@@ -291,7 +298,7 @@ def _gather_view(name: str, view: View, ops: Operands) -> list[str]:
     """C statements copying a strided view into a new dense buffer `name` (freed by the caller)."""
     numel = math.prod(view.shape)
     lines = [f"  float *{name} = (float *)malloc(sizeof(float) * {max(1, numel)});", "  {"]
-    lines.append(f"    const float *restrict src = {ops.pointer(view.base)};")
+    lines.append(f"    const float *restrict src = {view.pointer(ops)};")
     lines.append("    long o = 0;")
     indent = "    "
     offset = []
@@ -562,7 +569,7 @@ def _emit_fused_chain(kernel: _Kernel, anchors: list[int]) -> AnchorKernel:
         bc,
         k2,
         Matrix("h", m2, k2, k2, 1, ()),
-        Matrix(ops.pointer(b2.base), br, bc, brs, bcs, ()),
+        Matrix(b2.pointer(ops), br, bc, brs, bcs, ()),
         alpha2,
     )
     y2 = second.output[0]

@@ -12,7 +12,8 @@ benchmarks/anchors.py for what that costs on a busy machine and how `omp_set_dyn
 Stride-only prologues (Transpose, Reshape, Squeeze/Unsqueeze/Flatten/Identity on an anchor input,
 e.g. the attention head split `Reshape -> Transpose(0,2,1,3)` or `Transpose(0,1,3,2)` for K^T) are
 folded into the operand's view (`View`): leading dims, transpose flags and batch strides, never a
-copy. A view BLAS cannot address (neither axis unit-stride) is packed per tile into a per-thread
+copy. A `Split` output or a step-1 `Slice` (GPT-2's fused QKV projection split into Q, K and V) is
+the same strides from a base element offset, so it folds into the view too (`View.offset`). A view BLAS cannot address (neither axis unit-stride) is packed per tile into a per-thread
 buffer, which is correct but slower; the method string says so.
 
 `(B, M, K) x (K, N)` with a right operand shared across the batch is flattened into one
@@ -32,11 +33,11 @@ from dataclasses import dataclass
 
 import onnx
 
-from ....layout import reshape_strides
+from ....layout import reshape_strides, slice_window, split_sizes
 from .common import CodegenUnsupported, attrs_of, c_literal
 from .epilogue import Operands, contiguous_strides
 
-VIEW_OPS = frozenset({"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+VIEW_OPS = frozenset({"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Split", "Slice"})
 
 # Tile shape targets. OpenBLAS packs both operands on every call: the left panel (rows x K) is
 # amortized over the tile's columns and the right panel (K x cols) over its rows, so tiles are
@@ -56,11 +57,64 @@ PARALLEL_MIN_MACS = 1 << 19
 
 @dataclass(frozen=True)
 class View:
-    """A tensor read through stride-only ops: element i lives at `base[sum(i_d * strides_d)]`."""
+    """A tensor read through stride-only ops: element i lives at `base[offset + sum(i_d * strides_d)]`."""
 
     base: str
     shape: tuple[int, ...]
     strides: tuple[int, ...]
+    offset: int = 0
+
+    def pointer(self, ops: Operands) -> str:
+        """The C expression of the view's first element."""
+        ptr = ops.pointer(self.base)
+        return f"({ptr} + {self.offset}L)" if self.offset else ptr
+
+
+def _int_constant(ops: Operands, name: str, what: str) -> list[int]:
+    if name not in ops.constants:
+        raise CodegenUnsupported(f"{what} {name!r} is not a compile-time constant")
+    return [int(v) for v in ops.constants[name].reshape(-1)]
+
+
+def _split_view(node: onnx.NodeProto, name: str, src: View, ops: Operands) -> View:
+    """Output `name` of a Split: the source window along the split axis, at an element offset."""
+    attrs = attrs_of(node)
+    rank = len(src.shape)
+    axis = int(attrs.get("axis", 0)) % max(rank, 1)  # type: ignore[call-overload]
+    given: list[int] | None = None
+    if len(node.input) > 1 and node.input[1]:
+        given = _int_constant(ops, node.input[1], "Split sizes")
+    elif attrs.get("split") is not None:
+        given = [int(v) for v in attrs["split"]]  # type: ignore[union-attr]
+    sizes = split_sizes(src.shape[axis], len(node.output), given)
+    if sizes is None:
+        raise CodegenUnsupported(f"Split {node.name!r} sizes do not cover axis {axis} of {list(src.shape)}")
+    idx = list(node.output).index(name)
+    shape = list(src.shape)
+    shape[axis] = sizes[idx]
+    offset = src.offset + sum(sizes[:idx]) * src.strides[axis]
+    return View(src.base, tuple(shape), src.strides, offset)
+
+
+def _slice_view(node: onnx.NodeProto, src: View, ops: Operands) -> View:
+    """A step-1 Slice: a window of the source at an element offset, same strides."""
+    attrs = attrs_of(node)
+    if len(node.input) > 1:
+        starts = _int_constant(ops, node.input[1], "Slice starts")
+        ends = _int_constant(ops, node.input[2], "Slice ends")
+        axes = _int_constant(ops, node.input[3], "Slice axes") if len(node.input) > 3 and node.input[3] else None
+        steps = _int_constant(ops, node.input[4], "Slice steps") if len(node.input) > 4 and node.input[4] else None
+    else:
+        starts = [int(v) for v in attrs.get("starts", [])]  # type: ignore[union-attr]
+        ends = [int(v) for v in attrs.get("ends", [])]  # type: ignore[union-attr]
+        axes = [int(v) for v in attrs["axes"]] if attrs.get("axes") is not None else None  # type: ignore[union-attr]
+        steps = None
+    window = slice_window(src.shape, starts, ends, axes, steps)
+    if window is None:
+        raise CodegenUnsupported(f"Slice {node.name!r} is not a constant step-1 window")
+    begin, shape = window
+    offset = src.offset + sum(b * st for b, st in zip(begin, src.strides, strict=True))
+    return View(src.base, shape, src.strides, offset)
 
 
 def trace_view(name: str, ops: Operands, producers: dict[str, onnx.NodeProto]) -> View:
@@ -73,13 +127,23 @@ def trace_view(name: str, ops: Operands, producers: dict[str, onnx.NodeProto]) -
         raise CodegenUnsupported(f"{node.op_type} feeding an anchor is not a stride-only prologue")
     src = trace_view(node.input[0], ops, producers)
     out_shape = ops.shape(name)
+    if node.op_type in ("Split", "Slice"):
+        view = _split_view(node, name, src, ops) if node.op_type == "Split" else _slice_view(node, src, ops)
+        if view.shape != tuple(out_shape):
+            raise CodegenUnsupported(f"{node.op_type} {node.name!r} yields {list(view.shape)}, not {list(out_shape)}")
+        return view
     if node.op_type == "Transpose":
         perm = attrs_of(node).get("perm") or list(range(len(src.shape)))[::-1]
-        return View(src.base, tuple(src.shape[p] for p in perm), tuple(src.strides[p] for p in perm))  # type: ignore[union-attr]
+        return View(
+            src.base,
+            tuple(src.shape[p] for p in perm),  # type: ignore[union-attr]
+            tuple(src.strides[p] for p in perm),  # type: ignore[union-attr]
+            src.offset,
+        )
     strides = reshape_strides(src.shape, src.strides, out_shape)
     if strides is None:
         raise CodegenUnsupported(f"{node.op_type} {node.name!r} on a transposed view would need a copy")
-    return View(src.base, tuple(out_shape), strides)
+    return View(src.base, tuple(out_shape), strides, src.offset)
 
 
 @dataclass(frozen=True)
@@ -152,9 +216,9 @@ def matmul_problem(
     if out_strides is not None and (a_vec or b_vec):
         raise CodegenUnsupported("a permuted output needs a MatMul of matrices, not of a vector")
     if a_vec:
-        a = View(a.base, (1, a.shape[0]), (a.shape[0] * a.strides[0], a.strides[0]))
+        a = View(a.base, (1, a.shape[0]), (a.shape[0] * a.strides[0], a.strides[0]), a.offset)
     if b_vec:
-        b = View(b.base, (b.shape[0], 1), (b.strides[0], 1))
+        b = View(b.base, (b.shape[0], 1), (b.strides[0], 1), b.offset)
     m, k = a.shape[-2:]
     k2, n = b.shape[-2:]
     if k != k2:
@@ -188,8 +252,8 @@ def matmul_problem(
         sa.pop()
         sb.pop()
         sc.pop()
-    pa = Matrix(ops.pointer(a.base), m, k, a_rs, a_cs, tuple(sa))
-    pb = Matrix(ops.pointer(b.base), k, n, b.strides[-2], b.strides[-1], tuple(sb))
+    pa = Matrix(a.pointer(ops), m, k, a_rs, a_cs, tuple(sa))
+    pb = Matrix(b.pointer(ops), k, n, b.strides[-2], b.strides[-1], tuple(sb))
     if out_strides is None:
         return GemmProblem(tuple(batch), m, n, k, pa, pb), a_vec, b_vec
     ldc = c_rs if m > 1 else max(1, n)
@@ -211,8 +275,8 @@ def gemm_problem(node: onnx.NodeProto, a: View, b: View, ops: Operands) -> GemmP
         br, bc, brs, bcs = bc, br, bcs, brs
     if ac != br:
         raise CodegenUnsupported(f"Gemm inner dimensions differ: {a.shape} x {b.shape}")
-    pa = Matrix(ops.pointer(a.base), ar, ac, ars, acs, ())
-    pb = Matrix(ops.pointer(b.base), br, bc, brs, bcs, ())
+    pa = Matrix(a.pointer(ops), ar, ac, ars, acs, ())
+    pb = Matrix(b.pointer(ops), br, bc, brs, bcs, ())
     return GemmProblem((), ar, bc, ac, pa, pb, float(attrs.get("alpha", 1.0)))
 
 
