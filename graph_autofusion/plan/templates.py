@@ -10,13 +10,15 @@ import math
 from collections.abc import Collection
 
 from ..ir import Graph, Node
-from ..layout import reshape_strides
+from ..layout import reshape_strides, slice_window, split_sizes
 from ..ops import OpKind
 
 POINTWISE_KINDS = {OpKind.VIEW, OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.INJECTIVE}
 EPILOGUE_KINDS = {OpKind.ELEMENTWISE, OpKind.BROADCAST}
 CHAIN_ANCHORS = {"MatMul", "Gemm"}
-STRIDE_PROLOGUE_OPS = {"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze"}
+STRIDE_PROLOGUE_OPS = {"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Split", "Slice"}
+# Prologue ops that take a window of their input: the same strides from an element offset.
+WINDOW_PROLOGUE_OPS = {"Split", "Slice"}
 # Views an anchor's epilogue may contain: they keep the element order, so the epilogue still runs
 # on the tile's linear index (Dropout is a view here, but the code generators do not read it).
 EPILOGUE_VIEW_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
@@ -116,20 +118,65 @@ def _opset(graph: Graph) -> int:
     return 0
 
 
-def operand_strides(
-    graph: Graph, chain: list[Node], source: str
-) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """Shape and element strides of `source` seen through a Transpose/Reshape chain.
+def _const_ints(graph: Graph, node: Node, slot: int) -> list[int] | None:
+    """An optional integer operand of `node` read at plan time; None when absent or not constant."""
+    if len(node.inputs) <= slot or not node.inputs[slot]:
+        return None
+    value = graph.const_value(node.inputs[slot])
+    if value is None:
+        raise Misfit(f"{node.op_type} '{node.name}' input {slot} ('{node.inputs[slot]}') is not a constant")
+    return [int(v) for v in value.reshape(-1)]
 
-    None when the chain needs a copy (a BLAS call can absorb a stride change, not a gather)."""
+
+def _window(graph: Graph, node: Node, value: str, shape: list[int]) -> list[int]:
+    """Shape of output `value` of a Split or step-1 Slice over `shape` (the codegen's rule: constant
+    parameters, steps of 1); raises Misfit otherwise."""
+    rank = len(shape)
+    if node.op_type == "Split":
+        axis = int(node.attrs.get("axis", 0)) % max(rank, 1)
+        given = _const_ints(graph, node, 1)
+        if given is None and node.attrs.get("split") is not None:
+            given = [int(v) for v in node.attrs["split"]]
+        sizes = split_sizes(shape[axis], len(node.outputs), given)
+        if sizes is None:
+            raise Misfit(f"Split '{node.name}' sizes do not cover its axis")
+        out = list(shape)
+        out[axis] = sizes[list(node.outputs).index(value)]
+        return out
+    if len(node.inputs) > 1:
+        starts, ends = _const_ints(graph, node, 1), _const_ints(graph, node, 2)
+        axes, steps = _const_ints(graph, node, 3), _const_ints(graph, node, 4)
+    else:
+        starts = [int(v) for v in node.attrs.get("starts", [])]
+        ends = [int(v) for v in node.attrs.get("ends", [])]
+        axes = [int(v) for v in node.attrs["axes"]] if node.attrs.get("axes") is not None else None
+        steps = None
+    window = slice_window(shape, starts or [], ends or [], axes, steps) if starts and ends else None
+    if window is None:
+        raise Misfit(f"Slice '{node.name}' is not a constant step-1 window")
+    return list(window[1])
+
+
+def operand_strides(
+    graph: Graph, chain: list[Node], source: str, values: list[str] | None = None
+) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """Shape and element strides of `source` seen through a Transpose/Reshape/Split/Slice chain.
+
+    `values[i]` names the output of `chain[i]` the chain follows (the first output when omitted;
+    a Split has several). A Split or step-1 Slice keeps the strides and moves the base pointer,
+    so it changes only the shape. None when the chain needs a copy (a BLAS call can absorb a
+    stride change and an offset, not a gather); Misfit when a window's parameters are unknown."""
     shape = list(graph.shape(source) or ())
     strides = [math.prod(shape[i + 1 :]) for i in range(len(shape))]
-    for node in chain:
-        out_shape = list(graph.shape(_out(node)) or ())
+    for k, node in enumerate(chain):
+        value = values[k] if values is not None else _out(node)
+        out_shape = list(graph.shape(value) or ())
         if node.op_type == "Transpose":
             perm = node.attrs.get("perm") or list(reversed(range(len(shape))))
             shape = [shape[p] for p in perm]
             strides = [strides[p] for p in perm]
+        elif node.op_type in WINDOW_PROLOGUE_OPS:
+            shape = _window(graph, node, value, shape)
         else:
             new = reshape_strides(shape, strides, out_shape)
             if new is None:
@@ -170,7 +217,7 @@ def _classify(graph: Graph, members: Collection[int], private: frozenset[int] = 
         _anchor_chain(graph, members, anchors)
         return "anchor_chain"
     if anchors:
-        _anchor(graph, members, anchors[0])
+        _anchor(graph, members, anchors[0], private)
         return "anchor"
     if pools:
         if len(pools) > 1 or reductions:
@@ -269,7 +316,13 @@ def _output_transpose(graph: Graph, members: Collection[int], root: Node, desc: 
     return tail
 
 
-def _prologue_ok(graph: Graph, anchor: Node, prologue: set[int], members: Collection[int]) -> None:
+def _prologue_ok(
+    graph: Graph,
+    anchor: Node,
+    prologue: set[int],
+    members: Collection[int],
+    private: frozenset[int] = frozenset(),
+) -> None:
     if not prologue:
         return
     if anchor.op_type != "MatMul":
@@ -278,35 +331,53 @@ def _prologue_ok(graph: Graph, anchor: Node, prologue: set[int], members: Collec
         n = graph.nodes[i]
         if n.op_type not in STRIDE_PROLOGUE_OPS:
             raise Misfit(f"{n.op_type} '{n.name}' before {anchor.op_type} would need a copy")
+    used: set[int] = set()
+    read: set[str] = set()  # values the chains into the anchor read
     for slot in (0, 1):
         chain: list[Node] = []
+        values: list[str] = []
         value = anchor.inputs[slot]
         node = graph.producer(value)
         while node is not None and node.index in prologue:
             chain.append(node)
+            values.append(value)
             value = node.inputs[0]
             node = graph.producer(value)
         if not chain:
             continue
         chain.reverse()
-        seen = operand_strides(graph, chain, value)
+        values.reverse()
+        used.update(n.index for n in chain)
+        read.update(values)
+        seen = operand_strides(graph, chain, value, values)
         if seen is None or len(seen[0]) < 2 or 1 not in (seen[1][-1], seen[1][-2]):
             raise Misfit(f"the layout change feeding {anchor.op_type} '{anchor.name}' is not a stride change")
-    used = set()
-    for slot in (0, 1):
-        node = graph.producer(anchor.inputs[slot])
-        while node is not None and node.index in prologue:
-            used.add(node.index)
-            if len(graph.consumers(_out(node))) != 1:
-                raise Misfit(f"'{node.name}' feeds {anchor.op_type} and other consumers")
-            node = graph.producer(node.inputs[0])
     if used != prologue:
         raise Misfit("prologue nodes do not form chains into the contraction")
+    chained = {anchor.index} | used
+    for i in used:
+        node = graph.nodes[i]
+        for o in node.outputs:
+            if not o:
+                continue
+            v = graph.values[o]
+            if o in read:
+                if v.is_output or any(c not in chained for c in v.consumers):
+                    raise Misfit(f"'{node.name}' feeds {anchor.op_type} and other consumers")
+            elif (v.is_output or v.consumers) and i not in private:
+                # A kernel reads its prologue in place and stores nothing of it: a Split output
+                # read elsewhere would need the Split as a kernel of its own (or recomputed).
+                raise Misfit(
+                    f"{node.op_type} '{node.name}' output '{o}' is read outside the chains into "
+                    f"{anchor.op_type} '{anchor.name}'"
+                )
 
 
-def _anchor(graph: Graph, members: Collection[int], anchor: Node) -> None:
+def _anchor(
+    graph: Graph, members: Collection[int], anchor: Node, private: frozenset[int] = frozenset()
+) -> None:
     prologue = _ancestors_within(graph, anchor, members)
-    _prologue_ok(graph, anchor, prologue, members)
+    _prologue_ok(graph, anchor, prologue, members, private)
     _epilogue_only(graph, set(members) - prologue, anchor, views=True, transpose=True)
 
 

@@ -254,3 +254,108 @@ def test_context_transpose_joins_its_matmul_when_planned() -> None:
     fused = gaf.fuse(m)
     groups = fused.report()["groups"]
     assert fused.get_kernel_count() == 2, groups
+
+
+# -- Split / Slice windows before a MatMul ------------------------------------------------------
+
+
+def _split_qk(v_reader: bool = False, *, private: bool = False) -> tuple[str | None, str]:
+    """GPT-2's scores: Split(qkv) -> Reshape -> Transpose on Q and K into one MatMul."""
+    nodes = [
+        node("Split", ["qkv", "sizes"], ["q", "k", "v"], "split", axis=2),
+        node("Reshape", ["q", "shape"], ["q4"], "q_heads"),
+        node("Transpose", ["q4"], ["qt"], "q_t", perm=[0, 2, 1, 3]),
+        node("Reshape", ["k", "shape"], ["k4"], "k_heads"),
+        node("Transpose", ["k4"], ["kt"], "k_t", perm=[0, 2, 3, 1]),
+        node("MatMul", ["qt", "kt"], ["o"], "scores"),
+    ]
+    outputs = ["o"]
+    if v_reader:
+        nodes.append(node("Relu", ["v"], ["vr"], "v_reader"))
+        outputs.append("vr")
+    g = _graph(
+        nodes,
+        [("qkv", [1, 8, 3 * 12])],
+        outputs,
+        [("sizes", _i64(12, 12, 12)), ("shape", _i64(1, 8, 2, 6))],
+    )
+    members = [g.node(n).index for n in ("split", "q_heads", "q_t", "k_heads", "k_t", "scores")]
+    return classify(g, members, private=[g.node("split").index] if private else [])
+
+
+def test_split_feeding_both_matmul_operands_is_accepted() -> None:
+    assert _split_qk() == ("anchor", "")
+
+
+def test_split_output_read_by_another_kernel_is_refused() -> None:
+    assert _split_qk(v_reader=True) == (
+        None,
+        "Split 'split' output 'v' is read outside the chains into MatMul 'scores'",
+    )
+
+
+def test_split_recomputed_here_may_feed_other_kernels() -> None:
+    assert _split_qk(v_reader=True, private=True) == ("anchor", "")
+
+
+def _slice_matmul(starts, ends, steps=None, then_reshape: bool = False, const: bool = True) -> Graph:
+    names = ["x", "starts", "ends", "axes"] + (["steps"] if steps is not None else [])
+    nodes = [node("Slice", names, ["xs"], "window")]
+    left = "xs"
+    if then_reshape:
+        nodes.append(node("Reshape", ["xs", "flat"], ["xf"], "flatten_rows"))
+        left = "xf"
+    nodes.append(node("MatMul", [left, "w"], ["o"], "mm"))
+    inits = [
+        ("ends", _i64(*ends)),
+        ("axes", _i64(2)),
+        ("flat", _i64(2, 64)),
+        ("w", np.ones((8, 4), np.float32)),
+    ]
+    inputs = [("x", [2, 8, 16])]
+    if then_reshape:
+        inits[-1] = ("w", np.ones((64, 4), np.float32))
+    if const:
+        inits.append(("starts", _i64(*starts)))
+    else:
+        inputs.append(("starts", [1]))
+    if steps is not None:
+        inits.append(("steps", _i64(*steps)))
+    graph = model(nodes, inputs, ["o"], inits)
+    if not const:
+        graph.graph.input[1].type.tensor_type.elem_type = onnx.TensorProto.INT64
+    return Graph(onnx.shape_inference.infer_shapes(graph))
+
+
+def test_step1_slice_before_matmul_is_accepted() -> None:
+    assert _classify(_slice_matmul([8], [16])) == ("anchor", "")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "why"),
+    [
+        ({"steps": [2]}, "Slice 'window' is not a constant step-1 window"),
+        ({"const": False}, "Slice 'window' input 1 ('starts') is not a constant"),
+        ({"then_reshape": True}, "the layout change feeding MatMul 'mm' is not a stride change"),
+    ],
+)
+def test_slice_windows_codegen_cannot_read_are_refused(kwargs: dict, why: str) -> None:
+    starts, ends = ([0], [16]) if "steps" in kwargs else ([0], [8])
+    assert _classify(_slice_matmul(starts, ends, **kwargs)) == (None, why)
+
+
+def test_split_with_one_read_output_joins_its_matmul_when_planned() -> None:
+    """A Split whose only read output feeds a MatMul costs no kernel of its own, and the fused
+    model still computes what onnxruntime computes."""
+    m = model(
+        [
+            node("Split", ["x", "sizes"], ["a", "b"], "split", axis=1),
+            node("MatMul", ["b", "w"], ["o"], "mm"),
+        ],
+        [("x", [6, 20])],
+        ["o"],
+        [("sizes", _i64(4, 16)), ("w", np.ones((16, 5), np.float32) * 0.5)],
+    )
+    fused = gaf.fuse(m)
+    assert fused.get_kernel_count() == 1, fused.report()["groups"]
+    assert fused.verify(raise_on_failure=True).passed

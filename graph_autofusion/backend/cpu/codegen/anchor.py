@@ -93,11 +93,7 @@ class _Kernel:
         # Reshape's shape operand is read at compile time and may arrive as a parameter too.
         # So are Split's sizes and Slice's window (stride-only prologues).
         return {
-            i
-            for n in self.spec.nodes
-            if n.op_type in ("Reshape", "Split", "Slice")
-            for i in n.input[1:]
-            if i
+            i for n in self.spec.nodes if n.op_type in ("Reshape", "Split", "Slice") for i in n.input[1:] if i
         }
 
     def ancestors(self, names: list[str]) -> set[int]:

@@ -13,7 +13,8 @@ Stride-only prologues (Transpose, Reshape, Squeeze/Unsqueeze/Flatten/Identity on
 e.g. the attention head split `Reshape -> Transpose(0,2,1,3)` or `Transpose(0,1,3,2)` for K^T) are
 folded into the operand's view (`View`): leading dims, transpose flags and batch strides, never a
 copy. A `Split` output or a step-1 `Slice` (GPT-2's fused QKV projection split into Q, K and V) is
-the same strides from a base element offset, so it folds into the view too (`View.offset`). A view BLAS cannot address (neither axis unit-stride) is packed per tile into a per-thread
+the same strides from a base element offset, so it folds into the view too (`View.offset`).
+A view BLAS cannot address (neither axis unit-stride) is packed per tile into a per-thread
 buffer, which is correct but slower; the method string says so.
 
 `(B, M, K) x (K, N)` with a right operand shared across the batch is flattened into one
@@ -37,7 +38,9 @@ from ....layout import reshape_strides, slice_window, split_sizes
 from .common import CodegenUnsupported, attrs_of, c_literal
 from .epilogue import Operands, contiguous_strides
 
-VIEW_OPS = frozenset({"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Split", "Slice"})
+VIEW_OPS = frozenset(
+    {"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Split", "Slice"}
+)
 
 # Tile shape targets. OpenBLAS packs both operands on every call: the left panel (rows x K) is
 # amortized over the tile's columns and the right panel (K x cols) over its rows, so tiles are
@@ -102,8 +105,14 @@ def _slice_view(node: onnx.NodeProto, src: View, ops: Operands) -> View:
     if len(node.input) > 1:
         starts = _int_constant(ops, node.input[1], "Slice starts")
         ends = _int_constant(ops, node.input[2], "Slice ends")
-        axes = _int_constant(ops, node.input[3], "Slice axes") if len(node.input) > 3 and node.input[3] else None
-        steps = _int_constant(ops, node.input[4], "Slice steps") if len(node.input) > 4 and node.input[4] else None
+        axes = (
+            _int_constant(ops, node.input[3], "Slice axes") if len(node.input) > 3 and node.input[3] else None
+        )
+        steps = (
+            _int_constant(ops, node.input[4], "Slice steps")
+            if len(node.input) > 4 and node.input[4]
+            else None
+        )
     else:
         starts = [int(v) for v in attrs.get("starts", [])]  # type: ignore[union-attr]
         ends = [int(v) for v in attrs.get("ends", [])]  # type: ignore[union-attr]
@@ -130,7 +139,9 @@ def trace_view(name: str, ops: Operands, producers: dict[str, onnx.NodeProto]) -
     if node.op_type in ("Split", "Slice"):
         view = _split_view(node, name, src, ops) if node.op_type == "Split" else _slice_view(node, src, ops)
         if view.shape != tuple(out_shape):
-            raise CodegenUnsupported(f"{node.op_type} {node.name!r} yields {list(view.shape)}, not {list(out_shape)}")
+            raise CodegenUnsupported(
+                f"{node.op_type} {node.name!r} yields {list(view.shape)}, not {list(out_shape)}"
+            )
         return view
     if node.op_type == "Transpose":
         perm = attrs_of(node).get("perm") or list(range(len(src.shape)))[::-1]
