@@ -1,7 +1,8 @@
 """The canonicalization driver: runs the passes in order, to a fixed point where it matters.
 
     bind_shapes → remove_identity → (constant_folding ⇄ shape_inference)* → fold_batchnorm
-    → remove_identity → eliminate_dead_code → shape_inference (+ onnxruntime fallback) → sort, name, check
+    → remove_identity → eliminate_dead_code → split_to_slices
+    → shape_inference (+ onnxruntime fallback) → sort, name, check
 
 Folding and inference feed each other: inference makes `Shape` outputs static so they fold, and
 folding hands inference constant Reshape targets, so the pair repeats until nothing folds.  The
@@ -26,6 +27,7 @@ from .finalize import build, check, sort_and_name
 from .fold_batchnorm import fold_batchnorm
 from .remove_identity import remove_identity
 from .shape_inference import infer_shapes, shapes_from_onnxruntime, unknown_tensors
+from .split_to_slices import split_to_slices
 
 #: The keys of the counts canonicalize returns, in the order the passes run (stable: reports print them).
 PASS_NAMES = (
@@ -36,6 +38,7 @@ PASS_NAMES = (
     "fold_batchnorm",
     "remove_identity",
     "eliminate_dead_code",
+    "split_to_slices",
     "unused_initializers",
     "shape_fallback",
     "named_nodes",
@@ -74,6 +77,7 @@ def canonicalize(model: ModelProto, config: FusionConfig) -> tuple[ModelProto, d
     counts["fold_batchnorm"] = fold_batchnorm(work)
     counts["remove_identity"] += remove_identity(work)  # Dropouts whose mode folded to False
     counts["eliminate_dead_code"], counts["unused_initializers"] = eliminate_dead_code(work)
+    counts["split_to_slices"] = split_to_slices(work)
 
     if counts["fold_batchnorm"] or counts["remove_identity"]:  # renamed tensors: re-check the types
         infer_shapes(work)
