@@ -314,3 +314,36 @@ def embedded_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadedS
     server.settings = settings
     yield server
     server.stop()
+
+
+def enqueue_tiny_job(
+    settings: Settings, store: Any, target: str, key: str, seed: int, tenant: str = "t"
+) -> str:
+    """Store a tiny model, record a job for it and publish it, bypassing HTTP (for worker-side tests)."""
+    import graph_autofusion as gaf
+    from autofusion_service.blobs import BlobStore
+    from autofusion_service.store import JobRecord
+    from autofusion_service.store.records import new_job_id
+    from autofusion_worker.queue import JobQueue
+
+    digest, size = BlobStore(settings.blob_dir).put(tiny_model(seed=seed))
+    job, created = store.submit(
+        JobRecord(
+            id=new_job_id(),
+            tenant=tenant,
+            job_key=key,
+            target=target,
+            config={},
+            model_digest=digest,
+            model_size=size,
+            model_filename="m.onnx",
+            engine_version=gaf.__version__,
+        )
+    )
+    assert created
+    queue = JobQueue(settings)
+    try:
+        queue.publish(job.id, target)
+    finally:
+        queue.close()
+    return job.id

@@ -25,6 +25,7 @@ sys.path.insert(0, str(REPO / "tests" / "autofusion_service"))
 from harness import (  # noqa: E402
     ThreadedServer,
     auth,
+    enqueue_tiny_job,
     fast_settings,
     redis_db,
     redis_server,
@@ -34,39 +35,13 @@ from harness import (  # noqa: E402
     wait_for,
 )
 
-import graph_autofusion as gaf  # noqa: E402
 from autofusion_service import create_app  # noqa: E402
-from autofusion_service.blobs import BlobStore  # noqa: E402
-from autofusion_service.settings import Settings  # noqa: E402
-from autofusion_service.store import JobRecord, JobStore, open_store  # noqa: E402
-from autofusion_service.store.records import new_job_id  # noqa: E402
-from autofusion_worker.queue import JobQueue  # noqa: E402
+from autofusion_service.store import open_store  # noqa: E402
 
 __all__ = ["redis_db", "redis_server"]  # fixtures
 TARGET = "ascend910"
 STAGE_DELAY_S = 0.3
 DRAIN_WAIT_S = 0.5
-
-
-def _submit(settings: Settings, store: JobStore, seed: int) -> str:
-    digest, size = BlobStore(settings.blob_dir).put(tiny_model(seed=seed))
-    record = JobRecord(
-        id=new_job_id(),
-        tenant="deploy",
-        job_key=f"graceful-{seed}",
-        target=TARGET,
-        config={},
-        model_digest=digest,
-        model_size=size,
-        model_filename="m.onnx",
-        engine_version=gaf.__version__,
-    )
-    job, created = store.submit(record)
-    assert created
-    queue = JobQueue(settings)
-    queue.publish(job.id, TARGET)
-    queue.close()
-    return job.id
 
 
 @pytest.mark.integration
@@ -81,7 +56,7 @@ def test_sigterm_lets_the_running_job_finish_and_takes_no_new_one(tmp_path: Path
     worker = start_worker(env, tmp_path / "worker.log", targets=TARGET)
     try:
         wait_for(store.workers, 60, 0.1, what="the worker's heartbeat")
-        running = _submit(settings, store, seed=1)
+        running = enqueue_tiny_job(settings, store, TARGET, "graceful-1", seed=1, tenant="deploy")
 
         def mid_pipeline() -> bool:
             job = store.get(running)
@@ -90,7 +65,8 @@ def test_sigterm_lets_the_running_job_finish_and_takes_no_new_one(tmp_path: Path
         wait_for(mid_pipeline, 60, what="the job to be mid-pipeline")
 
         worker.proc.send_signal(signal.SIGTERM)
-        waiting = _submit(settings, store, seed=2)  # arrives while the worker drains
+        # arrives while the worker drains
+        waiting = enqueue_tiny_job(settings, store, TARGET, "graceful-2", seed=2, tenant="deploy")
         exit_code = worker.proc.wait(timeout=60)
 
         log = worker.output()

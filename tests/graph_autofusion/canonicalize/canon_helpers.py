@@ -9,6 +9,8 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+from graph_autofusion.verify import random_inputs
+
 ORT_IR_VERSION = 10  # onnx 1.23 writes IR 14 by default; onnxruntime 1.31 reads up to IR 13
 
 
@@ -38,22 +40,8 @@ def run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.nda
 
 
 def random_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
-    """Inputs of the (static) declared shapes: normal floats, small non-negative ints, all-ones masks."""
-    rng = np.random.default_rng(seed)
-    initializers = {t.name for t in model.graph.initializer}
-    feeds = {}
-    for info in model.graph.input:
-        if info.name in initializers:
-            continue
-        shape = [d.dim_value for d in info.type.tensor_type.shape.dim]
-        dtype = helper.tensor_dtype_to_np_dtype(info.type.tensor_type.elem_type)
-        if "mask" in info.name:
-            feeds[info.name] = np.ones(shape, dtype=dtype)
-        elif np.issubdtype(dtype, np.integer):
-            feeds[info.name] = rng.integers(0, 16, size=shape).astype(dtype)
-        else:
-            feeds[info.name] = rng.standard_normal(shape).astype(dtype)
-    return feeds
+    """The engine's own verification inputs: N(0,1) floats, ids bounded by the tables they index."""
+    return random_inputs(model, seed=seed)
 
 
 def assert_same_outputs(

@@ -16,6 +16,7 @@ from onnx import helper
 
 from graph_autofusion.backend.cpu.cache import KernelCache
 from graph_autofusion.backend.cpu.runtime import CompiledModel, compile_model
+from graph_autofusion.verify import random_inputs
 
 RTOL = 1e-5
 ATOL = 1e-6
@@ -92,21 +93,8 @@ def fuse_all(model: onnx.ModelProto, template: str, pattern: str = "test") -> on
 
 
 def random_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    inits = {t.name for t in model.graph.initializer}
-    feeds = {}
-    for vi in model.graph.input:
-        if vi.name in inits:
-            continue
-        shape = [d.dim_value for d in vi.type.tensor_type.shape.dim]
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
-        if dtype.kind == "f":
-            feeds[vi.name] = rng.standard_normal(shape).astype(dtype)
-        elif dtype == np.bool_:
-            feeds[vi.name] = rng.integers(0, 2, shape).astype(dtype)
-        else:
-            feeds[vi.name] = rng.integers(0, 5, shape).astype(dtype)
-    return feeds
+    """The engine's own verification inputs: N(0,1) floats, ids bounded by the tables they index."""
+    return random_inputs(model, seed=seed)
 
 
 def ort_run(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
