@@ -6,7 +6,10 @@ For each model (full size unless `--small`), one line with the median latency (m
 - ours fused (`fuse(model).model`),
 - onnxruntime with ORT_DISABLE_ALL and with ORT_ENABLE_ALL (same thread count),
 
-the ratios fused/unfused and fused/ORT_ENABLE_ALL (below 1.0: we are faster), the arena peak
+the ratios fused/unfused and fused/ORT_ENABLE_ALL (below 1.0: we are faster), the share of the
+unfused run spent in anchor kernels (Conv, MatMul, Gemm: `anchor%`, from `CompiledModel.profile`),
+which bounds what fusion can gain (fused/unfused cannot go below it while the anchors run at the
+same speed in both plans), the arena peak
 fused vs unfused, the cold compile time of the fused model (an empty kernel cache) and the warm
 load time (every kernel already cached). The four contenders run in alternating rounds of
 consecutive calls (see `block_medians`) so a noisy neighbour hurts all of them alike.
@@ -96,6 +99,10 @@ def measure(name: str, *, threads: int, reps: int, small: bool) -> dict[str, Any
         expected = enable_all.run(None, feeds)
         got = ours_fused(feeds)
         max_abs = max(float(np.max(np.abs(g - e))) for g, e in zip(got.values(), expected, strict=True))
+        profile = ours_unfused.profile(feeds, reps=3)
+        anchor_share = sum(r["min_ms"] for r in profile if r["template"] == "anchor") / max(
+            sum(r["min_ms"] for r in profile), 1e-9
+        )
         medians = block_medians(
             {
                 "unfused": lambda: ours_unfused(feeds),
@@ -114,6 +121,7 @@ def measure(name: str, *, threads: int, reps: int, small: bool) -> dict[str, Any
         **{f"{k}_ms": round(v, 3) for k, v in medians.items()},
         "fused_vs_unfused": round(medians["fused"] / medians["unfused"], 3),
         "fused_vs_ort_enable_all": round(medians["fused"] / medians["ort_enable_all"], 3),
+        "unfused_anchor_share": round(anchor_share, 3),
         "arena_unfused_bytes": ours_unfused.stats["arena_bytes"],
         "arena_fused_bytes": ours_fused.stats["arena_bytes"],
         "cold_compile_s": round(cold, 2),
@@ -133,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     header = (
         f"{'model':<13} {'unfused':>9} {'fused':>9} {'ort-dis':>9} {'ort-all':>9} {'f/unf':>6} {'f/ort':>6} "
-        f"{'arena unf→fused MB':>19} {'cold s':>7} {'warm s':>7}"
+        f"{'anchor%':>7} {'arena unf→fused MB':>19} {'cold s':>7} {'warm s':>7}"
     )
     if not args.json:
         print(header)
@@ -146,7 +154,8 @@ def main(argv: list[str] | None = None) -> None:
                 f"{name:<13} {row['unfused_ms']:>9.2f} {row['fused_ms']:>9.2f} "
                 f"{row['ort_disable_all_ms']:>9.2f} {row['ort_enable_all_ms']:>9.2f} "
                 f"{row['fused_vs_unfused']:>6.2f} "
-                f"{row['fused_vs_ort_enable_all']:>6.2f} {arena:>19} {row['cold_compile_s']:>7.2f} "
+                f"{row['fused_vs_ort_enable_all']:>6.2f} {100 * row['unfused_anchor_share']:>7.1f} "
+                f"{arena:>19} {row['cold_compile_s']:>7.2f} "
                 f"{row['warm_load_s']:>7.3f}",
                 flush=True,
             )
