@@ -9,10 +9,10 @@ For each model (full size unless `--small`), one line with the median latency (m
 the ratios fused/unfused and fused/ORT_ENABLE_ALL (below 1.0: we are faster), the share of the
 unfused run spent in anchor kernels (Conv, MatMul, Gemm: `anchor%`, from `CompiledModel.profile`),
 which bounds what fusion can gain (fused/unfused cannot go below it while the anchors run at the
-same speed in both plans), the arena peak
-fused vs unfused, the cold compile time of the fused model (an empty kernel cache) and the warm
-load time (every kernel already cached). The four contenders run in alternating rounds of
-consecutive calls (see `block_medians`) so a noisy neighbour hurts all of them alike.
+same speed in both plans), the arena peak fused vs unfused, the cold compile time of the fused
+model (an empty kernel cache) and the warm load time (every kernel already cached). The four
+contenders run in alternating rounds of consecutive calls (see `block_medians`) so a noisy
+neighbour hurts all of them alike.
 
 Run: `.venv/bin/python benchmarks/runtime_speed.py [--models resnet50,bert_base] [--threads 2]
 [--reps 20] [--small] [--json]`
@@ -100,9 +100,9 @@ def measure(name: str, *, threads: int, reps: int, small: bool) -> dict[str, Any
         got = ours_fused(feeds)
         max_abs = max(float(np.max(np.abs(g - e))) for g, e in zip(got.values(), expected, strict=True))
         profile = ours_unfused.profile(feeds, reps=3)
-        anchor_share = sum(r["min_ms"] for r in profile if r["template"] == "anchor") / max(
-            sum(r["min_ms"] for r in profile), 1e-9
-        )
+        total_ms = sum(r["min_ms"] for r in profile)
+        anchor_ms = sum(r["min_ms"] for r in profile if r["template"] == "anchor")
+        anchor_share = anchor_ms / total_ms if total_ms else 0.0
         medians = block_medians(
             {
                 "unfused": lambda: ours_unfused(feeds),
