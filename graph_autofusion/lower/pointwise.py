@@ -94,8 +94,10 @@ class KernelValues(Values):
             padded[name] = (1,) * (rank - len(shape)) + tuple(shape)
         groups: list[list[int]] = [[0]]
         for a in range(1, rank):
-            prev = groups[-1][-1]
-            ok = all(
+            # Compare with the group's last dim of size > 1: a size-1 dim is both "1" and "full"
+            # for every tensor, so chaining through it would merge a broadcast dim with a full one.
+            prev = next((d for d in reversed(groups[-1]) if out[d] != 1), None)
+            ok = prev is None or all(
                 (p[prev] == 1 and p[a] == 1) or (p[prev] == out[prev] and p[a] == out[a])
                 for p in padded.values()
             )

@@ -193,8 +193,10 @@ def _mod(a: Args, t: Attrs) -> Expr:
     assert y is not None
     if not x.dtype.is_float:
         # C's % truncates (fmod=1); fmod=0 takes the divisor's sign. A zero divisor gives 0
-        # instead of a trap, so the remainder is guarded by the test.
-        r = ir.select(ir.ne(y, 0), ir.binary("rem", x, y), 0, guarded=True)
+        # instead of a trap, and -1 gives 0 without evaluating INT_MIN % -1 (undefined in C), so
+        # the remainder is guarded by the test.
+        defined = ir.ne(y, 0) if not x.dtype.is_signed else ir.logical_and(ir.ne(y, 0), ir.ne(y, -1))
+        r = ir.select(defined, ir.binary("rem", x, y), 0, guarded=True)
         if int(t.get("fmod", 0)):  # type: ignore[call-overload]
             return r
         wrong_sign = ir.logical_and(ir.ne(r, 0), ir.ne(ir.lt(r, 0), ir.lt(y, 0)))
