@@ -209,6 +209,31 @@ class Cast(Expr):
         return f"{self.dtype.value}({self.x})"
 
 
+FOLD_OPS = frozenset({"sum", "prod", "max", "min", "argmax", "argmin", "argmax_last", "argmin_last"})
+
+
+@dataclass(frozen=True, eq=False)
+class Fold(Expr):
+    """`value` combined with `op` over `var` = start, start+step, ... while before `stop`
+    (step 1: var < stop; step -1: var > stop), in that order: the order fixes float rounding.
+
+    sum/prod/max/min give the combined value (in `value`'s type: cast it first to accumulate
+    wider); argmax/argmin give the int64 position of the first best value (`_last`: the last).
+    A renderer makes it an accumulator and a loop (a pooling window, an arg-reduction, a prefix
+    sum) in the block that needs the value."""
+
+    op: str
+    var: Var
+    start: Expr
+    stop: Expr
+    value: Expr
+    step: int = 1
+
+    def __str__(self) -> str:
+        by = "" if self.step == 1 else f" step {self.step}"
+        return f"{self.op}({self.var} from {self.start} to {self.stop}{by}: {self.value})"
+
+
 ExprLike = Expr | int | float | bool
 
 
@@ -420,10 +445,20 @@ def substitute(
         out = Select.make(e.dtype, *parts, e.guarded)
     elif isinstance(e, Cast):
         out = Cast.make(e.dtype, substitute(e.x, leaf, memo))
+    elif isinstance(e, Fold):
+        parts = (substitute(p, leaf, memo) for p in (e.start, e.stop, e.value))
+        out = Fold.make(e.dtype, e.op, e.var, *parts, e.step)
     else:
         out = e
     memo[e] = out
     return out
+
+
+def fold(op: str, v: Var, start: ExprLike, stop: ExprLike, value: Expr, step: int = 1) -> Expr:
+    if op not in FOLD_OPS or step not in (1, -1):
+        raise ValueError(f"unknown fold {op!r} step {step}")
+    dtype = DType.I64 if op.startswith("arg") else value.dtype
+    return Fold.make(dtype, op, v, index(start), index(stop), value, step)
 
 
 # -- statements -------------------------------------------------------------------------------------

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -27,15 +26,6 @@ from .values import IndexGroup, Unsupported, Values
 # Work (output elements) above which a kernel runs its outer loop on the thread team. Below it a
 # fork/join (~0.5-0.8 us, far more on a busy machine) costs more than it saves (DESIGN.md §1).
 PARALLEL_MIN_ELEMENTS = 32 * 1024
-
-
-@dataclass(frozen=True)
-class Lowered:
-    """A lowered kernel and the index groups its loop nests declared (older generators that
-    resolve leftover `TensorAt` leaves address tensors with them)."""
-
-    kernel: Kernel
-    groups: tuple[IndexGroup, ...]
 
 
 class KernelValues(Values):
@@ -184,28 +174,22 @@ def loop_nest(
     return [Let(o, ir.index(0)), *lets, row]
 
 
-def lower_pointwise(
-    spec: KernelSpec, description: str = "", opaque: Callable[[str], bool] = lambda op: False
-) -> Lowered:
-    """The pointwise kernel of `spec` (also used for single injective/elementwise ops)."""
-    values = KernelValues(spec, opaque)
+def lower_pointwise(spec: KernelSpec, description: str = "") -> Kernel:
+    """The pointwise kernel of `spec` (also pooling and single ops whose rules fold an axis)."""
+    values = KernelValues(spec)
     values.coalesce()
     by_shape: dict[tuple[int, ...], list[tuple[str, Buffer]]] = {}
     out_params = values.params[len(spec.inputs) :]
     for t, buf in zip(spec.outputs, out_params, strict=True):
         by_shape.setdefault(values.shape(t.name), []).append((t.name, buf))
     body: list[Stmt] = []
-    groups: list[IndexGroup] = []
     for shape, group in by_shape.items():
         body.extend(loop_nest(values, shape, group))
-        groups.extend(values.groups)
-        values.groups = []
     what = description or "one loop over the output index space, producers inlined"
-    kernel = Kernel(
+    return Kernel(
         spec.symbol,
         tuple(values.params),
         tuple(body),
         tuple(values.const_buffers.values()),
         spec.describe(what),
     )
-    return Lowered(kernel, tuple(groups))

@@ -17,6 +17,7 @@ visibly unit-stride for the vectorizer.
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -465,3 +466,124 @@ def _space_to_depth(v: Values, node: onnx.NodeProto, k: int, idx: Index) -> Expr
     else:
         ij, ch = c // c_in, c % c_in
     return v.at(node.input[0], [n, ch, h * b + ij // b, w * b + ij % b])
+
+
+# -- ops that walk a window or an axis per output element: folds -------------------------------
+
+
+def _loop_var(node: onnx.NodeProto, what: str) -> Expr:
+    """A fold variable named after the node (deterministic: the source text is a cache key)."""
+    return ir.var(f"{what}_{zlib.crc32(node.output[0].encode()) & 0xFFFF:04x}")
+
+
+def _pool_pads(node: onnx.NodeProto, in_sp: list[int], out_sp: list[int], kernel: list[int],
+               strides: list[int], dil: list[int]) -> tuple[list[int], list[int]]:  # fmt: skip
+    attrs = attrs_of(node)
+    nd = len(kernel)
+    auto = attrs.get("auto_pad", b"NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else str(auto)
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        head, tail = [], []
+        for i in range(nd):
+            total = max(0, (out_sp[i] - 1) * strides[i] + (kernel[i] - 1) * dil[i] + 1 - in_sp[i])
+            small = total // 2
+            h = small if auto == "SAME_UPPER" else total - small
+            head.append(h)
+            tail.append(total - h)
+        return head, tail
+    if auto == "VALID":
+        return [0] * nd, [0] * nd
+    pads = [int(p) for p in attrs.get("pads", [0] * (2 * nd))]  # type: ignore[union-attr]
+    return pads[:nd], pads[nd:]
+
+
+def _window_count(first: Expr, k: int, dil: int, limit: int, name: Expr) -> Expr:
+    """How many of first, first+dil, ..., first+(k-1)*dil lie in [0, limit)."""
+    at = first + name * dil
+    inside = ir.logical_and(ir.ge(at, 0), ir.lt(at, limit))
+    return ir.fold("sum", name, 0, k, ir.select(inside, 1, 0))  # type: ignore[arg-type]
+
+
+@index_rule("MaxPool", "AveragePool", "LpPool")
+def _pool(v: Values, node: onnx.NodeProto, k: int, idx: Index) -> Expr:
+    """One pooled element: a fold over its window (pads, strides, dilations; ceil_mode is in the
+    static output shape). AveragePool divides by the window positions inside the input, or with
+    count_include_pad inside the padded input (positions only ceil_mode added never count, as in
+    onnxruntime); LpPool sums |x|^p over positions inside the input in double, then the p-th root."""
+    if k != 0:
+        raise Unsupported(f"{node.op_type} indices output")
+    attrs = attrs_of(node)
+    x_shape, out_shape = v.shape(node.input[0]), v.shape(node.output[0])
+    nd = len(x_shape) - 2
+    kernel = [int(a) for a in attrs["kernel_shape"]]  # type: ignore[union-attr]
+    strides = [int(a) for a in attrs.get("strides", [1] * nd)]  # type: ignore[union-attr]
+    dil = [int(a) for a in attrs.get("dilations", [1] * nd)]  # type: ignore[union-attr]
+    in_sp, out_sp = list(x_shape[2:]), list(out_shape[2:])
+    head, tail = _pool_pads(node, in_sp, out_sp, kernel, strides, dil)
+    p = int(attrs.get("p", 2))  # type: ignore[call-overload]
+    if node.op_type == "LpPool" and p < 1:
+        raise Unsupported(f"LpPool with p={p}")
+    ws = [_loop_var(node, f"w{d}") for d in range(nd)]
+    first = [idx[2 + d] * strides[d] - head[d] for d in range(nd)]
+    pos = [first[d] + ws[d] * dil[d] for d in range(nd)]
+    inside: Expr = ir.const(1, DType.BOOL)
+    for d in range(nd):
+        inside = ir.logical_and(inside, ir.logical_and(ir.ge(pos[d], 0), ir.lt(pos[d], in_sp[d])))
+    dtype = v.dtype(node.input[0])
+    x = v.at(node.input[0], [idx[0], idx[1], *pos])
+    if node.op_type == "MaxPool":
+        value, op = ir.select(inside, x, float("-inf"), guarded=True), "max"
+    elif node.op_type == "LpPool":
+        xd = ir.unary("abs", ir.cast(x, DType.F64))
+        term = {1: xd, 2: xd * xd}.get(p, ir.binary("pow", xd, float(p)))
+        value, op = ir.select(inside, term, 0.0, guarded=True), "sum"
+    else:
+        value, op = ir.select(inside, ir.cast(x, DType.F64), 0.0, guarded=True), "sum"
+    for d in reversed(range(nd)):
+        value = ir.fold(op, ws[d], 0, kernel[d], value)
+    if node.op_type == "MaxPool":
+        return value
+    if node.op_type == "LpPool":
+        root = {1: value, 2: ir.unary("sqrt", value)}.get(p, ir.binary("pow", value, 1.0 / p))
+        return ir.cast(root, dtype)
+    include_pad = bool(int(attrs.get("count_include_pad", 0)))  # type: ignore[call-overload]
+    count: Expr = ir.index(1)
+    for d in range(nd):
+        limit = in_sp[d] + tail[d] if include_pad else in_sp[d]
+        start = first[d] + head[d] if include_pad else first[d]
+        count = count * _window_count(
+            start, kernel[d], dil[d], limit + (head[d] if include_pad else 0), ws[d]
+        )
+    return ir.cast(value / ir.cast(ir.maximum(count, 1), DType.F64), dtype)
+
+
+@index_rule("ArgMax", "ArgMin")
+def _arg(v: Values, node: onnx.NodeProto, k: int, idx: Index) -> Expr:
+    attrs = attrs_of(node)
+    shape = v.shape(node.input[0])
+    axis = normalize_axis(int(attrs.get("axis", 0)), len(shape))  # type: ignore[call-overload]
+    r = _loop_var(node, "r")
+    src = list(idx)
+    if int(attrs.get("keepdims", 1)):  # type: ignore[call-overload]
+        src[axis] = r
+    else:
+        src.insert(axis, r)
+    op = node.op_type.lower() + ("_last" if int(attrs.get("select_last_index", 0)) else "")  # type: ignore[call-overload]
+    return ir.fold(op, r, 0, shape[axis], v.at(node.input[0], src))  # type: ignore[arg-type]
+
+
+@index_rule("CumSum")
+def _cumsum(v: Values, node: onnx.NodeProto, k: int, idx: Index) -> Expr:
+    """The prefix sum in the same sequential order as onnxruntime, so results agree to the bit."""
+    attrs = attrs_of(node)
+    shape = v.shape(node.input[0])
+    axis = normalize_axis(v.const_ints(node.input[1], "CumSum axis")[0], len(shape))
+    exclusive = int(attrs.get("exclusive", 0))  # type: ignore[call-overload]
+    here = idx[axis]
+    r = _loop_var(node, "r")
+    src = list(idx)
+    src[axis] = r
+    value = v.at(node.input[0], src)
+    if int(attrs.get("reverse", 0)):  # type: ignore[call-overload]
+        return ir.fold("sum", r, shape[axis] - 1, here if exclusive else here - 1, value, step=-1)  # type: ignore[arg-type]
+    return ir.fold("sum", r, 0, here if exclusive else here + 1, value)  # type: ignore[arg-type]

@@ -36,6 +36,7 @@ from ...kernel_ir import (
     Declare,
     DType,
     Expr,
+    Fold,
     If,
     Kernel,
     Let,
@@ -273,6 +274,12 @@ class ExprRenderer:
             text = self.resolve(e, block)
         elif isinstance(e, Select) and e.guarded and not self.inline:
             text = self._guarded(e, block)
+        elif isinstance(e, Fold):
+            if self.inline:
+                raise ValueError("a fold needs a loop: it cannot be one C expression")
+            text = self._fold(e, block)
+            block.memo[e] = text
+            return text
         else:
             text = self._expr(e, block)
         if self.inline or _is_index(e) or _is_atom(text):
@@ -297,6 +304,34 @@ class ExprRenderer:
         block.extend(arms[1])
         block.emit("}")
         return name
+
+    def _fold(self, e: Fold, block: Block) -> str:
+        acc = self.fresh("acc")
+        v = e.var.name
+        start, stop = self(e.start, block), self(e.stop, block)
+        vt = c_type(e.value.dtype)
+        arg = e.op.startswith("arg")
+        if arg:
+            best = self.fresh("best")
+            block.emit(f"{vt} {best} = 0; int64_t {acc} = {start};")
+        else:
+            block.emit(f"{vt} {acc} = {c_literal(_fold_identity(e.op, e.value.dtype), e.value.dtype)};")
+        cond, step = (f"{v} < {stop}", f"++{v}") if e.step == 1 else (f"{v} > {stop}", f"--{v}")
+        block.emit(f"for (int64_t {v} = {start}; {cond}; {step}) {{")
+        body = block.child()
+        x = self(e.value, body)
+        if e.op == "sum":
+            body.emit(f"{acc} += {x};")
+        elif e.op == "prod":
+            body.emit(f"{acc} *= {x};")
+        elif e.op in ("max", "min"):
+            body.emit(f"{acc} = {x} {'>' if e.op == 'max' else '<'} {acc} ? {x} : {acc};")
+        else:
+            cmp = (">" if e.op.startswith("argmax") else "<") + ("=" if e.op.endswith("_last") else "")
+            body.emit(f"if ({v} == {start} || {x} {cmp} {best}) {{ {best} = {x}; {acc} = {v}; }}")
+        block.extend(body)
+        block.emit("}")
+        return acc
 
     def _expr(self, e: Expr, block: Block) -> str:
         if isinstance(e, Load):
@@ -351,6 +386,17 @@ class ExprRenderer:
             op = ">" if e.op == "max" else "<"
             return f"({a} {op} {b} ? {a} : {b})"
         raise ValueError(f"the C renderer has no rule for binary {e.op}")
+
+
+def _fold_identity(op: str, dtype: DType) -> float | int:
+    if op == "sum":
+        return 0
+    if op == "prod":
+        return 1
+    if dtype.is_float:
+        return -math.inf if op == "max" else math.inf
+    info = np.iinfo(dtype.numpy) if dtype is not DType.BOOL else np.iinfo(np.uint8)
+    return int(info.min if op == "max" else info.max)
 
 
 def _libm(name: str, dtype: DType) -> str:

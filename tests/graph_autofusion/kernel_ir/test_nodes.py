@@ -84,3 +84,16 @@ def test_printer_shows_loops_marks_and_stores() -> None:
         "    for i1 < 16 vector:\n"
         "      out0[add(mul(o, 16), i1)] <- exp(in0[add(mul(o, 16), i1)])\n"
     )
+
+
+def test_folds_carry_their_range_and_type() -> None:
+    r, i = ir.var("r"), ir.var("i")
+    x = ir.tensor_at("x", [i, r], DType.F16)
+    total = ir.fold("sum", r, 0, 8, ir.cast(x, DType.F64))
+    assert total.dtype is DType.F64 and str(total) == "sum(r from 0 to 8: f64(x@[i, r]))"
+    best = ir.fold("argmax_last", r, 0, 8, x)
+    assert best.dtype is DType.I64  # a position, whatever the values' type
+    back = ir.fold("sum", r, 7, i - 1, x, step=-1)
+    assert str(back) == "sum(r from 7 to sub(i, 1) step -1: x@[i, r])"
+    with pytest.raises(ValueError, match="unknown fold"):
+        ir.fold("mean", r, 0, 8, x)

@@ -42,13 +42,14 @@ def anchor_module():
         return None
 
 
+_IR_TEMPLATES = frozenset({"pointwise", "pool", "single"})  # lowered whole through the kernel IR
 _IR_ONLY_TYPES = frozenset({onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16})
 
 
 def generate(spec: KernelSpec) -> GeneratedKernel:
     """C source for one kernel, dispatched on `spec.template`."""
     template = spec.template
-    if template != "pointwise":
+    if template not in _IR_TEMPLATES:
         # 16-bit floats are stored as bits and widened at loads: only kernels lowered through the
         # kernel IR know that; the C-text generators would compute on the raw bits.
         narrow = sorted({onnx.TensorProto.DataType.Name(t.elem_type) for t in spec.tensors.values()

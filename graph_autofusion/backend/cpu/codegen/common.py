@@ -67,10 +67,6 @@ def node_rule(*op_types: str) -> Callable[[NodeRule], NodeRule]:
     return register
 
 
-def has_node_rule(op_type: str) -> bool:
-    return op_type in _NODE_RULES
-
-
 def c_literal(value: object, elem_type: int) -> str:
     """A C literal of an ONNX element type (INFINITY/NAN spelled out)."""
     return render_c.c_literal(value, DType.from_onnx(elem_type))

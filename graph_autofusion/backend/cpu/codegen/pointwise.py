@@ -1,8 +1,7 @@
 """The `pointwise` template in C: the kernel IR of graph_autofusion.lower.pointwise, rendered.
 
-Ops whose C is still written by a generator of this package (pooling windows, ArgMax, CumSum)
-stay `TensorAt` reads in the IR; the renderer asks this package's emitter for them, so one loop
-nest serves both.
+`loop_nests` serves the row template's degenerate case (nothing left to reduce): the same IR loop
+nest, every value computed by that generator's C-text emitter.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ from ....lower.pointwise import KernelValues, loop_nest, lower_pointwise
 from ....lower.values import IndexGroup as IRIndexGroup
 from ..kernel_spec import KernelSpec
 from ..render_c import render_kernel, render_stmts
-from .common import IndexGroup, KernelEmitter, has_node_rule
+from .common import IndexGroup, KernelEmitter
 
 
 def _string_groups(em: KernelEmitter, groups: Sequence[IRIndexGroup]) -> list[IndexGroup]:
@@ -27,10 +26,7 @@ def _string_groups(em: KernelEmitter, groups: Sequence[IRIndexGroup]) -> list[In
 
 def emit_pointwise(spec: KernelSpec, description: str = "") -> str:
     """C source for a pointwise kernel (also used for single injective/elementwise ops)."""
-    em = KernelEmitter(spec)
-    lowered = lower_pointwise(spec, description, opaque=has_node_rule)
-    em.groups = _string_groups(em, lowered.groups)
-    return render_kernel(lowered.kernel, em.exprs, em.const_decls)
+    return render_kernel(lower_pointwise(spec, description))
 
 
 def loop_nests(em: KernelEmitter, outputs: Sequence[tuple[str, str]]) -> list[str]:

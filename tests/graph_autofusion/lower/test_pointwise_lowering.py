@@ -37,7 +37,7 @@ def test_broadcast_dims_coalesce_into_one_long_unit_stride_row() -> None:
         {"y": (1, 64, 56, 56)},
         inner={"a": (1, 64, 56, 56)},
     )
-    text = format_kernel(lower_pointwise(spec).kernel)
+    text = format_kernel(lower_pointwise(spec))
     assert "for o < 64 parallel:" in text and "for i1 < 3136 vector:" in text
     assert "out0[add(mul(o, 3136), i1)] <- select(gt(" in text
     assert "in1[o]" in text  # the bias: one value per row
@@ -51,7 +51,7 @@ def test_small_nests_stay_serial_and_constants_become_literals_or_arrays() -> No
         {"s": np.float32(0.5), "w": np.arange(8, dtype=np.float32)},
         inner={"m": (4, 8)},
     )
-    lowered = lower_pointwise(spec).kernel
+    lowered = lower_pointwise(spec)
     text = format_kernel(lowered)
     assert "parallel" not in text
     assert "mul(in0[" in text and ", 0.5)" in text  # a scalar constant is a literal
