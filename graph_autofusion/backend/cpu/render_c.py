@@ -487,8 +487,8 @@ class KernelRenderer:
         self.stmts(k.body, body)
         parts = [prelude(), *(decls or ())]
         for buf, values in k.constants:
-            body = ", ".join(c_literal(v, buf.dtype) for v in np.asarray(values).reshape(-1))
-            parts.append(f"static const {c_type(buf.dtype)} {buf.name}[{buf.size}] = {{{body}}};")
+            init = ", ".join(c_literal(v, buf.dtype) for v in np.asarray(values).reshape(-1))
+            parts.append(f"static const {c_type(buf.dtype)} {buf.name}[{buf.size}] = {{{init}}};")
         comment = (k.description or k.name).replace("*/", "* /").replace("/*", "/ *")
         parts.append("\n/* " + comment.replace("\n", "\n * ") + "\n */")
         parts.append(f"void {k.name}(void *const *args) {{")

@@ -91,3 +91,18 @@ def test_narrowing_rounds_to_nearest_even(kernel_cache, dtype, reference) -> Non
     nan = np.isnan(x)
     assert (out[~nan] == want[~nan]).all(), x[~nan][out[~nan] != want[~nan]][:8]
     assert np.isnan(out[nan].view(reference).astype(np.float32)).all()
+
+
+def test_a_constant_table_does_not_replace_the_body(kernel_cache) -> None:
+    """The table's initializer text once overwrote the body block (AttributeError at render).
+
+    Found by the differential test: every kernel with an inlined constant array crashed.
+    """
+    i = ir.var("i")
+    a, b = Buffer("in0", DType.F32, 4), Buffer("out0", DType.F32, 4, "output")
+    table = Buffer("tab", DType.F32, 4, "const")
+    body = (Loop(i, 4, (Store(b, i, ir.binary("add", ir.load(a, i), ir.load(table, i))),)),)
+    kernel = Kernel("add_table", (a, b), body, constants=((table, np.float32([1, 2, 3, 4])),))
+    x, out = np.float32([10, 20, 30, 40]), np.zeros(4, np.float32)
+    _run(kernel, kernel_cache, x, out)
+    np.testing.assert_array_equal(out, [11, 22, 33, 44])
