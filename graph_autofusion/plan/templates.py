@@ -439,6 +439,50 @@ def _reduction(
         size = _numel(graph, _out(n))
         if size not in (full, reduced) and i not in private and _leaves(graph, n, members):
             raise Misfit(f"{n.op_type} '{n.name}' works on {size} elements, rows are {outer}x{inner}")
+    _check_row_broadcasts(graph, members, reductions, outer, inner)
+
+
+def _check_row_broadcasts(
+    graph: Graph, members: Collection[int], reductions: list[Node], outer: int, inner: int
+) -> None:
+    """A per-row value (a reduction's result) must broadcast along its own row.
+
+    The row kernel hands each epilogue op the value of the row it is computing: right only when
+    the op's output holds that row's elements at flat offsets [row*inner, (row+1)*inner), i.e.
+    when the per-row value has the output's leading dims and ones after them. `r[18] + x[4,18]`
+    broadcasts r along the last axis instead (each output row mixes 18 reductions): a misfit.
+    """
+    per_row = {o for r in reductions for o in r.outputs if o and _numel(graph, o) == outer}
+    after: set[int] = set()
+    for r in reductions:
+        after |= _descendants_within(graph, r, members)
+    for i in sorted(after):
+        n = graph.nodes[i]
+        out = graph.shape(_out(n))
+        if out is None or n.kind == OpKind.REDUCE:
+            continue
+        size = math.prod(out)
+        for v in n.inputs:
+            if v not in per_row:
+                continue
+            shape = graph.shape(v)
+            if size == outer and n.kind != OpKind.INJECTIVE:
+                per_row.update(o for o in n.outputs if o)  # still one value per row
+            elif shape is None or not _row_aligned(tuple(shape), tuple(out), outer):
+                raise Misfit(
+                    f"{n.op_type} '{n.name}' broadcasts a per-row value {list(shape or [])} across rows "
+                    f"of its output {list(out)}"
+                )
+
+
+def _row_aligned(shape: tuple[int, ...], out: tuple[int, ...], outer: int) -> bool:
+    """Whether `shape` broadcast to `out` is constant over each run of out's last axes covering
+    `numel(out) / outer` elements (the leading dims equal out's, product `outer`, then ones)."""
+    padded = (1,) * (len(out) - len(shape)) + shape
+    return any(
+        math.prod(out[:k]) == outer and padded[:k] == out[:k] and all(d == 1 for d in padded[k:])
+        for k in range(len(out) + 1)
+    )
 
 
 def _leaves(graph: Graph, node: Node, members: Collection[int]) -> bool:

@@ -359,3 +359,39 @@ def test_split_with_one_read_output_joins_its_matmul_when_planned() -> None:
     fused = gaf.fuse(m)
     assert fused.get_kernel_count() == 1, fused.report()["groups"]
     assert fused.verify(raise_on_failure=True).passed
+
+
+# -- per-row values in a row reduction's epilogue ----------------------------------------------
+
+
+def _transposed_mean_plus_input(keepdims: int) -> onnx.ModelProto:
+    """mean over the rows of x^T, added back to x: m[18] + x[4,18] (m along the last axis), or,
+    with keepdims, m[18,1] + t[18,4] (m along its rows)."""
+    return model(
+        [
+            node("Transpose", ["x"], ["t"], "transpose", perm=[1, 0]),
+            node("ReduceMean", ["t"], ["m"], "mean", axes=[1], keepdims=keepdims),
+            node("Add", ["m", "t" if keepdims else "x"], ["o"], "add"),
+        ],
+        [("x", [4, 18])],
+        ["o"],
+    )
+
+
+def test_a_per_row_value_broadcast_across_rows_is_refused() -> None:
+    """m[18] + x[4,18] puts the 18 means along the last axis: no output row holds one row's mean.
+
+    Found by the differential test (seed 163: Reshape > Transpose > ReduceMean > Sum): the row
+    kernel wrote out[o*4 + j] = mean[o] + x[o*4 + j], a transposed answer.
+    """
+    g = Graph(onnx.shape_inference.infer_shapes(_transposed_mean_plus_input(keepdims=0)))
+    kind, why = _classify(g)
+    assert kind is None and "broadcasts a per-row value [18] across rows" in why, why
+    kept = Graph(onnx.shape_inference.infer_shapes(_transposed_mean_plus_input(keepdims=1)))
+    assert _classify(kept) == ("reduction", "")
+
+
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_reduction_epilogue_broadcasts_match_onnxruntime(keepdims: int) -> None:
+    fused = gaf.fuse(_transposed_mean_plus_input(keepdims))
+    assert fused.verify(raise_on_failure=True).passed
