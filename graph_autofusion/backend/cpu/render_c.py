@@ -487,7 +487,7 @@ class KernelRenderer:
         self.stmts(k.body, body)
         parts = [prelude(), *(decls or ())]
         for buf, values in k.constants:
-            init = ", ".join(c_literal(v, buf.dtype) for v in np.asarray(values).reshape(-1))
+            init = ", ".join(_table_literals(np.asarray(values).reshape(-1), buf.dtype))
             parts.append(f"static const {c_type(buf.dtype)} {buf.name}[{buf.size}] = {{{init}}};")
         comment = (k.description or k.name).replace("*/", "* /").replace("/*", "/ *")
         parts.append("\n/* " + comment.replace("\n", "\n * ") + "\n */")
@@ -500,6 +500,21 @@ class KernelRenderer:
         parts.extend(body.lines)
         parts.append("}")
         return "\n".join(parts) + "\n"
+
+
+def _table_literals(values: np.ndarray, dtype: DType) -> list[str]:
+    """The initializer of a constant table in its storage type: 16-bit floats are stored as
+    uint16_t bit patterns (a float literal there would be converted to an integer)."""
+    if dtype not in (DType.F16, DType.BF16):
+        return [c_literal(v, dtype) for v in values]
+    if values.dtype.itemsize == 2 and values.dtype.kind not in "iu":  # already fp16 / bf16
+        bits = values.view(np.uint16)
+    elif dtype is DType.F16:
+        bits = values.astype(np.float16).view(np.uint16)
+    else:  # bf16 from wider floats: round to nearest even on the top 16 bits of the fp32
+        wide = values.astype(np.float32).view(np.uint32).astype(np.uint64)
+        bits = ((wide + 0x7FFF + ((wide >> 16) & 1)) >> 16).astype(np.uint16)
+    return [f"0x{int(b):04x}u" for b in bits]
 
 
 def render_kernel(kernel: Kernel, exprs: ExprRenderer | None = None, decls: list[str] | None = None) -> str:

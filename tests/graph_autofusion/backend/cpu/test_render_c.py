@@ -106,3 +106,22 @@ def test_a_constant_table_does_not_replace_the_body(kernel_cache) -> None:
     x, out = np.float32([10, 20, 30, 40]), np.zeros(4, np.float32)
     _run(kernel, kernel_cache, x, out)
     np.testing.assert_array_equal(out, [11, 22, 33, 44])
+
+
+@pytest.mark.parametrize(("dtype", "np_type"), [(DType.F16, np.float16), (DType.BF16, ml_dtypes.bfloat16)])
+def test_a_16_bit_float_table_holds_bit_patterns(kernel_cache, dtype, np_type) -> None:
+    """A fp16/bf16 table is uint16_t storage: float literals there became 0 (or garbage).
+
+    Found by the differential test (seed 91: Expand > PRelu on fp16, a constant slope).
+    """
+    i = ir.var("i")
+    a, b = Buffer("in0", dtype, 4), Buffer("out0", dtype, 4, "output")
+    table = Buffer("tab", dtype, 4, "const")
+    body = (Loop(i, 4, (Store(b, i, ir.binary("mul", ir.load(a, i), ir.load(table, i))),)),)
+    values = np.array([0.4536, -0.8423, 3.0, -0.5], dtype=np_type)
+    kernel = Kernel("mul_table", (a, b), body, constants=((table, values),))
+    x = np.array([1.0, 2.0, -1.0, 0.25], dtype=np_type)
+    out = np.zeros(4, np_type)
+    _run(kernel, kernel_cache, x.view(np.uint16), out.view(np.uint16))
+    want = (x.astype(np.float32) * values.astype(np.float32)).astype(np_type)
+    np.testing.assert_array_equal(out.view(np.uint16), want.view(np.uint16))
