@@ -445,7 +445,8 @@ def _reduction(
 def _check_row_broadcasts(
     graph: Graph, members: Collection[int], reductions: list[Node], outer: int, inner: int
 ) -> None:
-    """A per-row value (a reduction's result) must broadcast along its own row.
+    """An op after a reduction works on one value per row or on the row domain, and a per-row
+    value (a reduction's result) must broadcast along its own row.
 
     The row kernel hands each epilogue op the value of the row it is computing: right only when
     the op's output holds that row's elements at flat offsets [row*inner, (row+1)*inner), i.e.
@@ -462,6 +463,11 @@ def _check_row_broadcasts(
         if out is None or n.kind == OpKind.REDUCE:
             continue
         size = math.prod(out)
+        if size not in (outer, outer * inner):
+            # Neither one value per row nor the row domain: the row loop cannot produce it.
+            raise Misfit(
+                f"{n.op_type} '{n.name}' after a reduction works on {size} elements, rows are {outer}x{inner}"
+            )
         for v in n.inputs:
             if v not in per_row:
                 continue

@@ -395,3 +395,26 @@ def test_a_per_row_value_broadcast_across_rows_is_refused() -> None:
 def test_reduction_epilogue_broadcasts_match_onnxruntime(keepdims: int) -> None:
     fused = gaf.fuse(_transposed_mean_plus_input(keepdims))
     assert fused.verify(raise_on_failure=True).passed
+
+
+def _mean_add_concat() -> onnx.ModelProto:
+    """m[4,1] + c[4,2] has 2 elements per row where the row domain has 3; Concat fills to 12."""
+    return model(
+        [
+            node("ReduceLogSumExp", ["x"], ["m"], "lse", axes=[1], keepdims=1),
+            node("Add", ["c", "m"], ["a"], "add"),
+            node("Concat", ["a", "d"], ["o"], "concat", axis=0),
+        ],
+        [("x", [4, 3])],
+        ["o"],
+        [("c", np.linspace(-1, 1, 8, dtype=np.float32).reshape(4, 2)), ("d", np.ones((2, 2), np.float32))],
+    )
+
+
+def test_an_op_after_a_reduction_off_the_row_domain_is_refused() -> None:
+    """Found by the differential test (seed 43: ... ReduceLogSumExp > Elu > Add > Concat)."""
+    g = Graph(onnx.shape_inference.infer_shapes(_mean_add_concat()))
+    kind, why = _classify(g)
+    assert kind is None and "after a reduction works on 8 elements, rows are 4x3" in why, why
+    proposed = gaf.fuse(_mean_add_concat(), patterns=[Propose(["lse", "add", "concat"])])
+    assert proposed.verify(raise_on_failure=True).passed
