@@ -75,6 +75,7 @@ def test_an_op_after_a_reduction_off_the_row_domain_is_refused() -> None:
     """Found by the differential test (seed 43: ... ReduceLogSumExp > Elu > Add > Concat)."""
     g = Graph(onnx.shape_inference.infer_shapes(_mean_add_concat()))
     kind, why = _classify(g)
-    assert kind is None and "after a reduction works on 8 elements, rows are 4x3" in why, why
+    # Refused by the element-count rule, or first by the rule against element-moving epilogues.
+    assert kind is None and ("works on 8 elements, rows are 4x3" in why or "reorders" in why), why
     proposed = gaf.fuse(_mean_add_concat(), patterns=[Propose(["lse", "add", "concat"])])
     assert proposed.verify(raise_on_failure=True).passed
