@@ -47,7 +47,7 @@ import onnx
 from ..api import FusedGraph, fuse
 from ..config import FusionConfig
 from ..errors import CompilationError, FusionError
-from .random_graphs import RandomGraph, generate
+from .random_graphs import RandomGraph, generate, reference_evaluator
 
 PASS, HOST, REFUSED, WRONG, CRASH, DISPUTED = "pass", "host", "refused", "wrong", "crash", "disputed"
 STATUSES = (PASS, HOST, REFUSED, DISPUTED, WRONG, CRASH)
@@ -165,11 +165,9 @@ def reference_outputs(graph: RandomGraph) -> tuple[dict[str, np.ndarray], str]:
         values = session.run(None, graph.inputs)
         return dict(zip(graph.output_names, values, strict=True)), "onnxruntime"
     except Exception:  # onnxruntime lacks the op (or the type): the ONNX reference evaluator
-        from onnx.reference import ReferenceEvaluator
-
         with warnings.catch_warnings(), np.errstate(all="ignore"), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
-            values = ReferenceEvaluator(graph.model).run(None, graph.inputs)
+            values = reference_evaluator(graph.model).run(None, graph.inputs)
         return dict(zip(graph.output_names, (np.asarray(v) for v in values), strict=True)), "onnx.reference"
 
 

@@ -57,6 +57,9 @@ def test_the_fixed_seed_slice_has_no_wrong_answer_and_no_crash(cache: KernelCach
     print(f"\n{host_header()}\n{len(verdicts)} graphs in {elapsed:.1f} s\n{table}")
     c = counts(verdicts)
     assert c[WRONG] == 0 and c[CRASH] == 0, table
+    # Ours matching the float64 truth where onnxruntime does not needs a person to look: the
+    # truth comes from onnx.reference, which has bugs of its own (LogSoftmax before opset 13).
+    assert c[DISPUTED] == 0, table
     assert c[PASS] >= len(verdicts) * 0.8, table  # the slice checks our kernels, not the host path
 
 
@@ -68,7 +71,7 @@ def _swap_first(graph: RandomGraph, swaps: dict[str, str]) -> RandomGraph:
     return replace(graph, model=model)
 
 
-_SWAPS = {"Add": "Sub", "Sub": "Add", "Sigmoid": "Tanh", "Tanh": "Sigmoid", "Relu": "Abs", "Exp": "Softplus"}
+_SWAPS = {"Add": "Sub", "Sub": "Add", "Sigmoid": "Tanh", "Tanh": "Sigmoid", "Exp": "Softplus"}
 
 
 def _swappable(seeds: range) -> RandomGraph:
@@ -96,10 +99,14 @@ def test_shrink_finds_the_smallest_failing_cut(cache: KernelCache, monkeypatch: 
         and any(op in _SWAPS for op in g.ops[:-1]) and g.types[g.output_names[0]] == onnx.TensorProto.FLOAT
     )  # fmt: skip
     swapped = _swap_first(original, _SWAPS)
+
     # Each cut is judged against the same cut of the original: the swapped op is "the bug".
-    monkeypatch.setattr(
-        differential, "reference_outputs", lambda cut: _reference(original.subgraph(cut.output_names[0]))
-    )
+    def reference_of_original(cut: RandomGraph) -> tuple[dict[str, np.ndarray], str]:
+        if cut.output_names == original.output_names:
+            return _reference(original)
+        return _reference(original.subgraph(cut.output_names[0]))
+
+    monkeypatch.setattr(differential, "reference_outputs", reference_of_original)
     assert check(swapped, cache).status == WRONG
     small = shrink(swapped, cache, WRONG)
     bad = next(
