@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from ....ops import lookup
+from ....ops import OpKind, lookup
 from ....ops.registry import NodeShapes
 from ..kernel_spec import KernelSpec
 from .common import (
@@ -377,11 +377,28 @@ class _RowGenerator:
         recomputing it is costly (exp, erf, ...) or reads 1-byte data (a bool mask): gcc cannot
         vectorize a loop that mixes 1-byte loads with SIMD libm calls, so the mask is applied
         once, in the pass without them."""
+        moved = self._read_through_moves()
         for name, passes in self.accessed.items():
-            if len(passes) < 2 or name not in self.em.producer:
+            if len(passes) < 2 or name not in self.em.producer or name in moved:
                 continue
             if self._per_element_cost(name) >= _EXPENSIVE or self._reads_narrow(name, set()):
                 self.buffered[name] = f"b{len(self.buffered)}"
+
+    def _read_through_moves(self) -> set[str]:
+        """Tensors upstream of an index-moving op (Transpose, Slice, Gather, ...): the element a
+        row needs at position j is not their element at the row's flat offset, so a row buffer
+        (filled and read by j) cannot stand in for them; they are recomputed instead."""
+        nodes = self.em.spec.nodes
+        stack = [i for n in nodes if lookup(n.op_type).kind == OpKind.INJECTIVE for i in n.input if i]
+        seen: set[str] = set()
+        while stack:
+            name = stack.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            if name in self.em.producer:
+                stack.extend(i for i in self.em.producer[name][0].input if i)
+        return seen
 
     def _per_element_cost(self, name: str) -> float:
         node = self.em.producer[name][0]

@@ -154,3 +154,34 @@ def test_long_sum_stays_accurate(kernel_cache) -> None:
     compiled = check(model, kernel_cache, feeds=feeds)
     exact = feeds["x"].astype(np.float64).sum(axis=1)
     np.testing.assert_allclose(compiled(feeds)["y"], exact, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "move",
+    [
+        helper.make_node("Transpose", ["a"], ["m"], perm=[1, 0]),
+        helper.make_node("Gather", ["a", "idx"], ["m"], axis=1),
+    ],
+    ids=["transpose", "gather"],
+)
+def test_an_expensive_value_read_through_a_move_is_not_row_buffered(kernel_cache, move) -> None:
+    """Asin (costly, buffered) feeds a Transpose/Slice before LayerNormalization: the buffer held
+    Asin's values by flat offset, not at the row positions the Transpose maps to.
+
+    Found by the differential test (seed 1188: Tanh > Mul > Asin > Squeeze > Transpose >
+    LayerNormalization, max error 2.8; seed 736 likewise through a Gather).
+    """
+    nodes = [
+        helper.make_node("Tanh", ["x"], ["t"]),
+        helper.make_node("Asin", ["t"], ["a"]),
+        move,
+        helper.make_node("LayerNormalization", ["m", "g", "b"], ["y"], axis=1),
+    ]
+    norm = (5,) if move.op_type == "Transpose" else (2, 2)
+    inits = {
+        "g": np.linspace(0.5, 1.5, int(np.prod(norm)), dtype=np.float32).reshape(norm),
+        "b": np.linspace(-0.2, 0.2, int(np.prod(norm)), dtype=np.float32).reshape(norm),
+    }
+    if move.op_type == "Gather":
+        inits["idx"] = np.array([[3, 0], [1, 2]], dtype=np.int64)
+    check(make_model(nodes, {"x": [5, 4]}, ["y"], inits), kernel_cache, "reduction")
