@@ -12,8 +12,32 @@ from collections.abc import Sequence
 import numpy as np
 import onnx
 from onnx.reference import ReferenceEvaluator
+from onnx.reference.op_run import OpRun
 
 from .kernel_spec import TensorInfo
+
+
+class LpNormalization(OpRun):
+    """x / ||x||_p along the axis. onnx.reference's own sums x**p without abs (wrong for odd p
+    on negative data, e.g. p=1 flips signs); the spec and onnxruntime use |x|."""
+
+    op_domain = ""
+
+    def _run(self, x, axis=None, p=None):  # type: ignore[no-untyped-def]
+        axis = self.axis if axis is None else axis
+        p = self.p if p is None else p
+        with np.errstate(all="ignore"):
+            norm = np.power(np.sum(np.power(np.abs(x), p), axis=axis, keepdims=True), 1.0 / p)
+            return (np.where(norm == 0, 0, x / norm).astype(x.dtype),)
+
+
+# Ops onnx.reference gets wrong, replaced wherever this package evaluates a node on the host.
+REFERENCE_FIXES: tuple[type[OpRun], ...] = (LpNormalization,)
+
+
+def reference_evaluator(model: onnx.ModelProto) -> ReferenceEvaluator:
+    """onnx.reference with REFERENCE_FIXES."""
+    return ReferenceEvaluator(model, new_ops=list(REFERENCE_FIXES))
 
 
 class HostOp:
@@ -35,7 +59,7 @@ class HostOp:
         one.functions.extend(model.functions)
         self.input_names = inputs
         self.output_names = outputs
-        self._evaluator = ReferenceEvaluator(one)
+        self._evaluator = reference_evaluator(one)
 
     def __call__(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         feeds = dict(zip(self.input_names, arrays, strict=True))

@@ -189,3 +189,17 @@ def test_zoo_model_unfused_and_fused_match_onnxruntime(kernel_cache, name) -> No
 def fused_kernels(model: onnx.ModelProto) -> int:
     views = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"}
     return sum(1 for n in model.graph.node if n.op_type not in views)
+
+
+@pytest.mark.parametrize("p", [1, 2])
+def test_a_host_lp_normalization_takes_absolute_values(kernel_cache, p) -> None:
+    """fp16 LpNormalization runs on the host, where onnx.reference's own summed x**p without
+    abs: p=1 flipped signs and divided by a signed sum. Found by the differential test (seeds
+    1958, 1745: LpNormalization on fp16, max error 73)."""
+    nodes = [helper.make_node("LpNormalization", ["x"], ["y"], axis=1, p=p)]
+    model = make_model(nodes, {"x": ([3, 4], onnx.TensorProto.FLOAT16)}, ["y"])
+    x = np.array([[0.5, -1.5, 2.0, -0.25], [-1, -2, -3, 0.5], [1, 2, 3, 4]], dtype=np.float16)
+    compiled = compile_model(model, cache=kernel_cache, threads=1)
+    assert [h["op_type"] for h in compiled.stats["host_ops"]] == ["LpNormalization"]
+    want = ort_run(model, {"x": x})["y"]
+    np.testing.assert_allclose(compiled({"x": x})["y"].astype(np.float32), want.astype(np.float32), atol=2e-3)
