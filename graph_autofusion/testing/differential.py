@@ -49,9 +49,10 @@ import numpy as np
 import onnx
 
 from ..api import FusedGraph, fuse
+from ..backend.cpu.hostops import reference_evaluator
 from ..config import FusionConfig
 from ..errors import CompilationError, FusionError
-from .random_graphs import RandomGraph, generate, reference_evaluator
+from .random_graphs import RandomGraph, generate
 
 PASS, HOST, REFUSED, WRONG, CRASH, DISPUTED = "pass", "host", "refused", "wrong", "crash", "disputed"
 STATUSES = (PASS, HOST, REFUSED, DISPUTED, WRONG, CRASH)

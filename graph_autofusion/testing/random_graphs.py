@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-from onnx.reference import ReferenceEvaluator
-from onnx.reference.op_run import OpRun
+
+from ..backend.cpu.hostops import reference_evaluator
 
 FLOAT, FLOAT16, DOUBLE = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE
 INT32, INT64, BOOL = TensorProto.INT32, TensorProto.INT64, TensorProto.BOOL
@@ -375,25 +375,6 @@ def _evaluate(node: onnx.NodeProto, ins: Sequence[_Tensor], opset: int, *, shado
     except Exception as exc:  # the reference cannot run it: not a graph we can judge
         raise Rejected(f"{node.op_type}: reference failed: {exc}") from None
     return [np.asarray(v) for v in out]
-
-
-class LpNormalization(OpRun):
-    """x / ||x||_p along the axis. onnx.reference (1.23) sums x**p without abs, which is wrong
-    for odd p on negative data (onnxruntime and the spec use |x|): this replaces it."""
-
-    op_domain = ""
-
-    def _run(self, x, axis=None, p=None):  # type: ignore[no-untyped-def]
-        axis = self.axis if axis is None else axis
-        p = self.p if p is None else p
-        with np.errstate(all="ignore"):
-            norm = np.power(np.sum(np.power(np.abs(x), p), axis=axis, keepdims=True), 1.0 / p)
-            return (np.where(norm == 0, 0, x / norm).astype(x.dtype),)
-
-
-def reference_evaluator(model: onnx.ModelProto) -> ReferenceEvaluator:
-    """onnx.reference with the fixes above: the evaluator both the truth and the fallback use."""
-    return ReferenceEvaluator(model, new_ops=[LpNormalization])
 
 
 _ACCUMULATING = {
