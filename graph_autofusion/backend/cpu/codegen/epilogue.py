@@ -374,6 +374,20 @@ def emit_epilogue(
         refs[(name, space)] = _operand_ref(ptr, ctype, space, strides, row_len, head, per_row)
         return refs[(name, space)]
 
+    loaded: dict[str, str] = {}
+
+    def load(name: str, space: tuple[int, ...]) -> str:
+        # Every operand read becomes a plain load into a local before the formula uses it, so a
+        # select never holds a load in one branch: gcc 12.2 at -O3 -march=x86-64-v3 vectorizes
+        # `m[c] ? a[c] : x` (m a uint8 table) into masked loads that yield 0 for some lanes.
+        ref = operand(name, space)
+        if not ref.endswith("]"):
+            return ref
+        if ref not in loaded:
+            loaded[ref] = f"l{len(loaded)}"
+            body.append(f"      const {_ctype(ops.elem_type(name))} {loaded[ref]} = {ref};")
+        return loaded[ref]
+
     for k, step in enumerate(epi.steps):
         check_step(step)
         if step.is_view:
@@ -382,7 +396,7 @@ def emit_epilogue(
             local[step.output] = local[step.inputs[0]]
             continue
         space = epi.spaces.get(step.output, domain)
-        args = [ir.raw(operand(n, space), DType.F32) if n else None for n in step.inputs]
+        args = [ir.raw(load(n, space), DType.F32) if n else None for n in step.inputs]
         formula = lookup(step.op_type).scalar(args, step.attrs)  # type: ignore[misc]
         if formula.dtype is not DType.F32:  # the tile is fp32: an epilogue step must stay fp32
             raise CodegenUnsupported(f"{step.op_type} yields {formula.dtype.value} in an fp32 epilogue")
