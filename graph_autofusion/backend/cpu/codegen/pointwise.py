@@ -82,8 +82,10 @@ def _coalesce(em: KernelEmitter) -> None:
         padded[name] = (1,) * (rank - len(shape)) + tuple(shape)
     groups: list[list[int]] = [[0]]
     for a in range(1, rank):
-        prev = groups[-1][-1]
-        ok = all(
+        # Compare with the group's last dim of size > 1: a size-1 dim is both "1" and "full" for
+        # every tensor, so chaining through it would merge a broadcast dim with a full one.
+        prev = next((d for d in reversed(groups[-1]) if out[d] != 1), None)
+        ok = prev is None or all(
             (p[prev] == 1 and p[a] == 1) or (p[prev] == out[prev] and p[a] == out[a]) for p in padded.values()
         )
         if ok or out[a] == 1:
@@ -502,6 +504,11 @@ def _mod(em: KernelEmitter, block: Block, node: onnx.NodeProto, k: int, idx: Ind
     out = em.info(node.output[0])
     a, b = (em.value(block, n, broadcast_index(idx, out.shape, em.info(n).shape)) for n in node.input)
     if out.elem_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE):
+        if int(attrs_of(node).get("fmod", 0)):  # type: ignore[call-overload]
+            # fmod=1: C's truncating remainder (the dividend's sign). A zero divisor gives 0, as
+            # af_mod; -1 gives 0 without evaluating INT_MIN % -1 (undefined behaviour in C).
+            d = em.declare(block, out.ctype, f"{b}", "d")
+            return f"(({d}) == 0 || ({d}) == -1 ? ({out.ctype})0 : ({out.ctype})(({a}) % ({d})))"
         return f"(({out.ctype})af_mod({a}, {b}))"
     fmod = "fmodf" if out.elem_type == onnx.TensorProto.FLOAT else "fmod"
     if int(attrs_of(node).get("fmod", 0)):  # type: ignore[call-overload]

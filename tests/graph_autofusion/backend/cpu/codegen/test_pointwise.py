@@ -156,3 +156,26 @@ def test_broadcast_only_kernels_coalesce_dims(kernel_cache) -> None:
     fused = check(model, kernel_cache, "pointwise")
     source = emit_pointwise(next(iter(extract(fused.model).specs.values())))
     assert "< 49; ++i2" in source  # (2, 8, 7, 7) + (8, 1, 1) runs as (2, 8, 49) + (8, 1)
+
+
+def test_broadcast_across_a_size_one_dim_is_not_coalesced_away(kernel_cache) -> None:
+    """(2, 6) + (3, 1, 2, 6): the size-1 dim must not let the broadcast batch dim merge with the
+    full ones (it did: the kernel read b[i] for i < 36 out of a 12-element array)."""
+    nodes = [helper.make_node("Add", ["b", "x"], ["y"])]
+    b = np.arange(12, dtype=np.float32).reshape(2, 6)
+    compiled = check(make_model(nodes, {"x": [3, 1, 2, 6]}, ["y"], {"b": b}), kernel_cache)
+    compiled.poison(0)  # the old read past b would now give NaN
+    x = np.ones((3, 1, 2, 6), np.float32)
+    np.testing.assert_array_equal(compiled({"x": x})["y"], x + b)
+
+
+@pytest.mark.parametrize("fmod", [0, 1])
+def test_integer_mod_follows_fmod(kernel_cache, fmod) -> None:
+    """fmod=1 on integers is C's truncating remainder (sign of the dividend), fmod=0 Python's."""
+    a = np.array([-4, 7, 5, 4, -7, 8, -9], dtype=np.int64)
+    d = np.array([2, -3, 8, -2, 3, 5, 4], dtype=np.int64)
+    nodes = [helper.make_node("Mod", ["a", "d"], ["y"], fmod=fmod)]
+    model = make_model(nodes, {"a": ([7], I64), "d": ([7], I64)}, ["y"])
+    compiled = check(model, kernel_cache, feeds={"a": a, "d": d})
+    want = np.fmod(a, d) if fmod else np.mod(a, d)
+    np.testing.assert_array_equal(compiled({"a": a, "d": d})["y"], want)
