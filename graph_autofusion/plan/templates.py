@@ -26,6 +26,9 @@ EPILOGUE_VIEW_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
 TRANSPOSED_STORE_ANCHORS = {"MatMul", "Gemm"}
 # Prologue kinds a row-reduction kernel accepts on its full domain.
 REDUCTION_PROLOGUE_KINDS = {OpKind.VIEW, OpKind.ELEMENTWISE, OpKind.BROADCAST}
+# Injective ops that may follow a reduction in a row kernel: they broadcast a per-row value over
+# its own row (a kept-dims reduction's result expanded back to the full domain).
+ROW_PRESERVING_EPILOGUE_OPS = {"Expand"}
 
 
 class Misfit(Exception):
@@ -430,12 +433,19 @@ def _reduction(
             raise Misfit(f"{r.op_type} '{r.name}' reduces a different row shape ({o}x{i} vs {outer}x{inner})")
     assert outer is not None and inner is not None
     full, reduced = outer * inner, outer
+    after: set[int] = set()
+    for r in reductions:
+        after |= _descendants_within(graph, r, members)
     for i in members:
         n = graph.nodes[i]
         if n.kind == OpKind.REDUCE:
             continue
         if n.kind not in REDUCTION_PROLOGUE_KINDS | {OpKind.INJECTIVE}:
             raise Misfit(f"{n.op_type} '{n.name}' cannot join a row reduction")
+        if n.kind == OpKind.INJECTIVE and i in after and n.op_type not in ROW_PRESERVING_EPILOGUE_OPS:
+            # The kernel computes one row at a time: an epilogue that moves elements (Transpose
+            # back, Slice, Gather) would need values of other rows, which it does not hold.
+            raise Misfit(f"{n.op_type} '{n.name}' reorders a reduction's results across rows")
         size = _numel(graph, _out(n))
         if size not in (full, reduced) and i not in private and _leaves(graph, n, members):
             raise Misfit(f"{n.op_type} '{n.name}' works on {size} elements, rows are {outer}x{inner}")

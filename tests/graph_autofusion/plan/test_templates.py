@@ -359,3 +359,44 @@ def test_split_with_one_read_output_joins_its_matmul_when_planned() -> None:
     fused = gaf.fuse(m)
     assert fused.get_kernel_count() == 1, fused.report()["groups"]
     assert fused.verify(raise_on_failure=True).passed
+
+
+# -- row reductions ---------------------------------------------------------------------------
+
+
+def _softmax_over_axis1() -> onnx.ModelProto:
+    """SoftmaxCrossEntropy's expansion: move the class axis last, LogSoftmax, move it back."""
+    return model(
+        [
+            node("Transpose", ["x"], ["t"], "to_last", perm=[0, 2, 1]),
+            node("LogSoftmax", ["t"], ["s"], "log_softmax", axis=2),
+            node("Transpose", ["s"], ["o"], "back", perm=[0, 2, 1]),
+        ],
+        [("x", [3, 5, 12])],
+        ["o"],
+    )
+
+
+def test_transpose_after_a_reduction_is_refused() -> None:
+    """A row kernel holds one row: an epilogue that moves elements across rows is a misfit."""
+    g = Graph(onnx.shape_inference.infer_shapes(_softmax_over_axis1()))
+    assert _classify(g) == (None, "Transpose 'back' reorders a reduction's results across rows")
+    assert _classify(g, ["to_last", "log_softmax"]) == ("reduction", "")
+
+
+def test_softmax_over_a_middle_axis_through_transposes_matches_onnxruntime() -> None:
+    """As SoftmaxCrossEntropyLoss expands for N x C x d1 x d2 (it fused into one wrong kernel)."""
+    m = model(
+        [
+            node("Reshape", ["x", "rows"], ["r"], "flatten"),
+            node("Transpose", ["r"], ["t"], "to_last", perm=[0, 2, 1]),
+            node("LogSoftmax", ["t"], ["s"], "log_softmax", axis=2),
+            node("Transpose", ["s"], ["b"], "back", perm=[0, 2, 1]),
+            node("Reshape", ["b", "full"], ["o"], "unflatten"),
+        ],
+        [("x", [3, 5, 6, 6, 5])],
+        ["o"],
+        [("rows", _i64(0, 0, -1)), ("full", _i64(3, 5, 6, 6, 5))],
+    )
+    fused = gaf.fuse(m)
+    assert fused.verify(raise_on_failure=True).passed
