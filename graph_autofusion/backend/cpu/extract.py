@@ -152,14 +152,23 @@ def _small(value: np.ndarray) -> bool:
     return value.size <= CONST_MAX_ELEMENTS
 
 
+def _axis(node: onnx.NodeProto) -> int | None:
+    for attr in node.attribute:
+        if attr.name == "axis":
+            return int(attr.i)
+    return None
+
+
 def single_template(node: onnx.NodeProto, opset: int) -> str | None:
     """The template that compiles one default-domain op, or None when it runs on the host."""
     op = node.op_type
     kind = lookup(op, node.domain).kind
     if node.domain not in ("", "ai.onnx"):
         return None
-    if op in ("Softmax", "LogSoftmax") and opset < 13:
-        return None  # the old "flatten from axis" semantics: onnx.reference handles it
+    if op in ("Softmax", "LogSoftmax") and opset < 13 and _axis(node) != -1:
+        # The old "flatten from axis" semantics (canonicalization rewrites them to axis -1, where
+        # both opsets agree; a model that skipped it runs on onnx.reference).
+        return None
     if op == "MaxPool" and len(node.output) > 1 and node.output[1]:
         return None
     if op in POOL_OPS:
