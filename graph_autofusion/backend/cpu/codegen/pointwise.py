@@ -374,7 +374,8 @@ def _pad(em: KernelEmitter, block: Block, node: onnx.NodeProto, k: int, idx: Ind
         begin[normalize_axis(a, rank)] = pads[j]
     fill = "0"
     if mode == "constant" and len(node.input) > 2 and node.input[2]:
-        fill = em.value(block, node.input[2], [])
+        # A scalar, or a one-element tensor (as Attention's expansion writes it): its only element.
+        fill = em.value(block, node.input[2], [0] * len(em.info(node.input[2]).shape))
     elif mode == "constant" and "value" in attrs:
         fill = c_literal(attrs["value"], in_info.elem_type)
     src: Index = []

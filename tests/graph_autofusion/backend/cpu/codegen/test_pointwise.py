@@ -179,3 +179,12 @@ def test_integer_mod_follows_fmod(kernel_cache, fmod) -> None:
     compiled = check(model, kernel_cache, feeds={"a": a, "d": d})
     want = np.fmod(a, d) if fmod else np.mod(a, d)
     np.testing.assert_array_equal(compiled({"a": a, "d": d})["y"], want)
+
+
+def test_pad_value_given_as_a_one_element_tensor(kernel_cache) -> None:
+    """Attention's expansion passes Pad's constant_value as float[1], not a scalar, computed at
+    run time (a kernel parameter, not a folded constant)."""
+    nodes = [helper.make_node("Pad", ["x", "p", "v"], ["y"])]
+    check(
+        make_model(nodes, {"x": [2, 3], "v": [1]}, ["y"], {"p": i64(0, 1, 0, 2)}), kernel_cache, "pointwise"
+    )
