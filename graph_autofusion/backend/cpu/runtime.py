@@ -30,13 +30,15 @@ from typing import Any
 import numpy as np
 import onnx
 
-from ...errors import RuntimeInputError
+from ...errors import RuntimeInputError, UnsupportedModelError
+from ...ops.elementwise import ctype
 from .arena import ALIGNMENT, Buffer, plan_offsets
 from .cache import KernelCache, default_cache
 from .codegen import CodegenUnsupported, generate
 from .compiler import Artifact, KernelSource, compile_kernels
 from .extract import ExecutionPlan, HostStep, KernelStep, ViewStep, extract
 from .hostops import HostOp
+from .kernel_spec import KernelSpec
 from .threads import available_cpus, set_omp_threads
 
 DRIVER_SYMBOL = "af_run_sequence"
@@ -80,7 +82,12 @@ def compile_model(
     sources: list[KernelSource] = []
     meta: dict[str, tuple[str, str, bool]] = {}
     unsupported: dict[str, str] = {}
+    _refuse_object_tensors(plan)
     for symbol, spec in plan.specs.items():
+        why = _no_c_type(spec)
+        if why:
+            unsupported[symbol] = why
+            continue
         try:
             kernel = generate(spec)
         except CodegenUnsupported as exc:
@@ -108,6 +115,29 @@ def compile_model(
     compiled.stats["compile_seconds"] = round(time.perf_counter() - started, 4)
     compiled.stats["cache"] = {"hits": hits, "misses": len(artifacts) - hits}
     return compiled
+
+
+def _no_c_type(spec: KernelSpec) -> str:
+    """Why `spec` cannot be generated for its element types ("" when it can): uint16/32/64,
+    fp16, bf16, fp8 and fp64 tensors have no C type in the generators, so the kernel runs on
+    the host (onnx.reference) and gives the right answer slowly, instead of failing the model."""
+    for info in spec.tensors.values():
+        try:
+            ctype(info.elem_type)
+        except ValueError as exc:
+            return str(exc)
+    return ""
+
+
+def _refuse_object_tensors(plan: ExecutionPlan) -> None:
+    """Strings cannot live in the arena (raw bytes): such a model is refused, with a code."""
+    for info in plan.tensors.values():
+        if info.elem_type == onnx.TensorProto.STRING:
+            raise UnsupportedModelError(
+                f"tensor {info.name!r} holds strings; the CPU runtime runs numeric tensors only",
+                code="unsupported_dtype",
+                tensor=info.name,
+            )
 
 
 class CompiledModel:
@@ -301,6 +331,22 @@ class CompiledModel:
         }
 
     # -- running -------------------------------------------------------------------------------
+    def poison(self, seed: int = 0) -> None:
+        """Fill the arena and scratch buffers with garbage, so a read of unwritten memory shows.
+
+        Seed 0 writes 0xFF bytes (NaN in every float, -1 in every integer), seed 1 0x7F bytes
+        (~3.4e38, INT_MAX-like), any other seed random bytes. A kernel that reads memory no
+        kernel wrote then gives NaN, or outputs that change with the seed: two runs with
+        different seeds must agree exactly. Inputs are copied in after this, weights untouched.
+        """
+        with self._lock:
+            buffers = [self._arena, *self._scratch.values()]
+            for buf in buffers:
+                if seed in (0, 1):
+                    buf.fill(0xFF if seed == 0 else 0x7F)
+                else:
+                    buf[...] = np.random.default_rng(seed).integers(0, 256, buf.shape, dtype=np.uint8)
+
     @property
     def input_names(self) -> list[str]:
         return [t.name for t in self.plan.inputs]

@@ -189,3 +189,45 @@ def test_zoo_model_unfused_and_fused_match_onnxruntime(kernel_cache, name) -> No
 def fused_kernels(model: onnx.ModelProto) -> int:
     views = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"}
     return sum(1 for n in model.graph.node if n.op_type not in views)
+
+
+# -- poisoning, element types the generators lack -----------------------------------------------
+
+
+def test_poison_fills_the_arena_and_outputs_do_not_depend_on_it(two_input_model) -> None:
+    """Seed 0 writes NaN bytes, 1 a large value, others random bytes; every output is written by
+    a kernel, so the results are bit-identical whatever the arena held before the run."""
+    model, compiled = two_input_model
+    feeds = random_feeds(model)
+    results = []
+    for seed in (0, 1, 7):
+        compiled.poison(seed)
+        if seed == 0:
+            assert np.isnan(compiled.array("s")).all()
+        results.append(compiled(feeds))
+    for other in results[1:]:
+        for name, value in results[0].items():
+            np.testing.assert_array_equal(other[name], value)
+    assert_close(results[0], ort_run(model, feeds))
+
+
+def test_an_element_type_without_a_c_type_runs_on_the_host(kernel_cache) -> None:
+    """uint16 has no C type in the generators: the kernel becomes a host op, and is right."""
+    nodes = [helper.make_node("Add", ["a", "b"], ["s"]), helper.make_node("Mul", ["s", "a"], ["y"])]
+    u16 = onnx.TensorProto.UINT16
+    model = make_model(nodes, {"a": ([2, 3], u16), "b": ([2, 3], u16)}, ["y"])
+    compiled = compile_model(model, cache=kernel_cache, threads=1)
+    assert {h["reason"] for h in compiled.stats["host_ops"]} == {
+        "no code generated: no C type for ONNX element type UINT16"
+    }
+    a = np.arange(6, dtype=np.uint16).reshape(2, 3)
+    b = np.full((2, 3), 3, np.uint16)
+    np.testing.assert_array_equal(compiled({"a": a, "b": b})["y"], (a + b) * a)
+
+
+def test_string_tensors_are_refused_with_a_code(kernel_cache) -> None:
+    nodes = [helper.make_node("Cast", ["s"], ["y"], to=onnx.TensorProto.FLOAT)]
+    model = make_model(nodes, {"s": ([3], onnx.TensorProto.STRING)}, ["y"])
+    with pytest.raises(gaf.FusionError) as err:
+        compile_model(model, cache=kernel_cache, threads=1)
+    assert err.value.code == "unsupported_dtype"
