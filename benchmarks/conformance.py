@@ -3,6 +3,8 @@
     python benchmarks/conformance.py                    # every case, a table per op
     python benchmarks/conformance.py Softmax Mod -v     # some ops (or case names), every non-pass listed
     python benchmarks/conformance.py --repeat 2         # each case twice, arena poisoned differently
+    python benchmarks/conformance.py --sanitize address # kernels under ASan + UBSan (re-executes
+                                                        # itself with the ASan runtime preloaded)
 
 Every case onnx ships (`onnx.backend.test.case.node`: all ops, all dtypes, `_expanded` bodies)
 is fused as a user would fuse it, compiled and run; its outputs are compared with the expected
@@ -15,12 +17,14 @@ wrong.
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from graph_autofusion.backend.cpu import sanitize
 from graph_autofusion.backend.cpu.cache import KernelCache
 from graph_autofusion.backend.cpu.compiler import compiler_identity
 from graph_autofusion.backend.cpu.isa import target_isa
@@ -54,13 +58,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache", help="kernel cache directory (default: a temporary one)")
     parser.add_argument("--jobs", type=int, default=None, help="parallel compiler runs")
     parser.add_argument("--repeat", type=int, default=1, help="runs per case, arena re-poisoned each time")
+    parser.add_argument(
+        "--sanitize",
+        choices=("address", "undefined"),
+        help="the sanitizer debug build (the first report aborts the run, naming the kernel)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="list every case that did not pass")
     parser.add_argument("--no-per-op", action="store_true", help="print the overall counts only")
     args = parser.parse_args(argv)
+    if args.sanitize:
+        mode = sanitize.sanitize_mode(args.sanitize)
+        if sanitize.sanitize_mode() != mode or (mode == sanitize.ADDRESS and not sanitize.asan_loaded()):
+            env = sanitize.subprocess_env(mode=mode)
+            os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
     isa = target_isa()
     print(f"host: {cpu_model()} ({platform.machine()}), kernels built for {isa.name}")
-    print(f"compiler: {compiler_identity().version}")
+    mode = sanitize.sanitize_mode()
+    print(f"compiler: {compiler_identity().version}" + (f", -fsanitize={mode}" if mode else ""))
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="af-suite-") as tmp:
         cache = KernelCache(args.cache or tmp)

@@ -32,6 +32,7 @@ import onnx
 
 from ...errors import RuntimeInputError, UnsupportedModelError
 from ...ops.elementwise import ctype
+from . import sanitize
 from .arena import ALIGNMENT, Buffer, plan_offsets
 from .cache import KernelCache, default_cache
 from .codegen import CodegenUnsupported, generate
@@ -77,6 +78,7 @@ def compile_model(
 ) -> CompiledModel:
     """Generate, compile (through the kernel cache) and load every kernel of `model`."""
     started = time.perf_counter()
+    sanitize.require_runtime(sanitize.sanitize_mode())
     cache = cache if cache is not None else default_cache()
     plan = extract(model)
     sources: list[KernelSource] = []
@@ -165,6 +167,9 @@ class CompiledModel:
         self.driver_digest = driver_digest
         self._lock = threading.Lock()
         self._libs: dict[Path, ctypes.CDLL] = {}
+        # Debug mode (sanitize.py): redzones, one kernel at a time, live-range poisoning.
+        self.sanitize = sanitize.sanitize_mode()
+        self._runs = 0
         if any(k.uses_blas for k in self.kernels.values()):
             from .blas import load_blas
 
@@ -221,11 +226,15 @@ class CompiledModel:
         for t in plan.outputs:
             last[root(t.name)] = end
         buffers = []
+        redzone = sanitize.REDZONE_BYTES if self.sanitize else 0
+        self._extents: dict[str, tuple[int, int, int]] = {}  # name -> (bytes, first, last)
         for name, start in first.items():
             if name in self._weights:
                 continue
             info = plan.tensors[name]
-            buffers.append(Buffer(name, info.numel * info.dtype.itemsize, start, last.get(name, start)))
+            nbytes = info.numel * info.dtype.itemsize
+            self._extents[name] = (nbytes, start, last.get(name, start))
+            buffers.append(Buffer(name, nbytes + redzone, start, last.get(name, start)))
         offsets, peak = plan_offsets(buffers)
         self.arena_bytes = peak
         raw = np.zeros(peak + ALIGNMENT, dtype=np.uint8)
@@ -338,14 +347,28 @@ class CompiledModel:
         (~3.4e38, INT_MAX-like), any other seed random bytes. A kernel that reads memory no
         kernel wrote then gives NaN, or outputs that change with the seed: two runs with
         different seeds must agree exactly. Inputs are copied in after this, weights untouched.
+        In the sanitizer debug mode every run does this first, with the next seed.
         """
         with self._lock:
-            buffers = [self._arena, *self._scratch.values()]
-            for buf in buffers:
-                if seed in (0, 1):
-                    buf.fill(0xFF if seed == 0 else 0x7F)
-                else:
-                    buf[...] = np.random.default_rng(seed).integers(0, 256, buf.shape, dtype=np.uint8)
+            self._fill(seed)
+
+    def _fill(self, seed: int) -> None:
+        for buf in (self._arena, *self._scratch.values()):
+            if seed in (0, 1):
+                buf.fill(0xFF if seed == 0 else 0x7F)
+            else:
+                buf[...] = np.random.default_rng(seed).integers(0, 256, buf.shape, dtype=np.uint8)
+
+    def _guard(self, step: int | None) -> None:
+        """ASan view of the arena at `step`: only buffers live there are addressable (None: all)."""
+        base, size = int(self._arena.ctypes.data), int(self._arena.nbytes)
+        if step is None:
+            sanitize.unpoison(base, size)
+            return
+        sanitize.poison(base, size)
+        for name, (nbytes, first, last) in self._extents.items():
+            if first <= step <= last:
+                sanitize.unpoison(base + self._offsets[name], nbytes)
 
     @property
     def input_names(self) -> list[str]:
@@ -362,6 +385,10 @@ class CompiledModel:
         """Run the model: inputs by name (dict) or position; outputs by name, in model order."""
         feeds = self._check_inputs(inputs)
         with self._lock:
+            if self.sanitize:
+                self._guard(None)
+                self._fill(self._runs)
+                self._runs += 1
             for name, value in feeds.items():
                 np.copyto(self.array(name), value, casting="no")
             set_omp_threads(self.threads)
@@ -369,6 +396,12 @@ class CompiledModel:
             return {t.name: self.array(t.name).copy() for t in self.plan.outputs}
 
     def _execute(self) -> None:
+        if self.sanitize:
+            try:
+                self._execute_guarded()
+            finally:
+                self._guard(None)
+            return
         if self.dispatch == "ctypes":
             self._execute_per_kernel()
             return
@@ -441,6 +474,24 @@ class CompiledModel:
             row["ms"] = round(float(np.median([t[k] for t in times])) * 1e3, 4)
             row["min_ms"] = round(min(t[k] for t in times) * 1e3, 4)
         return rows
+
+    def _execute_guarded(self) -> None:
+        """One kernel or host op at a time, each seeing only the buffers live at its step."""
+        kernels = iter(self._per_kernel)
+        steps = [k for k, s in enumerate(self._steps) if not isinstance(s, ViewStep)]
+        order = iter(steps)
+        for kind, payload in self._segments:
+            if kind == "kernels":
+                for _ in range(payload[0]):
+                    fn, argv = next(kernels)
+                    self._guard(next(order))
+                    fn(argv)
+            else:
+                op, ins, outs = payload
+                self._guard(None)  # numpy's copies are not instrumented: no partial view for them
+                next(order)
+                for out, res in zip(outs, op(ins), strict=True):
+                    np.copyto(out, res, casting="unsafe")
 
     def _execute_per_kernel(self) -> None:
         """One ctypes call per kernel (kept to measure what the driver saves)."""
