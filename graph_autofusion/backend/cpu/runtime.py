@@ -411,16 +411,19 @@ class CompiledModel:
                 n, fns, args = payload
                 driver(n, fns, args)
             else:
-                op, ins, outs = payload
-                results = op(ins)
-                for out, res in zip(outs, results, strict=True):
-                    if res.shape != out.shape:
-                        raise RuntimeInputError(
-                            f"host op {op.node.op_type} ({op.node.name!r}) produced shape {res.shape}, "
-                            f"but the model declares {out.shape}",
-                            code="dynamic_shape_mismatch",
-                        )
-                    np.copyto(out, res, casting="unsafe")
+                self._run_host(*payload)
+
+    @staticmethod
+    def _run_host(op: HostOp, ins: list[np.ndarray], outs: list[np.ndarray]) -> None:
+        results = op(ins)
+        for out, res in zip(outs, results, strict=True):
+            if res.shape != out.shape:
+                raise RuntimeInputError(
+                    f"host op {op.node.op_type} ({op.node.name!r}) produced shape {res.shape}, "
+                    f"but the model declares {out.shape}",
+                    code="dynamic_shape_mismatch",
+                )
+            np.copyto(out, res, casting="unsafe")
 
     def profile(
         self, inputs: Mapping[str, Any] | Sequence[Any] | np.ndarray, reps: int = 5
@@ -487,11 +490,9 @@ class CompiledModel:
                     self._guard(next(order))
                     fn(argv)
             else:
-                op, ins, outs = payload
                 self._guard(None)  # numpy's copies are not instrumented: no partial view for them
                 next(order)
-                for out, res in zip(outs, op(ins), strict=True):
-                    np.copyto(out, res, casting="unsafe")
+                self._run_host(*payload)
 
     def _execute_per_kernel(self) -> None:
         """One ctypes call per kernel (kept to measure what the driver saves)."""

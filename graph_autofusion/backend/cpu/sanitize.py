@@ -13,7 +13,8 @@ Why each part:
 * Preloading. An ASan-instrumented shared object cannot be `dlopen`ed into a Python that did
   not start with the ASan runtime ("ASan runtime does not come first in initial library list",
   and the process exits). So ASan runs in a process started with
-  `LD_PRELOAD=$(cc -print-file-name=libasan.so)`; `subprocess_env()` builds that environment and
+  `LD_PRELOAD="$(cc -print-file-name=libasan.so) $(cc -print-file-name=libstdc++.so.6)"`;
+  `subprocess_env()` builds that environment and
   `compile_model` refuses (code `sanitizer_runtime_missing`) rather than kill the process. UBSan
   needs no preloading (measured: a UBSan kernel loads and aborts on a bad shift in-process).
 * The arena. ASan only knows allocations it made; the arena is one numpy allocation, so inside
@@ -101,11 +102,18 @@ def unpoison(address: int, nbytes: int) -> None:
         asan.__asan_unpoison_memory_region(ctypes.c_void_p(address), ctypes.c_size_t(nbytes))
 
 
-def asan_library() -> str:
-    """Path of the compiler's libasan.so (what LD_PRELOAD must name)."""
+def asan_libraries() -> list[str]:
+    """What LD_PRELOAD must name: the compiler's libasan, then libstdc++.
+
+    libstdc++ too because ASan resolves its `__cxa_throw` interceptor at start-up: in a Python
+    (a C program) libstdc++ is not loaded yet, and the first C++ exception thrown later (an
+    onnxruntime error during shape inference) aborts with "CHECK failed: real___cxa_throw".
+    """
     from .compiler import _probe, compiler_identity
 
-    return _probe(compiler_identity().command, "-print-file-name=libasan.so").strip()
+    command = compiler_identity().command
+    found = [_probe(command, f"-print-file-name={lib}").strip() for lib in ("libasan.so", "libstdc++.so.6")]
+    return [path for path in found if os.path.isabs(path)]
 
 
 def subprocess_env(base: Mapping[str, str] | None = None, mode: str = ADDRESS) -> dict[str, str]:
@@ -114,6 +122,6 @@ def subprocess_env(base: Mapping[str, str] | None = None, mode: str = ADDRESS) -
     env[ENV] = mode
     env["UBSAN_OPTIONS"] = UBSAN_OPTIONS
     if mode == ADDRESS:
-        env["LD_PRELOAD"] = " ".join(p for p in (asan_library(), env.get("LD_PRELOAD", "")) if p)
+        env["LD_PRELOAD"] = " ".join(p for p in (*asan_libraries(), env.get("LD_PRELOAD", "")) if p)
         env["ASAN_OPTIONS"] = ASAN_OPTIONS
     return env
