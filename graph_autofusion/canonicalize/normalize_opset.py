@@ -55,7 +55,7 @@ def normalize_opset(work: WorkGraph) -> int:
     if reason is None:
         try:
             return coerced + _convert(work)
-        except Exception as exc:
+        except Exception as exc:  # the converter raises plain RuntimeError/ValueError: keep the opset
             reason = f"the version converter failed: {exc}"
     log.info("opset %d kept (%s); only the Softmax family was rewritten", work.opset, reason)
     return coerced
