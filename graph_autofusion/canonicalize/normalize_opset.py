@@ -18,10 +18,11 @@ Before converting, the Softmax family of an opset < 13 model is rewritten in pla
 opset-independent form, `Flatten(axis) → op(axis=-1) → Reshape(Shape(x))`: on a 2-D input the old
 and new semantics agree. The converter does this for Softmax and LogSoftmax itself, but has no
 Hardmax adapter (it bumps the version and the answer changes), so the rewrite is ours for all
-three. Where the converter cannot be used — a control-flow subgraph (Scan 8 → 9 changes its
-inputs' meaning, which the converter does not preserve), model-local functions, or a converter
-error — the opset is kept, and that rewrite is what makes the planner and the generators read
-the Softmax family the same way under either opset.
+three. BatchNormalization before 9 with spatial=0 (per-position statistics, which the converter
+cannot adapt) becomes its formula in elementwise ops. Where the converter cannot be used — a
+control-flow subgraph (Scan 8 → 9 changes its inputs' meaning, which the converter does not
+preserve), model-local functions, or a converter error — the opset is kept, and those rewrites
+are what make the planner and the generators read these ops the same way under either opset.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def normalize_opset(work: WorkGraph) -> int:
         return 0
     # Always first: the converter has no Hardmax 12 → 13 adapter (it only bumps the version, which
     # silently changes the answer), and on the 2-D form every converter step is a no-op.
-    coerced = _coerce_softmax_family(work)
+    coerced = _coerce_softmax_family(work) + _per_position_batchnorm(work)
     reason = _why_not_convert(work)
     if reason is None:
         try:
@@ -115,6 +116,46 @@ def _coerce_softmax_family(work: WorkGraph) -> int:
                 helper.make_node("Flatten", [x], [flat], name=f"{base}_flatten", axis=axis),
                 helper.make_node(node.op_type, [flat], [out2d], name=node.name, axis=-1),
                 helper.make_node("Reshape", [out2d, shape], [y], name=f"{base}_reshape"),
+            ]
+        )
+        rewritten += 1
+    work.nodes = nodes
+    return rewritten
+
+
+def _per_position_batchnorm(work: WorkGraph) -> int:
+    """BatchNormalization before 9 with spatial=0 → its formula in elementwise ops.
+
+    Its statistics are per position (C x H x W), which broadcast against N x C x H x W as they
+    are; the converter has no adapter for it (it fails), and neither the generator nor
+    onnx.reference reads that form. y = (x - mean) / sqrt(var + eps) * scale + bias, exactly.
+    """
+    if work.opset >= 9:
+        return 0
+    nodes: list[NodeProto] = []
+    rewritten = 0
+    for node in work.nodes:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        inference = len([o for o in node.output if o]) == 1
+        if node.op_type != "BatchNormalization" or attrs.get("spatial", 1) != 0 or not inference:
+            nodes.append(node)
+            continue
+        x, scale, bias, mean, var = node.input[:5]
+        base = node.name or "batchnorm"
+        eps, shifted, std, centred, normed, scaled = (
+            work.fresh_name(f"{base}_{part}")
+            for part in ("eps", "var_eps", "std", "centred", "normed", "scaled")
+        )
+        elem = work.types[var].tensor_type.elem_type if var in work.types else 1
+        work.set_constant(eps, helper.make_tensor(eps, elem, [], [float(attrs.get("epsilon", 1e-5))]))
+        nodes.extend(
+            [
+                helper.make_node("Add", [var, eps], [shifted], name=f"{base}_var_eps"),
+                helper.make_node("Sqrt", [shifted], [std], name=f"{base}_std"),
+                helper.make_node("Sub", [x, mean], [centred], name=f"{base}_centre"),
+                helper.make_node("Div", [centred, std], [normed], name=f"{base}_normalize"),
+                helper.make_node("Mul", [normed, scale], [scaled], name=f"{base}_scale"),
+                helper.make_node("Add", [scaled, bias], [node.output[0]], name=f"{base}_bias"),
             ]
         )
         rewritten += 1

@@ -193,3 +193,25 @@ def test_control_flow_keeps_its_opset_and_only_the_softmax_family_is_rewritten(c
     compiled = fused.compile(cache_dir=cache, threads=1)
     np.testing.assert_allclose(fused(feeds)["y"], want, rtol=RTOL, atol=ATOL)
     assert [h["op_type"] for h in compiled.stats["host_ops"]] == ["If"]  # the Softmax compiled
+
+
+def test_per_position_batchnorm_becomes_elementwise_and_the_model_reaches_the_target(cache) -> None:
+    """BatchNormalization-7 with spatial=0 (statistics per position): the converter has no adapter
+    for it, onnx.reference ignores `spatial`, the generator reads per-channel statistics; its
+    formula in elementwise ops is exact, compiles, and lets the rest of the model convert."""
+    rng = np.random.default_rng(0)
+    stats = {k: rng.uniform(0.5, 1.5, (2, 3, 4)).astype(np.float32) for k in ("g", "b", "m", "v")}
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"]),
+        helper.make_node("BatchNormalization", ["r", "g", "b", "m", "v"], ["s"], spatial=0, epsilon=0.25),
+        helper.make_node("Mul", ["s", "s"], ["y"]),
+    ]
+    model = build_model(nodes, [tensor("x", [1, 2, 3, 4])], [tensor("y", [1, 2, 3, 4])], stats, opset=7)
+    x = rng.standard_normal((1, 2, 3, 4)).astype(np.float32)
+    (want,) = run_ort(model, {"x": x})
+    fused = gaf.fuse(model)
+    assert default_opset(fused.canonical) == TARGET_OPSET
+    assert "BatchNormalization" not in {n.op_type for n in fused.canonical.graph.node}
+    compiled = fused.compile(cache_dir=cache, threads=1)
+    np.testing.assert_allclose(fused({"x": x})["y"], want, rtol=RTOL, atol=ATOL)
+    assert compiled.stats["host_ops"] == []
