@@ -19,7 +19,11 @@ def format_stmts(body: tuple[Stmt, ...], indent: int = 1) -> list[str]:
             lines.append(f"{pad}{s.buffer.name}[{s.index}] <- {s.value}")
         elif isinstance(s, Loop):
             marks = "".join(f" {m}" for m, on in (("parallel", s.parallel), ("vector", s.vector)) if on)
-            lines.append(f"{pad}for {s.var} < {s.extent}{marks}:")
+            marks += "".join(f" {op}({v})" for op, v in s.reductions)
+            marks += "".join(f" scratch {b}" for b in s.scratch)
+            span = f"{s.var} < {s.stop}" if _is_zero(s.start) else f"{s.start} <= {s.var} < {s.stop}"
+            span += f" step {s.step}" if s.step != 1 else ""
+            lines.append(f"{pad}for {span}{marks}:")
             lines.extend(format_stmts(s.body, indent + 1))
         elif isinstance(s, If):
             lines.append(f"{pad}if {s.cond}:")
@@ -30,6 +34,10 @@ def format_stmts(body: tuple[Stmt, ...], indent: int = 1) -> list[str]:
         elif isinstance(s, Call):
             lines.append(f"{pad}call {s.function}({', '.join(map(str, s.args))})")
     return lines
+
+
+def _is_zero(value: object) -> bool:
+    return value == 0 if isinstance(value, int) else str(value) == "0"
 
 
 def format_kernel(kernel: Kernel) -> str:

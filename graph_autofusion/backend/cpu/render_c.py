@@ -50,6 +50,7 @@ from ...kernel_ir import (
     Unary,
     Var,
 )
+from ...kernel_ir.nodes import index as ir_index
 
 C_TYPES = {
     DType.F64: "double",
@@ -121,6 +122,12 @@ static inline float af_clamp_low(float x, float f) {
   float r;
   memcpy(&r, &rb, 4);
   return r;
+}
+/* A kernel's scratch buffer could not be allocated: stop loudly, never compute on NULL. */
+#include <stdio.h>
+static inline void af_out_of_memory(const char *kernel, long long bytes) {
+  fprintf(stderr, "graph-autofusion: kernel %s could not allocate %lld bytes of scratch\\n", kernel, bytes);
+  abort();
 }
 /* 16-bit floats are stored as their bits and computed in fp32. */
 #if defined(__FLT16_MAX__)
@@ -235,6 +242,7 @@ _LIBM = {  # IR unary op -> libm name (float variant gets an `f`)
     "asin": "asin", "acos": "acos", "atan": "atan", "sinh": "sinh", "cosh": "cosh", "asinh": "asinh",
     "acosh": "acosh", "atanh": "atanh", "expm1": "expm1", "log1p": "log1p",
 }  # fmt: skip
+_OMP_REDUCTION = {"sum": "+", "prod": "*", "max": "max", "min": "min"}
 _INFIX = {
     "add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
     "eq": "==", "ne": "!=", "and": "&&", "or": "||",
@@ -452,18 +460,7 @@ class KernelRenderer:
                 value = f"af_f2bf({value})"
             block.emit(f"{s.buffer.name}[{r(s.index, block)}] = {value};")
         elif isinstance(s, Loop):
-            if s.parallel and s.vector:
-                block.emit("#pragma omp parallel for simd schedule(static)")
-            elif s.parallel:
-                block.emit("#pragma omp parallel for schedule(static)")
-            elif s.vector:
-                block.emit("#pragma omp simd")
-            v = s.var.name
-            block.emit(f"for (int64_t {v} = 0; {v} < {s.extent}; ++{v}) {{")
-            inner = block.child()
-            self.stmts(s.body, inner)
-            block.extend(inner)
-            block.emit("}")
+            self.loop(s, block)
         elif isinstance(s, If):
             block.emit(f"if ({r(s.cond, block)}) {{")
             then = block.child()
@@ -480,6 +477,46 @@ class KernelRenderer:
         else:
             raise ValueError(f"the C renderer has no rule for {type(s).__name__}")
 
+    def loop(self, s: Loop, block: Block) -> None:
+        clauses = "".join(f" reduction({_OMP_REDUCTION[op]}:{v.name})" for op, v in s.reductions)
+        if s.scratch:  # per-thread buffers: a parallel region around a worksharing loop
+            if s.parallel:
+                block.emit("#pragma omp parallel")
+            block.emit("{")
+            region = block.child()
+            for b in s.scratch:
+                t = c_type(b.dtype)
+                region.emit(f"{t} *{b.name} = ({t} *)malloc(sizeof({t}) * {b.size});")
+                nbytes = b.size * b.dtype.itemsize
+                region.emit(f'if (!{b.name}) af_out_of_memory("{self.kernel.name}", {nbytes});')
+            if s.parallel:
+                region.emit(f"#pragma omp for schedule(static){clauses}")
+            elif s.vector:
+                region.emit(f"#pragma omp simd{clauses}")
+            self._for(s, region)
+            for b in s.scratch:
+                region.emit(f"free({b.name});")
+            block.extend(region)
+            block.emit("}")
+            return
+        if s.parallel and s.vector:
+            block.emit(f"#pragma omp parallel for simd schedule(static){clauses}")
+        elif s.parallel:
+            block.emit(f"#pragma omp parallel for schedule(static){clauses}")
+        elif s.vector:
+            block.emit(f"#pragma omp simd{clauses}")
+        self._for(s, block)
+
+    def _for(self, s: Loop, block: Block) -> None:
+        v = s.var.name
+        start, stop = self.exprs(ir_index(s.start), block), self.exprs(ir_index(s.stop), block)
+        step = f"++{v}" if s.step == 1 else f"{v} += {s.step}"
+        block.emit(f"for (int64_t {v} = {start}; {v} < {stop}; {step}) {{")
+        inner = block.child()
+        self.stmts(s.body, inner)
+        block.extend(inner)
+        block.emit("}")
+
     def render(self, decls: list[str] | None = None) -> str:
         """The translation unit; `decls` (filled while the body renders) go before the function."""
         k = self.kernel
@@ -487,8 +524,8 @@ class KernelRenderer:
         self.stmts(k.body, body)
         parts = [prelude(), *(decls or ())]
         for buf, values in k.constants:
-            body = ", ".join(c_literal(v, buf.dtype) for v in np.asarray(values).reshape(-1))
-            parts.append(f"static const {c_type(buf.dtype)} {buf.name}[{buf.size}] = {{{body}}};")
+            data = ", ".join(c_literal(v, buf.dtype) for v in np.asarray(values).reshape(-1))
+            parts.append(f"static const {c_type(buf.dtype)} {buf.name}[{buf.size}] = {{{data}}};")
         comment = (k.description or k.name).replace("*/", "* /").replace("/*", "/ *")
         parts.append("\n/* " + comment.replace("\n", "\n * ") + "\n */")
         parts.append(f"void {k.name}(void *const *args) {{")

@@ -42,7 +42,7 @@ def anchor_module():
         return None
 
 
-_IR_TEMPLATES = frozenset({"pointwise", "pool", "single"})  # lowered whole through the kernel IR
+_IR_TEMPLATES = frozenset({"pointwise", "reduction", "pool", "single"})  # lowered whole through the kernel IR
 _IR_ONLY_TYPES = frozenset({onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16})
 
 
