@@ -60,7 +60,7 @@ def _exp_shifted(v: Values, node: onnx.NodeProto, k: int, idx: Index) -> Expr:
     # A multiply, not a select: with a select the C compiler proves the clamp useless where the
     # result is kept and calls expf on the raw (masked, slow-path) value.
     keep = ir.select(ir.lt(x, floor), ir.const(0.0, x.dtype), ir.const(1.0, x.dtype))
-    return ir.unary("exp", ir.maximum(x, floor)) * keep
+    return ir.unary("exp", ir.select(ir.lt(x, floor), floor, x)) * keep
 
 
 @dataclass(frozen=True)

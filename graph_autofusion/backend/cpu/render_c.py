@@ -290,8 +290,11 @@ class ExprRenderer:
             return text
         else:
             text = self._expr(e, block)
-        if self.inline or _is_index(e) or _is_atom(text):
-            return text  # index arithmetic stays inline: the vectorizer sees the unit stride
+        if self.inline or _is_index(e) or _is_predicate(e) or _is_atom(text):
+            # Index arithmetic stays inline (the vectorizer sees the unit stride), and so do
+            # predicates: a 1-byte local between a compare and its select keeps a loop of
+            # floats from vectorizing.
+            return text
         name = self.fresh()
         block.emit(f"const {c_type(e.dtype)} {name} = {text};")
         block.memo[e] = name
@@ -314,32 +317,57 @@ class ExprRenderer:
         return name
 
     def _fold(self, e: Fold, block: Block) -> str:
+        """An accumulator and its loop. Nested folds of the same combining op share one
+        accumulator (a window's rows and columns: one running max, one sequential sum)."""
         acc = self.fresh("acc")
-        v = e.var.name
-        start, stop = self(e.start, block), self(e.stop, block)
         vt = c_type(e.value.dtype)
-        arg = e.op.startswith("arg")
-        if arg:
+        if e.op.startswith("arg"):
             best = self.fresh("best")
+            start = self(e.start, block)
             block.emit(f"{vt} {best} = 0; int64_t {acc} = {start};")
-        else:
-            block.emit(f"{vt} {acc} = {c_literal(_fold_identity(e.op, e.value.dtype), e.value.dtype)};")
-        cond, step = (f"{v} < {stop}", f"++{v}") if e.step == 1 else (f"{v} > {stop}", f"--{v}")
-        block.emit(f"for (int64_t {v} = {start}; {cond}; {step}) {{")
-        body = block.child()
-        x = self(e.value, body)
-        if e.op == "sum":
-            body.emit(f"{acc} += {x};")
-        elif e.op == "prod":
-            body.emit(f"{acc} *= {x};")
-        elif e.op in ("max", "min"):
-            body.emit(f"{acc} = {x} {'>' if e.op == 'max' else '<'} {acc} ? {x} : {acc};")
-        else:
+            body = self._open(e, block)
+            x = self(e.value, body)
             cmp = (">" if e.op.startswith("argmax") else "<") + ("=" if e.op.endswith("_last") else "")
+            v = e.var.name
             body.emit(f"if ({v} == {start} || {x} {cmp} {best}) {{ {best} = {x}; {acc} = {v}; }}")
-        block.extend(body)
-        block.emit("}")
+            self._close(block, [body])
+            return acc
+        identity = _fold_identity(e.op, e.value.dtype)
+        block.emit(f"{vt} {acc} = {c_literal(identity, e.value.dtype)};")
+        loops, value, outer = [e], e.value, block
+        while isinstance(value, Fold) and value.op == e.op and value.dtype is e.dtype:
+            loops.append(value)
+            value = value.value
+        bodies: list[Block] = []
+        for f in loops:
+            outer = self._open(f, outer)
+            bodies.append(outer)
+        self._update(e.op, acc, self(value, bodies[-1]), bodies[-1])
+        self._close(block, bodies)
         return acc
+
+    def _open(self, f: Fold, block: Block) -> Block:
+        v = f.var.name
+        start, stop = self(f.start, block), self(f.stop, block)
+        cond, step = (f"{v} < {stop}", f"++{v}") if f.step == 1 else (f"{v} > {stop}", f"--{v}")
+        block.emit(f"for (int64_t {v} = {start}; {cond}; {step}) {{")
+        return block.child()
+
+    @staticmethod
+    def _close(block: Block, bodies: list[Block]) -> None:
+        """Splice nested loop bodies back, innermost first."""
+        for outer, inner in zip(reversed([block, *bodies[:-1]]), reversed(bodies), strict=True):
+            outer.extend(inner)
+            outer.emit("}")
+
+    @staticmethod
+    def _update(op: str, acc: str, x: str, block: Block) -> None:
+        if op == "sum":
+            block.emit(f"{acc} += {x};")
+        elif op == "prod":
+            block.emit(f"{acc} *= {x};")
+        else:
+            block.emit(f"{acc} = {x} {'>' if op == 'max' else '<'} {acc} ? {x} : {acc};")
 
     def _expr(self, e: Expr, block: Block) -> str:
         if isinstance(e, Load):
@@ -355,7 +383,14 @@ class ExprRenderer:
                 return f"((uint8_t)({x} != 0))"
             return f"(({c_type(e.dtype)}){x})"
         if isinstance(e, Select):
-            return f"({self(e.cond, block)} ? {self(e.a, block)} : {self(e.b, block)})"
+            c = e.cond
+            if (e.dtype is DType.F32 and isinstance(c, Binary) and c.op == "lt" and c.b is e.a
+                    and c.a is e.b and isinstance(e.a, Const)):  # fmt: skip
+                # x < f ? f : x as a bit select (same result, NaN included): gcc sees through
+                # the ternary (and fmaxf) feeding expf and calls the vector expf on the raw
+                # value, its slow path for underflowing lanes; this form it keeps.
+                return f"af_clamp_low({self(e.b, block)}, {self(e.a, block)})"
+            return f"({self(c, block)} ? {self(e.a, block)} : {self(e.b, block)})"
         if isinstance(e, Unary):
             return self._unary(e, self(e.x, block))
         if isinstance(e, Binary):
@@ -418,6 +453,11 @@ def _is_index(e: Expr) -> bool:
     if isinstance(e, Binary) and e.dtype is DType.I64 and e.op in ("add", "sub", "mul", "div", "rem"):
         return _is_index(e.a) and _is_index(e.b)
     return False
+
+
+def _is_predicate(e: Expr) -> bool:
+    """A truth value computed from others (compare, logic, not, isnan): no memory behind it."""
+    return e.dtype is DType.BOOL and isinstance(e, Binary | Unary | Cast)
 
 
 def _is_atom(text: str) -> bool:
