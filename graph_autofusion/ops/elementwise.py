@@ -1,238 +1,234 @@
 """Elementwise and broadcast ops: one output element from the same-index (or broadcast) inputs.
 
-`c_expr` turns argument expressions into one C expression over `float` (or the integer type the
-backend declares); absent optional inputs arrive as "". Transcendental functions use libm so the
-results stay within fp32 rounding of onnxruntime's.
+`scalar` builds the op's formula in the kernel IR from its argument expressions (absent optional
+inputs arrive as None), so every backend renders the same formula in its own language and the
+element type comes from the arguments, never from the text. Transcendental functions are the IR's
+libm-style ops, so results stay within fp32 rounding of onnxruntime's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-import onnx
-
+from ..kernel_ir import DType, Expr
+from ..kernel_ir import nodes as ir
 from .registry import OpDef, OpKind, per_output, register
 
-_CTYPES = {
-    onnx.TensorProto.FLOAT: "float",
-    onnx.TensorProto.DOUBLE: "double",
-    onnx.TensorProto.INT64: "int64_t",
-    onnx.TensorProto.INT32: "int32_t",
-    onnx.TensorProto.INT8: "int8_t",
-    onnx.TensorProto.UINT8: "uint8_t",
-    onnx.TensorProto.BOOL: "uint8_t",
-}
+Args = Sequence[Expr | None]
+Attrs = Mapping[str, object]
 
 
-def ctype(elem_type: int) -> str:
-    """The C type the backend uses for an ONNX element type."""
-    try:
-        return _CTYPES[elem_type]
-    except KeyError:
-        raise ValueError(
-            f"no C type for ONNX element type {onnx.TensorProto.DataType.Name(elem_type)}"
-        ) from None
+def _c(value: object, like: Expr) -> Expr:
+    return ir.const(float(value), like.dtype)  # type: ignore[arg-type]
 
 
-def _f(value: object) -> str:
-    return f"{float(value)!r}f".replace("inf", "INFINITY")
+def _x(a: Args) -> Expr:
+    x = a[0]
+    assert x is not None
+    return x
 
 
-def _unary(op: str, template: str, cost: float = 1.0, description: str = "") -> None:
-    register(
-        OpDef(
-            op,
-            OpKind.ELEMENTWISE,
-            per_output(cost),
-            c_expr=lambda a, attrs=None, _t=template: _t.format(*a),
-            description=description,
-        )
-    )
+def _unary(op: str, fn, cost: float = 1.0) -> None:
+    register(OpDef(op, OpKind.ELEMENTWISE, per_output(cost), scalar=lambda a, t, _f=fn: _f(_x(a), t)))
 
 
-def _attr_unary(op: str, fn, cost: float = 1.0) -> None:
-    register(OpDef(op, OpKind.ELEMENTWISE, per_output(cost), c_expr=fn))
+def _binary(op: str, fn, cost: float = 1.0) -> None:
+    register(OpDef(op, OpKind.BROADCAST, per_output(cost), scalar=fn))
 
 
-def _binary(op: str, template: str, cost: float = 1.0) -> None:
-    register(
-        OpDef(op, OpKind.BROADCAST, per_output(cost), c_expr=lambda a, attrs=None, _t=template: _t.format(*a))
-    )
+def _relu(x: Expr, t: Attrs) -> Expr:
+    return ir.select(ir.gt(x, 0), x, 0)
 
 
-def _call(template: str):
-    return lambda a, attrs: template.format(
-        *a, **{k: _f(v) for k, v in attrs.items() if isinstance(v, float)}
-    )
+def _sigmoid(x: Expr, t: Attrs) -> Expr:
+    return 1.0 / (1.0 + ir.unary("exp", -x))
 
 
-for _op, _tpl, _cost in [
-    ("Abs", "fabsf({0})", 1),
-    ("Neg", "(-({0}))", 1),
-    ("Exp", "expf({0})", 8),
-    ("Log", "logf({0})", 8),
-    ("Sqrt", "sqrtf({0})", 4),
-    ("Reciprocal", "(1.0f / ({0}))", 2),
-    ("Relu", "(({0}) > 0.0f ? ({0}) : 0.0f)", 1),
-    ("Sigmoid", "(1.0f / (1.0f + expf(-({0}))))", 10),
-    ("Tanh", "tanhf({0})", 10),
-    ("Erf", "erff({0})", 10),
-    ("Floor", "floorf({0})", 1),
-    ("Ceil", "ceilf({0})", 1),
-    ("Round", "nearbyintf({0})", 1),
-    ("Sign", "(float)((({0}) > 0) - (({0}) < 0))", 1),
-    ("Sin", "sinf({0})", 10),
-    ("Cos", "cosf({0})", 10),
-    ("Tan", "tanf({0})", 10),
-    ("Asin", "asinf({0})", 10),
-    ("Acos", "acosf({0})", 10),
-    ("Atan", "atanf({0})", 10),
-    ("Sinh", "sinhf({0})", 10),
-    ("Cosh", "coshf({0})", 10),
-    ("Asinh", "asinhf({0})", 10),
-    ("Acosh", "acoshf({0})", 10),
-    ("Atanh", "atanhf({0})", 10),
-    ("Not", "(!({0}))", 1),
-    ("IsNaN", "isnan({0})", 1),
-    ("Softsign", "(({0}) / (1.0f + fabsf({0})))", 3),
-    ("Softplus", "log1pf(expf({0}))", 16),
-    ("Mish", "(({0}) * tanhf(log1pf(expf({0}))))", 30),
+def _sign(x: Expr, t: Attrs) -> Expr:
+    one, zero = ir.const(1, x.dtype), ir.const(0, x.dtype)
+    return ir.select(ir.gt(x, zero), one, ir.select(ir.lt(x, zero), ir.const(-1, x.dtype), zero))
+
+
+def _softplus(x: Expr, t: Attrs) -> Expr:
+    return ir.unary("log1p", ir.unary("exp", x))
+
+
+for _op, _name, _cost in [
+    ("Abs", "abs", 1),
+    ("Exp", "exp", 8),
+    ("Log", "log", 8),
+    ("Sqrt", "sqrt", 4),
+    ("Tanh", "tanh", 10),
+    ("Erf", "erf", 10),
+    ("Floor", "floor", 1),
+    ("Ceil", "ceil", 1),
+    ("Round", "round", 1),
+    ("Sin", "sin", 10),
+    ("Cos", "cos", 10),
+    ("Tan", "tan", 10),
+    ("Asin", "asin", 10),
+    ("Acos", "acos", 10),
+    ("Atan", "atan", 10),
+    ("Sinh", "sinh", 10),
+    ("Cosh", "cosh", 10),
+    ("Asinh", "asinh", 10),
+    ("Acosh", "acosh", 10),
+    ("Atanh", "atanh", 10),
+    ("Not", "not", 1),
+    ("IsNaN", "isnan", 1),
 ]:
-    _unary(_op, _tpl, _cost)
+    _unary(_op, lambda x, t, _n=_name: ir.unary(_n, x), _cost)
 
-_attr_unary(
-    "LeakyRelu", lambda a, t: f"(({a[0]}) >= 0.0f ? ({a[0]}) : {_f(t.get('alpha', 0.01))} * ({a[0]}))"
-)
-_attr_unary(
-    "Elu", lambda a, t: f"(({a[0]}) >= 0.0f ? ({a[0]}) : {_f(t.get('alpha', 1.0))} * expm1f({a[0]}))", 8
-)
-_attr_unary(
-    "Selu",
-    lambda a, t: (
-        f"({_f(t.get('gamma', 1.05070102214813232421875))} * (({a[0]}) > 0.0f ? ({a[0]}) : "
-        f"{_f(t.get('alpha', 1.67326319217681884765625))} * expm1f({a[0]})))"
-    ),
-    8,
-)
-_attr_unary(
-    "Celu",
-    lambda a, t: (
-        f"fmaxf(0.0f, {a[0]}) + fminf(0.0f, {_f(t.get('alpha', 1.0))} * "
-        f"expm1f(({a[0]}) / {_f(t.get('alpha', 1.0))}))"
-    ),
-    8,
-)
-_attr_unary(
-    "HardSigmoid",
-    lambda a, t: f"fmaxf(0.0f, fminf(1.0f, {_f(t.get('alpha', 0.2))} * ({a[0]}) + {_f(t.get('beta', 0.5))}))",
-    3,
-)
-_attr_unary("HardSwish", lambda a, t: f"(({a[0]}) * fmaxf(0.0f, fminf(1.0f, ({a[0]}) / 6.0f + 0.5f)))", 4)
-_attr_unary("ThresholdedRelu", lambda a, t: f"(({a[0]}) > {_f(t.get('alpha', 1.0))} ? ({a[0]}) : 0.0f)")
-_attr_unary(
-    "Gelu",
-    lambda a, t: (
-        f"(0.5f * ({a[0]}) * (1.0f + tanhf(0.7978845608028654f * "
-        f"(({a[0]}) + 0.044715f * ({a[0]}) * ({a[0]}) * ({a[0]})))))"
-        if t.get("approximate", b"none") in (b"tanh", "tanh")
-        else f"(0.5f * ({a[0]}) * (1.0f + erff(({a[0]}) * 0.7071067811865476f)))"
-    ),
-    12,
-)
+_unary("Neg", lambda x, t: -x)
+_unary("Reciprocal", lambda x, t: 1.0 / x if x.dtype.is_float else 1 / x, 2)
+_unary("Relu", _relu)
+_unary("Sigmoid", _sigmoid, 10)
+_unary("Sign", _sign)
+_unary("Softsign", lambda x, t: x / (1.0 + ir.unary("abs", x)), 3)
+_unary("Softplus", _softplus, 16)
+_unary("Mish", lambda x, t: x * ir.unary("tanh", _softplus(x, t)), 30)
+_unary("LeakyRelu", lambda x, t: ir.select(ir.ge(x, 0.0), x, _c(t.get("alpha", 0.01), x) * x))
+_unary("Elu", lambda x, t: ir.select(ir.ge(x, 0.0), x, _c(t.get("alpha", 1.0), x) * ir.unary("expm1", x)), 8)
 
 
-def _clip(a: Sequence[str], t: Mapping[str, object]) -> str:
-    lo = a[1] if len(a) > 1 and a[1] else (_f(t["min"]) if "min" in t else "")
-    hi = a[2] if len(a) > 2 and a[2] else (_f(t["max"]) if "max" in t else "")
-    expr = a[0]
-    if lo:
-        expr = f"(({expr}) < ({lo}) ? ({lo}) : ({expr}))"
-    if hi:
-        expr = f"(({expr}) > ({hi}) ? ({hi}) : ({expr}))"
-    return expr
+def _selu(x: Expr, t: Attrs) -> Expr:
+    gamma = _c(t.get("gamma", 1.05070102214813232421875), x)
+    alpha = _c(t.get("alpha", 1.67326319217681884765625), x)
+    return gamma * ir.select(ir.gt(x, 0.0), x, alpha * ir.unary("expm1", x))
 
 
-register(OpDef("Clip", OpKind.ELEMENTWISE, per_output(2), c_expr=_clip))
-register(
-    OpDef("Cast", OpKind.ELEMENTWISE, per_output(0), c_expr=lambda a, t: f"(({ctype(int(t['to']))})({a[0]}))")
-)
-# IsInf and Mod depend on attributes and on the element type (fmod=0 follows the divisor's sign
-# for floats, C's `%` for integers): the backend emits them with node rules, not a C expression.
-register(OpDef("IsInf", OpKind.ELEMENTWISE, per_output(1), tags=frozenset({"node_rule"})))
+def _celu(x: Expr, t: Attrs) -> Expr:
+    alpha = _c(t.get("alpha", 1.0), x)
+    return ir.maximum(0.0, x) + ir.minimum(0.0, alpha * ir.unary("expm1", x / alpha))
 
-for _op, _tpl, _cost in [
-    ("Add", "(({0}) + ({1}))", 1),
-    ("Sub", "(({0}) - ({1}))", 1),
-    ("Mul", "(({0}) * ({1}))", 1),
-    ("Div", "(({0}) / ({1}))", 1),
-    ("Equal", "(({0}) == ({1}))", 1),
-    ("Less", "(({0}) < ({1}))", 1),
-    ("Greater", "(({0}) > ({1}))", 1),
-    ("LessOrEqual", "(({0}) <= ({1}))", 1),
-    ("GreaterOrEqual", "(({0}) >= ({1}))", 1),
-    ("And", "(({0}) && ({1}))", 1),
-    ("Or", "(({0}) || ({1}))", 1),
-    ("Xor", "((!!({0})) != (!!({1})))", 1),
-    ("Where", "(({0}) ? ({1}) : ({2}))", 1),
-    ("PRelu", "(({0}) < 0.0f ? ({1}) * ({0}) : ({0}))", 1),
+
+def _hard_sigmoid(x: Expr, t: Attrs) -> Expr:
+    return ir.maximum(0.0, ir.minimum(1.0, _c(t.get("alpha", 0.2), x) * x + _c(t.get("beta", 0.5), x)))
+
+
+def _gelu(x: Expr, t: Attrs) -> Expr:
+    if t.get("approximate", b"none") in (b"tanh", "tanh"):
+        inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+        return 0.5 * x * (1.0 + ir.unary("tanh", inner))
+    return 0.5 * x * (1.0 + ir.unary("erf", x * 0.7071067811865476))
+
+
+_unary("Selu", _selu, 8)
+_unary("Celu", _celu, 8)
+_unary("HardSigmoid", _hard_sigmoid, 3)
+_unary("HardSwish", lambda x, t: x * ir.maximum(0.0, ir.minimum(1.0, x / 6.0 + 0.5)), 4)
+_unary("ThresholdedRelu", lambda x, t: ir.select(ir.gt(x, _c(t.get("alpha", 1.0), x)), x, 0.0))
+_unary("Gelu", _gelu, 12)
+
+
+def _isinf(x: Expr, t: Attrs) -> Expr:
+    pos, neg = int(t.get("detect_positive", 1)), int(t.get("detect_negative", 1))  # type: ignore[call-overload]
+    if not x.dtype.is_float or not (pos or neg):
+        return ir.const(0, DType.BOOL)
+    if pos and neg:
+        return ir.unary("isinf", x)
+    return ir.eq(x, float("inf") if pos else float("-inf"))
+
+
+_unary("IsInf", _isinf)
+
+
+def _clip(a: Args, t: Attrs) -> Expr:
+    x = _x(a)
+    lo = a[1] if len(a) > 1 and a[1] is not None else (_c(t["min"], x) if "min" in t else None)
+    hi = a[2] if len(a) > 2 and a[2] is not None else (_c(t["max"], x) if "max" in t else None)
+    if lo is not None:
+        x = ir.select(ir.lt(x, lo), lo, x)
+    if hi is not None:
+        x = ir.select(ir.gt(x, hi), hi, x)
+    return x
+
+
+def _cast(a: Args, t: Attrs) -> Expr:
+    return ir.cast(_x(a), DType.from_onnx(int(t["to"])))  # type: ignore[call-overload]
+
+
+register(OpDef("Clip", OpKind.ELEMENTWISE, per_output(2), scalar=_clip))
+register(OpDef("Cast", OpKind.ELEMENTWISE, per_output(0), scalar=_cast))
+
+
+def _infix(op: str):
+    return lambda a, t: ir.binary(op, a[0], a[1])
+
+
+for _op, _ir, _cost in [
+    ("Add", "add", 1),
+    ("Sub", "sub", 1),
+    ("Mul", "mul", 1),
+    ("Div", "div", 1),
+    ("Equal", "eq", 1),
+    ("Less", "lt", 1),
+    ("Greater", "gt", 1),
+    ("LessOrEqual", "le", 1),
+    ("GreaterOrEqual", "ge", 1),
+    ("And", "and", 1),
+    ("Or", "or", 1),
+    ("Xor", "ne", 1),
 ]:
-    _binary(_op, _tpl, _cost)
+    _binary(_op, _infix(_ir), _cost)
+_binary("Where", lambda a, t: ir.select(a[0], a[1], a[2]))  # type: ignore[arg-type]
+_binary("PRelu", lambda a, t: ir.select(ir.lt(a[0], 0), a[1] * a[0], a[0]))  # type: ignore[operator]
 
 
-def _literal(expr: str) -> float | None:
-    """The value of a C float literal such as `3.0f` (constants arrive inlined), else None."""
-    try:
-        return float(expr.strip().strip("()").rstrip("f"))
-    except ValueError:
-        return None
+def _pow(a: Args, t: Attrs) -> Expr:
+    # Exporters write x**2 and x**3 (variance, tanh-GELU) as Pow with a constant exponent: pow
+    # costs ~10x a multiply and keeps a loop from vectorizing without vector libm, so spell those out.
+    x, e = _x(a), a[1]
+    assert e is not None
+    if isinstance(e, ir.Const) and x.dtype.is_float:
+        special = {1.0: lambda: x, 2.0: lambda: x * x, 3.0: lambda: x * x * x}
+        special |= {0.5: lambda: ir.unary("sqrt", x), -1.0: lambda: 1.0 / x}
+        if float(e.value) in special:
+            return special[float(e.value)]()
+    return ir.binary("pow", x, ir.cast(e, x.dtype))
 
 
-def _pow(a: Sequence[str], t: Mapping[str, object]) -> str:
-    # Exporters write x**2 and x**3 (variance, tanh-GELU) as Pow with a constant exponent: powf
-    # costs ~10x a multiply and keeps gcc from vectorizing without libmvec, so spell those out.
-    e = _literal(a[1])
-    special = {
-        1.0: f"({a[0]})",
-        2.0: f"(({a[0]}) * ({a[0]}))",
-        3.0: f"(({a[0]}) * ({a[0]}) * ({a[0]}))",
-        0.5: f"sqrtf({a[0]})",
-        -1.0: f"(1.0f / ({a[0]}))",
-    }
-    return special.get(e, f"powf({a[0]}, {a[1]})") if e is not None else f"powf({a[0]}, {a[1]})"
+def _mod(a: Args, t: Attrs) -> Expr:
+    x, y = _x(a), a[1]
+    assert y is not None
+    if not x.dtype.is_float:
+        # C's % truncates (fmod=1); fmod=0 takes the divisor's sign. A zero divisor gives 0
+        # instead of a trap, and -1 gives 0 without evaluating INT_MIN % -1 (undefined in C), so
+        # the remainder is guarded by the test.
+        defined = ir.ne(y, 0) if not x.dtype.is_signed else ir.logical_and(ir.ne(y, 0), ir.ne(y, -1))
+        r = ir.select(defined, ir.binary("rem", x, y), 0, guarded=True)
+        if int(t.get("fmod", 0)):  # type: ignore[call-overload]
+            return r
+        wrong_sign = ir.logical_and(ir.ne(r, 0), ir.ne(ir.lt(r, 0), ir.lt(y, 0)))
+        return ir.select(wrong_sign, r + y, r)
+    r = ir.binary("rem", x, y)
+    if int(t.get("fmod", 0)):  # type: ignore[call-overload]
+        return r
+    # fmod=0 on floats: the result takes the divisor's sign, as numpy's mod does.
+    return ir.select(ir.logical_and(ir.ne(r, 0.0), ir.ne(ir.lt(r, 0.0), ir.lt(y, 0.0))), r + y, r)
 
 
-register(OpDef("Pow", OpKind.BROADCAST, per_output(10), c_expr=_pow))
-
-
-def _fold(fn: str):
-    def emit(a: Sequence[str], t: Mapping[str, object]) -> str:
-        expr = a[0]
+def _fold(op: str):
+    def build(a: Args, t: Attrs) -> Expr:
+        expr = _x(a)
         for arg in a[1:]:
-            expr = f"{fn}({expr}, {arg})"
+            expr = ir.binary(op, expr, arg)  # type: ignore[arg-type]
         return expr
 
-    return emit
+    return build
 
 
-register(OpDef("Max", OpKind.BROADCAST, per_output(1), c_expr=_fold("fmaxf")))
-register(OpDef("Min", OpKind.BROADCAST, per_output(1), c_expr=_fold("fminf")))
-register(
-    OpDef(
-        "Sum",
-        OpKind.BROADCAST,
-        per_output(1),
-        c_expr=lambda a, t: "(" + " + ".join(f"({x})" for x in a) + ")",
-    )
-)
-register(
-    OpDef(
-        "Mean",
-        OpKind.BROADCAST,
-        per_output(1),
-        c_expr=lambda a, t: "((" + " + ".join(f"({x})" for x in a) + f") / {len(a)}.0f)",
-    )
-)
-register(OpDef("Mod", OpKind.BROADCAST, per_output(2), tags=frozenset({"node_rule"})))
+def _mean(a: Args, t: Attrs) -> Expr:
+    total = _fold("add")(a, t)
+    return total / float(len(a)) if total.dtype.is_float else total / len(a)
+
+
+register(OpDef("Pow", OpKind.BROADCAST, per_output(10), scalar=_pow))
+register(OpDef("Mod", OpKind.BROADCAST, per_output(2), scalar=_mod))
+register(OpDef("Max", OpKind.BROADCAST, per_output(1), scalar=_fold("max")))
+register(OpDef("Min", OpKind.BROADCAST, per_output(1), scalar=_fold("min")))
+register(OpDef("Sum", OpKind.BROADCAST, per_output(1), scalar=_fold("add")))
+register(OpDef("Mean", OpKind.BROADCAST, per_output(1), scalar=_mean))
 # Inference BatchNormalization left after folding: a per-channel affine map whose parameters
-# broadcast along axis 1 (not numpy's rule), so the backend emits it with a node rule.
-register(OpDef("BatchNormalization", OpKind.BROADCAST, per_output(2), tags=frozenset({"node_rule"})))
+# broadcast along axis 1 (not numpy's rule), so lowering gives it an index rule of its own.
+register(OpDef("BatchNormalization", OpKind.BROADCAST, per_output(2), tags=frozenset({"index_rule"})))

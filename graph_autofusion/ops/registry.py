@@ -6,6 +6,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Any
 
 Shape = tuple[int, ...]
 
@@ -50,7 +51,9 @@ class NodeShapes:
 
 
 FlopsFn = Callable[[NodeShapes], int]
-CExpr = Callable[[Sequence[str], Mapping[str, object]], str]
+# The op's formula in the kernel IR: argument expressions (None for an absent optional input) and
+# attributes in, one expression out.
+ScalarFn = Callable[[Sequence[Any], Mapping[str, object]], Any]
 
 
 @dataclass(frozen=True)
@@ -59,7 +62,7 @@ class OpDef:
     kind: OpKind
     flops: FlopsFn
     domain: str = ""
-    c_expr: CExpr | None = None  # scalar C expression for elementwise/broadcast ops
+    scalar: ScalarFn | None = None  # the IR formula of an elementwise/broadcast op
     description: str = ""
     tags: frozenset[str] = field(default_factory=frozenset)
 

@@ -211,6 +211,11 @@ def precompile(cases: Sequence[Case], cache: KernelCache, jobs: int | None = Non
     return len(sources)
 
 
+def _is_narrow_float(dtype: np.dtype) -> bool:
+    """bfloat16 and the fp8 types (ml_dtypes: numpy kind 'V') are floats, compared with tolerance."""
+    return dtype.kind == "V" and ("float" in dtype.name)
+
+
 def compare(
     got: np.ndarray, want: np.ndarray, rtol: float = RTOL, atol: float = ATOL
 ) -> tuple[bool, float, str]:
@@ -219,7 +224,7 @@ def compare(
         return False, float("inf"), f"shape {list(got.shape)} != expected {list(want.shape)}"
     if got.dtype != want.dtype:
         return False, float("inf"), f"dtype {got.dtype} != expected {want.dtype}"
-    if want.dtype.kind != "f":
+    if want.dtype.kind != "f" and not _is_narrow_float(want.dtype):
         bad = int(np.count_nonzero(got != want))
         return bad == 0, float(bad != 0), f"{bad} element(s) differ" if bad else ""
     g, w = got.astype(np.float64), want.astype(np.float64)

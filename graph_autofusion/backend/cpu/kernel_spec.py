@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from ...ops.elementwise import ctype
+from ...kernel_ir import DType
+from .render_c import c_type
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class TensorInfo:
 
     @property
     def ctype(self) -> str:
-        return ctype(self.elem_type)
+        return c_type(DType.from_onnx(self.elem_type))
 
     @property
     def numel(self) -> int:
@@ -53,3 +54,17 @@ class KernelSpec:
     constants: dict[str, np.ndarray] = field(default_factory=dict)  # values known at compile time
     pattern: str = ""  # the planner pattern that formed the group ("" for single ops)
     members: tuple[str, ...] = ()  # original node names, for the comment atop the kernel
+
+    def describe(self, what: str) -> str:
+        """The comment atop the generated kernel: template, members, ops, what it does, shapes."""
+        members = ", ".join(self.members) or ", ".join(n.name or n.op_type for n in self.nodes)
+        lines = [
+            f"kernel {self.symbol}: template {self.template}"
+            + (f", pattern {self.pattern}" if self.pattern else ""),
+            f"members: {members}",
+            f"ops: {' -> '.join(n.op_type for n in self.nodes)}",
+            what,
+        ]
+        lines += [f"in  {t.name}: {t.ctype}{list(t.shape)}" for t in self.inputs]
+        lines += [f"out {t.name}: {t.ctype}{list(t.shape)}" for t in self.outputs]
+        return "\n".join(lines)

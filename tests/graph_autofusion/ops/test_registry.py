@@ -8,6 +8,8 @@ import onnx
 import pytest
 
 import graph_autofusion as gaf
+from graph_autofusion.kernel_ir import DType
+from graph_autofusion.kernel_ir import nodes as ir
 from graph_autofusion.ops import OpKind, lookup, registered_ops
 from graph_autofusion.ops.registry import NodeShapes
 
@@ -67,8 +69,12 @@ def test_costs_from_shapes() -> None:
     assert conv.flops == 2 * (4 * 8 * 8) * (3 * 3 * 3)
 
 
-def test_elementwise_ops_carry_c_expressions() -> None:
+def test_elementwise_ops_carry_ir_formulas() -> None:
     for (_, name), op in registered_ops().items():
-        if op.kind in (OpKind.ELEMENTWISE, OpKind.BROADCAST) and "node_rule" not in op.tags:
-            assert op.c_expr is not None, name
-    assert lookup("Relu").c_expr(["x"], {}) == "((x) > 0.0f ? (x) : 0.0f)"
+        if op.kind in (OpKind.ELEMENTWISE, OpKind.BROADCAST) and "index_rule" not in op.tags:
+            assert op.scalar is not None, name
+    x = ir.var("x", DType.F32)
+    relu = lookup("Relu").scalar([x], {})
+    assert str(relu) == "select(gt(x, 0.0), x, 0.0)" and relu.dtype is DType.F32
+    # the element type comes from the arguments: the same formula on int64 compares with 0
+    assert str(lookup("Relu").scalar([ir.var("n")], {})) == "select(gt(n, 0), n, 0)"

@@ -16,6 +16,8 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
+import onnx
+
 from ..kernel_spec import KernelSpec
 from . import pool, single
 from .common import CodegenUnsupported
@@ -40,9 +42,20 @@ def anchor_module():
         return None
 
 
+_IR_TEMPLATES = frozenset({"pointwise", "reduction", "pool", "single"})  # lowered whole through the kernel IR
+_IR_ONLY_TYPES = frozenset({onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16})
+
+
 def generate(spec: KernelSpec) -> GeneratedKernel:
     """C source for one kernel, dispatched on `spec.template`."""
     template = spec.template
+    if template not in _IR_TEMPLATES:
+        # 16-bit floats are stored as bits and widened at loads: only kernels lowered through the
+        # kernel IR know that; the C-text generators would compute on the raw bits.
+        narrow = sorted({onnx.TensorProto.DataType.Name(t.elem_type) for t in spec.tensors.values()
+                         if t.elem_type in _IR_ONLY_TYPES})  # fmt: skip
+        if narrow:
+            raise CodegenUnsupported(f"{'/'.join(narrow)} tensors in the {template} template")
     if template == "pointwise":
         return GeneratedKernel(emit_pointwise(spec), method="loop")
     if template == "reduction":

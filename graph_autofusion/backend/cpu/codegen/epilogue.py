@@ -34,9 +34,11 @@ from functools import lru_cache
 import numpy as np
 import onnx
 
+from ....kernel_ir import DType
+from ....kernel_ir import nodes as ir
 from ....ops import OpKind, lookup
-from ....ops.elementwise import ctype
 from ..kernel_spec import KernelSpec
+from ..render_c import c_type, render_inline
 from .common import CodegenUnsupported, attrs_of, c_literal, vector_math_functions
 
 
@@ -142,7 +144,7 @@ class Operands:
 
 
 def _ctype(elem_type: int) -> str:
-    return ctype(elem_type)
+    return c_type(DType.from_onnx(elem_type))
 
 
 # Views an epilogue may contain: they alias their input (the same linear index, a new shape).
@@ -211,7 +213,7 @@ def check_step(step: Step) -> None:
     if step.is_view:
         return
     opdef = lookup(step.op_type)
-    if opdef.kind not in (OpKind.ELEMENTWISE, OpKind.BROADCAST) or opdef.c_expr is None:
+    if opdef.kind not in (OpKind.ELEMENTWISE, OpKind.BROADCAST) or opdef.scalar is None:
         raise CodegenUnsupported(f"{step.op_type} cannot be applied as an anchor epilogue")
 
 
@@ -380,8 +382,11 @@ def emit_epilogue(
             local[step.output] = local[step.inputs[0]]
             continue
         space = epi.spaces.get(step.output, domain)
-        args = [operand(n, space) if n else "" for n in step.inputs]
-        expr = lookup(step.op_type).c_expr(args, step.attrs)  # type: ignore[misc]
+        args = [ir.raw(operand(n, space), DType.F32) if n else None for n in step.inputs]
+        formula = lookup(step.op_type).scalar(args, step.attrs)  # type: ignore[misc]
+        if formula.dtype is not DType.F32:  # the tile is fp32: an epilogue step must stay fp32
+            raise CodegenUnsupported(f"{step.op_type} yields {formula.dtype.value} in an fp32 epilogue")
+        expr = render_inline(formula)
         if epilogue_erf() != "erff":
             expr = expr.replace("erff(", f"{epilogue_erf()}(")
         var = f"v{k}"

@@ -158,6 +158,22 @@ def test_broadcast_only_kernels_coalesce_dims(kernel_cache) -> None:
     assert "< 49; ++i2" in source  # (2, 8, 7, 7) + (8, 1, 1) runs as (2, 8, 49) + (8, 1)
 
 
+def test_outputs_of_several_shapes_each_get_their_own_nest(kernel_cache) -> None:
+    """A qkv split: one output keeps a leading axis, two lose it (different loop nests), and one
+    of those is scaled. Values resolved for one nest must never leak into the next."""
+    nodes = [
+        helper.make_node("Reshape", ["x", "shape"], ["r"]),
+        helper.make_node("Transpose", ["r"], ["t"], perm=[2, 0, 3, 1, 4]),
+        helper.make_node("Split", ["t", "sizes"], ["q", "k", "v"], axis=0),
+        helper.make_node("Squeeze", ["q", "zero"], ["q2"]),
+        helper.make_node("Squeeze", ["k", "zero"], ["k2"]),
+        helper.make_node("Mul", ["q2", "scale"], ["qs"]),
+    ]
+    inits = {"shape": i64(1, 5, 3, 2, 16), "sizes": i64(1, 1, 1), "zero": i64(0), "scale": np.float32(0.25)}
+    model = make_model(nodes, {"x": [1, 5, 96]}, ["v", "k2", "qs"], inits)
+    check(model, kernel_cache, "pointwise")
+
+
 def test_broadcast_across_a_size_one_dim_is_not_coalesced_away(kernel_cache) -> None:
     """(2, 6) + (3, 1, 2, 6): the size-1 dim must not let the broadcast batch dim merge with the
     full ones (it did: the kernel read b[i] for i < 36 out of a 12-element array)."""

@@ -1,0 +1,613 @@
+"""The C renderer of the kernel IR: one `Kernel` in, one C translation unit out.
+
+Expressions become `const` locals in the block that first needs them, one per distinct
+(interned) expression, so a value used twice is computed once and the text never explodes. Index
+arithmetic stays inline (`in0[o * 56 + i3]`), which keeps unit-stride accesses visible to gcc's
+vectorizer. A *guarded* select renders as if/else into a local, with each arm in a child block
+whose locals die with the branch, so no read that the condition guards is hoisted above it.
+
+Element types: values are computed in `DType.compute`; fp16 and bf16 are stored as 16 bits and
+widened / narrowed (round to nearest even) at loads and stores by the prelude's helpers, which gcc
+turns into F16C conversions where the target ISA has them.
+
+Loop marks: `parallel` → an OpenMP worksharing loop (the generated code owns the parallel loop:
+DESIGN.md), `vector` → `omp simd`, both → `omp parallel for simd`. libm calls that glibc's libmvec
+has SIMD variants of are declared `omp declare simd`, so such loops vectorize without
+-ffast-math.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import platform
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from ...kernel_ir import (
+    Assign,
+    Binary,
+    Call,
+    Cast,
+    Const,
+    Declare,
+    DType,
+    Expr,
+    Fold,
+    If,
+    Kernel,
+    Let,
+    Load,
+    Loop,
+    Raw,
+    Select,
+    Stmt,
+    Store,
+    TensorAt,
+    Unary,
+    Var,
+)
+from ...kernel_ir.nodes import index as ir_index
+
+C_TYPES = {
+    DType.F64: "double",
+    DType.F32: "float",
+    DType.F16: "uint16_t",
+    DType.BF16: "uint16_t",
+    DType.I64: "int64_t",
+    DType.I32: "int32_t",
+    DType.I16: "int16_t",
+    DType.I8: "int8_t",
+    DType.U64: "uint64_t",
+    DType.U32: "uint32_t",
+    DType.U16: "uint16_t",
+    DType.U8: "uint8_t",
+    DType.BOOL: "uint8_t",
+}
+
+
+def c_type(dtype: DType) -> str:
+    """The C type a buffer of `dtype` is stored as."""
+    return C_TYPES[dtype]
+
+
+def c_literal(value: object, dtype: DType) -> str:
+    """A C literal of the compute type of `dtype` (INFINITY/NAN spelled out)."""
+    dtype = dtype.compute
+    if dtype.is_float:
+        v = float(value)  # type: ignore[arg-type]
+        suffix = "f" if dtype is DType.F32 else ""
+        if math.isnan(v):
+            return "NAN"
+        if math.isinf(v):
+            return "INFINITY" if v > 0 else "(-INFINITY)"
+        text = repr(v) if dtype is DType.F64 else repr(float(np.float32(v)))
+        return f"{text}{suffix}" if v >= 0 and not text.startswith("-") else f"({text}{suffix})"
+    if dtype is DType.BOOL:
+        return "1" if bool(value) else "0"
+    iv = int(value)  # type: ignore[call-overload]
+    if dtype is DType.I64:
+        if abs(iv) < 2**31:  # an int literal: arithmetic with an int64_t operand widens it
+            return str(iv) if iv >= 0 else f"({iv})"
+        return f"INT64_C({iv})" if iv >= 0 else f"(-INT64_C({-iv}))"
+    if dtype is DType.U64:
+        return f"UINT64_C({iv})"
+    return str(iv) if iv >= 0 else f"({iv})"
+
+
+def _table_literals(values: object, dtype: DType) -> list[str]:
+    """Initializers of a constant table stored as `c_type(dtype)`.
+
+    16-bit floats are stored as their bits (uint16_t), so their table holds bit patterns: a float
+    literal there would be converted as an integer (-INFINITY to 0), which turned an fp16 causal
+    mask into zeros.
+    """
+    arr = np.asarray(values)
+    if dtype not in (DType.F16, DType.BF16):
+        return [c_literal(v, dtype) for v in arr.reshape(-1)]
+    if arr.dtype.itemsize == 2 and (arr.dtype.kind in "uV" or arr.dtype == np.float16):
+        bits = arr.view(np.uint16)  # already fp16 / bf16 (ml_dtypes) values, or their bits
+    elif dtype is DType.F16:
+        bits = arr.astype(np.float16).view(np.uint16)
+    else:  # fp32 -> bf16, round to nearest even (NaN stays a quiet NaN)
+        u = arr.astype(np.float32).view(np.uint32).astype(np.uint64)
+        rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+        bits = np.where(np.isnan(arr.astype(np.float32)), np.uint16(0x7FC0), rounded)
+    return [f"0x{int(b):04x}u" for b in np.asarray(bits).reshape(-1)]
+
+
+# -- prelude ----------------------------------------------------------------------------------------
+
+_PRELUDE = """\
+#ifndef AF_PRELUDE
+#define AF_PRELUDE
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+static inline int64_t af_mod(int64_t a, int64_t b) {
+  int64_t r = b ? a % b : 0;
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+/* max(x, floor) as a bit select: gcc sees through a plain `x < f ? f : x` feeding expf and
+ * calls expf on the raw value (slow for underflowing lanes); this form it keeps. */
+static inline float af_clamp_low(float x, float f) {
+  uint32_t xb, fb;
+  memcpy(&xb, &x, 4);
+  memcpy(&fb, &f, 4);
+  const uint32_t m = (x < f) ? 0xffffffffu : 0u;
+  const uint32_t rb = (xb & ~m) | (fb & m);
+  float r;
+  memcpy(&r, &rb, 4);
+  return r;
+}
+/* A kernel's scratch buffer could not be allocated: stop loudly, never compute on NULL. */
+#include <stdio.h>
+static inline void af_out_of_memory(const char *kernel, long long bytes) {
+  fprintf(stderr, "graph-autofusion: kernel %s could not allocate %lld bytes of scratch\\n", kernel, bytes);
+  abort();
+}
+/* 16-bit floats are stored as their bits and computed in fp32. */
+#if defined(__FLT16_MAX__)
+static inline float af_h2f(uint16_t h) { _Float16 f; memcpy(&f, &h, 2); return (float)f; }
+static inline uint16_t af_f2h(float x) { _Float16 f = (_Float16)x; uint16_t h; memcpy(&h, &f, 2); return h; }
+#else
+static inline float af_h2f(uint16_t h) {
+  const uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  float r;
+  if (e == 0) { r = ldexpf((float)m, -24); }
+  else if (e == 31) { r = m ? NAN : INFINITY; }
+  else { r = ldexpf((float)(m | 0x400u), (int)e - 25); }
+  uint32_t b; memcpy(&b, &r, 4); b |= s; memcpy(&r, &b, 4);
+  return r;
+}
+static inline uint16_t af_f2h(float x) {
+  uint32_t b; memcpy(&b, &x, 4);
+  const uint16_t s = (uint16_t)((b >> 16) & 0x8000u);
+  const float a = fabsf(x);
+  if (isnan(x)) return (uint16_t)(s | 0x7e00u);
+  if (a >= 65520.0f) return (uint16_t)(s | 0x7c00u);
+  if (a < 6.103515625e-05f) return (uint16_t)(s | (uint16_t)nearbyintf(a * 16777216.0f));
+  int e; const float f = frexpf(a, &e);
+  uint32_t m = (uint32_t)nearbyintf(f * 2048.0f);
+  if (m == 2048u) { m = 1024u; e += 1; }
+  return (uint16_t)(s | (uint16_t)((e + 14) << 10) | (uint16_t)(m & 0x3ffu));
+}
+#endif
+static inline float af_bf2f(uint16_t h) {
+  uint32_t b = (uint32_t)h << 16; float r; memcpy(&r, &b, 4); return r;
+}
+static inline uint16_t af_f2bf(float x) {
+  uint32_t b; memcpy(&b, &x, 4);
+  if (isnan(x)) return (uint16_t)((b >> 16) | 0x40u);
+  return (uint16_t)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+}
+"""
+# libm functions the IR's unary/binary ops call. When glibc's vector math library (libmvec) has
+# SIMD variants of one for every x86 vector ISA, the prelude declares it `omp declare simd`, so gcc
+# vectorizes loops calling it (an AVX2 expf runs ~30x faster than the scalar one) without
+# -ffast-math; glibc documents these variants within 4 ulp, far inside the fp32 1e-5 budget.
+_UNARY_MATH = (
+    "expf", "logf", "tanhf", "erff", "sinf", "cosf", "tanf", "asinf", "acosf", "atanf", "sinhf",
+    "coshf", "asinhf", "acoshf", "atanhf", "expm1f", "log1pf",
+)  # fmt: skip
+_BINARY_MATH = ("powf",)
+_ISA_VARIANTS = (("b", 4), ("c", 8), ("d", 8), ("e", 16))
+
+
+@lru_cache(maxsize=1)
+def vector_math_functions() -> tuple[str, ...]:
+    """libm functions whose SIMD variants exist for every x86 ISA level in this host's libmvec."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return ()
+    try:
+        lib = ctypes.CDLL("libmvec.so.1")
+    except OSError:
+        return ()
+    found = []
+    for fn in (*_UNARY_MATH, *_BINARY_MATH):
+        params = "vv" if fn in _BINARY_MATH else "v"
+        if all(hasattr(lib, f"_ZGV{isa}N{width}{params}_{fn}") for isa, width in _ISA_VARIANTS):
+            found.append(fn)
+    return tuple(found)
+
+
+def prelude() -> str:
+    """Includes, helpers and SIMD math declarations every generated kernel starts with."""
+    lines = [_PRELUDE]
+    for fn in vector_math_functions():
+        args = "float, float" if fn in _BINARY_MATH else "float"
+        lines.append(f"#pragma omp declare simd notinbranch\nextern float {fn}({args});\n")
+    lines.append("#endif\n")
+    return "".join(lines)
+
+
+PRELUDE = prelude()
+
+# -- blocks and expressions ------------------------------------------------------------------------
+
+
+@dataclass
+class Block:
+    """A list of C statements with its own memo scope (child scopes see the parent's values)."""
+
+    indent: int
+    parent: Block | None = None
+    lines: list[str] = field(default_factory=list)
+    memo: dict[object, str] = field(default_factory=dict)
+
+    def emit(self, line: str) -> None:
+        self.lines.append("  " * self.indent + line)
+
+    def lookup(self, key: object) -> str | None:
+        block: Block | None = self
+        while block is not None:
+            if key in block.memo:
+                return block.memo[key]
+            block = block.parent
+        return None
+
+    def child(self) -> Block:
+        return Block(indent=self.indent + 1, parent=self)
+
+    def extend(self, other: Block) -> None:
+        self.lines.extend(other.lines)
+
+
+_LIBM = {  # IR unary op -> libm name (float variant gets an `f`)
+    "exp": "exp", "log": "log", "sqrt": "sqrt", "tanh": "tanh", "erf": "erf", "abs": "fabs",
+    "floor": "floor", "ceil": "ceil", "round": "nearbyint", "sin": "sin", "cos": "cos", "tan": "tan",
+    "asin": "asin", "acos": "acos", "atan": "atan", "sinh": "sinh", "cosh": "cosh", "asinh": "asinh",
+    "acosh": "acosh", "atanh": "atanh", "expm1": "expm1", "log1p": "log1p",
+}  # fmt: skip
+_OMP_REDUCTION = {"sum": "+", "prod": "*", "max": "max", "min": "min"}
+_INFIX = {
+    "add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
+    "eq": "==", "ne": "!=", "and": "&&", "or": "||",
+}  # fmt: skip
+
+TensorResolver = Callable[[TensorAt, Block], str]
+
+
+class ExprRenderer:
+    """Renders expressions into blocks, naming each computed value once per scope."""
+
+    def __init__(
+        self, resolve: TensorResolver | None = None, prefix: str = "t", inline: bool = False
+    ) -> None:
+        self.resolve = resolve
+        self.prefix = prefix
+        self.inline = inline  # one C expression, no locals (for text spliced into older generators)
+        self._counter = 0
+
+    def fresh(self, prefix: str | None = None) -> str:
+        self._counter += 1
+        return f"{prefix or self.prefix}{self._counter}"
+
+    def __call__(self, e: Expr, block: Block) -> str:
+        if isinstance(e, Const):
+            return c_literal(e.value, e.dtype)
+        if isinstance(e, Var):
+            return e.name
+        if isinstance(e, Raw):
+            return e.text
+        found = block.lookup(e)
+        if found is not None:
+            return found
+        if isinstance(e, TensorAt):
+            if self.resolve is None:
+                raise ValueError(f"unresolved tensor read {e} reached the C renderer")
+            text = self.resolve(e, block)
+        elif isinstance(e, Select) and e.guarded and not self.inline:
+            text = self._guarded(e, block)
+        elif isinstance(e, Fold):
+            if self.inline:
+                raise ValueError("a fold needs a loop: it cannot be one C expression")
+            text = self._fold(e, block)
+            block.memo[e] = text
+            return text
+        else:
+            text = self._expr(e, block)
+        if self.inline or _is_index(e) or _is_predicate(e) or _is_atom(text):
+            # Index arithmetic stays inline (the vectorizer sees the unit stride), and so do
+            # predicates: a 1-byte local between a compare and its select keeps a loop of
+            # floats from vectorizing.
+            return text
+        name = self.fresh()
+        block.emit(f"const {c_type(e.dtype)} {name} = {text};")
+        block.memo[e] = name
+        return name
+
+    def _guarded(self, e: Select, block: Block) -> str:
+        cond = self(e.cond, block)
+        name = self.fresh()
+        block.emit(f"{c_type(e.dtype)} {name};")
+        arms = []
+        for arm in (e.a, e.b):
+            branch = block.child()
+            branch.emit(f"{name} = {self(arm, branch)};")
+            arms.append(branch)
+        block.emit(f"if ({cond}) {{")
+        block.extend(arms[0])
+        block.emit("} else {")
+        block.extend(arms[1])
+        block.emit("}")
+        return name
+
+    def _fold(self, e: Fold, block: Block) -> str:
+        """An accumulator and its loop. Nested folds of the same combining op share one
+        accumulator (a window's rows and columns: one running max, one sequential sum)."""
+        acc = self.fresh("acc")
+        vt = c_type(e.value.dtype)
+        if e.op.startswith("arg"):
+            best = self.fresh("best")
+            start = self(e.start, block)
+            block.emit(f"{vt} {best} = 0; int64_t {acc} = {start};")
+            body = self._open(e, block)
+            x = self(e.value, body)
+            cmp = (">" if e.op.startswith("argmax") else "<") + ("=" if e.op.endswith("_last") else "")
+            v = e.var.name
+            body.emit(f"if ({v} == {start} || {x} {cmp} {best}) {{ {best} = {x}; {acc} = {v}; }}")
+            self._close(block, [body])
+            return acc
+        identity = _fold_identity(e.op, e.value.dtype)
+        block.emit(f"{vt} {acc} = {c_literal(identity, e.value.dtype)};")
+        loops, value, outer = [e], e.value, block
+        while isinstance(value, Fold) and value.op == e.op and value.dtype is e.dtype:
+            loops.append(value)
+            value = value.value
+        bodies: list[Block] = []
+        for f in loops:
+            outer = self._open(f, outer)
+            bodies.append(outer)
+        self._update(e.op, acc, self(value, bodies[-1]), bodies[-1])
+        self._close(block, bodies)
+        return acc
+
+    def _open(self, f: Fold, block: Block) -> Block:
+        v = f.var.name
+        start, stop = self(f.start, block), self(f.stop, block)
+        cond, step = (f"{v} < {stop}", f"++{v}") if f.step == 1 else (f"{v} > {stop}", f"--{v}")
+        block.emit(f"for (int64_t {v} = {start}; {cond}; {step}) {{")
+        return block.child()
+
+    @staticmethod
+    def _close(block: Block, bodies: list[Block]) -> None:
+        """Splice nested loop bodies back, innermost first."""
+        for outer, inner in zip(reversed([block, *bodies[:-1]]), reversed(bodies), strict=True):
+            outer.extend(inner)
+            outer.emit("}")
+
+    @staticmethod
+    def _update(op: str, acc: str, x: str, block: Block) -> None:
+        if op == "sum":
+            block.emit(f"{acc} += {x};")
+        elif op == "prod":
+            block.emit(f"{acc} *= {x};")
+        else:
+            block.emit(f"{acc} = {x} {'>' if op == 'max' else '<'} {acc} ? {x} : {acc};")
+
+    def _expr(self, e: Expr, block: Block) -> str:
+        if isinstance(e, Load):
+            value = f"{e.buffer.name}[{self(e.index, block)}]"
+            if e.buffer.dtype is DType.F16:
+                return f"af_h2f({value})"
+            if e.buffer.dtype is DType.BF16:
+                return f"af_bf2f({value})"
+            return value
+        if isinstance(e, Cast):
+            x = self(e.x, block)
+            if e.dtype is DType.BOOL:
+                return f"((uint8_t)({x} != 0))"
+            return f"(({c_type(e.dtype)}){x})"
+        if isinstance(e, Select):
+            c = e.cond
+            if (e.dtype is DType.F32 and isinstance(c, Binary) and c.op == "lt" and c.b is e.a
+                    and c.a is e.b and isinstance(e.a, Const)):  # fmt: skip
+                # x < f ? f : x as a bit select (same result, NaN included): gcc sees through
+                # the ternary (and fmaxf) feeding expf and calls the vector expf on the raw
+                # value, its slow path for underflowing lanes; this form it keeps.
+                return f"af_clamp_low({self(e.b, block)}, {self(e.a, block)})"
+            return f"({self(c, block)} ? {self(e.a, block)} : {self(e.b, block)})"
+        if isinstance(e, Unary):
+            return self._unary(e, self(e.x, block))
+        if isinstance(e, Binary):
+            return self._binary(e, self(e.a, block), self(e.b, block))
+        raise ValueError(f"the C renderer has no rule for {type(e).__name__}")
+
+    @staticmethod
+    def _unary(e: Unary, x: str) -> str:
+        dtype = e.x.dtype
+        if e.op == "neg":
+            return f"(-{x})"
+        if e.op == "not":
+            return f"((uint8_t)!{x})"
+        if e.op in ("isnan", "isinf"):
+            return f"((uint8_t)({e.op}({x}) != 0))" if dtype.is_float else "((uint8_t)0)"
+        if not dtype.is_float:
+            if e.op == "abs":
+                return f"({x} < 0 ? -{x} : {x})"
+            if e.op in ("floor", "ceil", "round"):
+                return x
+            raise ValueError(f"{e.op} of {dtype.value} has no C form")
+        return f"{_libm(_LIBM[e.op], dtype)}({x})"
+
+    @staticmethod
+    def _binary(e: Binary, a: str, b: str) -> str:
+        dtype = e.a.dtype
+        if e.op in _INFIX:  # operands are atoms, calls or parenthesized already
+            return f"({a} {_INFIX[e.op]} {b})"
+        if e.op == "rem":
+            return f"{_libm('fmod', dtype)}({a}, {b})" if dtype.is_float else f"({a} % {b})"
+        if e.op == "pow":
+            return f"{_libm('pow', dtype)}({a}, {b})"
+        if e.op in ("max", "min"):
+            if dtype.is_float:
+                return f"{_libm('f' + e.op, dtype)}({a}, {b})"
+            op = ">" if e.op == "max" else "<"
+            return f"({a} {op} {b} ? {a} : {b})"
+        raise ValueError(f"the C renderer has no rule for binary {e.op}")
+
+
+def _fold_identity(op: str, dtype: DType) -> float | int:
+    if op == "sum":
+        return 0
+    if op == "prod":
+        return 1
+    if dtype.is_float:
+        return -math.inf if op == "max" else math.inf
+    info = np.iinfo(dtype.numpy) if dtype is not DType.BOOL else np.iinfo(np.uint8)
+    return int(info.min if op == "max" else info.max)
+
+
+def _libm(name: str, dtype: DType) -> str:
+    return name + "f" if dtype.compute is DType.F32 else name
+
+
+def _is_index(e: Expr) -> bool:
+    """Integer arithmetic on loop variables and constants only (no loads inside)."""
+    if isinstance(e, Const | Var | Raw):
+        return True
+    if isinstance(e, Binary) and e.dtype is DType.I64 and e.op in ("add", "sub", "mul", "div", "rem"):
+        return _is_index(e.a) and _is_index(e.b)
+    return False
+
+
+def _is_predicate(e: Expr) -> bool:
+    """A truth value computed from others (compare, logic, not, isnan): no memory behind it."""
+    return e.dtype is DType.BOOL and isinstance(e, Binary | Unary | Cast)
+
+
+def _is_atom(text: str) -> bool:
+    return text.replace("_", "").isalnum() or text.startswith(("INT64_C", "(-INT64_C"))
+
+
+def render_inline(e: Expr) -> str:
+    """One expression as a single C expression (no locals; C's `?:` still evaluates only the
+    chosen arm), for generators that still splice C text around it."""
+    return ExprRenderer(inline=True)(e, Block(indent=0))
+
+
+# -- statements and kernels ------------------------------------------------------------------------
+
+
+class KernelRenderer:
+    """Renders one IR kernel as a C function `void name(void *const *args)`."""
+
+    def __init__(self, kernel: Kernel, exprs: ExprRenderer | None = None) -> None:
+        self.kernel = kernel
+        self.exprs = exprs or ExprRenderer()
+
+    def stmts(self, body: tuple[Stmt, ...], block: Block) -> None:
+        for s in body:
+            self.stmt(s, block)
+
+    def stmt(self, s: Stmt, block: Block) -> None:
+        r = self.exprs
+        if isinstance(s, Let):
+            block.emit(f"const {c_type(s.var.dtype)} {s.var.name} = {r(s.value, block)};")
+        elif isinstance(s, Declare):
+            block.emit(f"{c_type(s.var.dtype)} {s.var.name} = {r(s.init, block)};")
+        elif isinstance(s, Assign):
+            block.emit(f"{s.var.name} = {r(s.value, block)};")
+        elif isinstance(s, Store):
+            value = r(s.value, block)
+            if s.buffer.dtype is DType.F16:
+                value = f"af_f2h({value})"
+            elif s.buffer.dtype is DType.BF16:
+                value = f"af_f2bf({value})"
+            block.emit(f"{s.buffer.name}[{r(s.index, block)}] = {value};")
+        elif isinstance(s, Loop):
+            self.loop(s, block)
+        elif isinstance(s, If):
+            block.emit(f"if ({r(s.cond, block)}) {{")
+            then = block.child()
+            self.stmts(s.then, then)
+            block.extend(then)
+            if s.otherwise:
+                block.emit("} else {")
+                other = block.child()
+                self.stmts(s.otherwise, other)
+                block.extend(other)
+            block.emit("}")
+        elif isinstance(s, Call):
+            block.emit(f"{s.function}({', '.join(r(a, block) for a in s.args)});")
+        else:
+            raise ValueError(f"the C renderer has no rule for {type(s).__name__}")
+
+    def loop(self, s: Loop, block: Block) -> None:
+        clauses = "".join(f" reduction({_OMP_REDUCTION[op]}:{v.name})" for op, v in s.reductions)
+        if s.scratch:  # per-thread buffers: a parallel region around a worksharing loop
+            if s.parallel:
+                block.emit("#pragma omp parallel")
+            block.emit("{")
+            region = block.child()
+            for b in s.scratch:
+                t = c_type(b.dtype)
+                region.emit(f"{t} *{b.name} = ({t} *)malloc(sizeof({t}) * {b.size});")
+                nbytes = b.size * b.dtype.itemsize
+                region.emit(f'if (!{b.name}) af_out_of_memory("{self.kernel.name}", {nbytes});')
+            if s.parallel:
+                region.emit(f"#pragma omp for schedule(static){clauses}")
+            elif s.vector:
+                region.emit(f"#pragma omp simd{clauses}")
+            self._for(s, region)
+            for b in s.scratch:
+                region.emit(f"free({b.name});")
+            block.extend(region)
+            block.emit("}")
+            return
+        if s.parallel and s.vector:
+            block.emit(f"#pragma omp parallel for simd schedule(static){clauses}")
+        elif s.parallel:
+            block.emit(f"#pragma omp parallel for schedule(static){clauses}")
+        elif s.vector:
+            block.emit(f"#pragma omp simd{clauses}")
+        self._for(s, block)
+
+    def _for(self, s: Loop, block: Block) -> None:
+        v = s.var.name
+        start, stop = self.exprs(ir_index(s.start), block), self.exprs(ir_index(s.stop), block)
+        step = f"++{v}" if s.step == 1 else f"{v} += {s.step}"
+        block.emit(f"for (int64_t {v} = {start}; {v} < {stop}; {step}) {{")
+        inner = block.child()
+        self.stmts(s.body, inner)
+        block.extend(inner)
+        block.emit("}")
+
+    def render(self, decls: list[str] | None = None) -> str:
+        """The translation unit; `decls` (filled while the body renders) go before the function."""
+        k = self.kernel
+        body = Block(indent=1)
+        self.stmts(k.body, body)
+        parts = [prelude(), *(decls or ())]
+        for buf, values in k.constants:
+            data = ", ".join(_table_literals(values, buf.dtype))
+            parts.append(f"static const {c_type(buf.dtype)} {buf.name}[{buf.size}] = {{{data}}};")
+        comment = (k.description or k.name).replace("*/", "* /").replace("/*", "/ *")
+        parts.append("\n/* " + comment.replace("\n", "\n * ") + "\n */")
+        parts.append(f"void {k.name}(void *const *args) {{")
+        for j, b in enumerate(k.params):
+            qual = "const " if b.role == "input" else ""
+            parts.append(
+                f"  {qual}{c_type(b.dtype)} *restrict {b.name} = ({qual}{c_type(b.dtype)} *)args[{j}];"
+            )
+        parts.extend(body.lines)
+        parts.append("}")
+        return "\n".join(parts) + "\n"
+
+
+def render_kernel(kernel: Kernel, exprs: ExprRenderer | None = None, decls: list[str] | None = None) -> str:
+    """The C translation unit of one kernel. `exprs` resolves reads the IR left as `TensorAt`
+    (ops whose C is still written by a generator); `decls` are that generator's static data."""
+    return KernelRenderer(kernel, exprs).render(decls)
+
+
+def render_stmts(body: tuple[Stmt, ...], exprs: ExprRenderer, indent: int = 1) -> list[str]:
+    """Statements as C lines, for generators that assemble the function themselves."""
+    block = Block(indent=indent)
+    KernelRenderer(Kernel("", (), ()), exprs).stmts(body, block)
+    return block.lines

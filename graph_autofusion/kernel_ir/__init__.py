@@ -1,0 +1,61 @@
+"""The kernel IR: one description of a generated kernel that every backend renders.
+
+    dtypes.py   element types (storage vs compute type)
+    nodes.py    expressions, statements, kernels, and the builders that fold as they build
+    printer.py  the text form
+
+Lowering (graph_autofusion.lower) turns a fused group into a `Kernel`; a renderer per target
+(backend/cpu/render_c.py) turns a `Kernel` into source. The IR imports nothing of the planner.
+"""
+
+from .dtypes import DType
+from .nodes import (
+    Assign,
+    Binary,
+    Buffer,
+    Call,
+    Cast,
+    Const,
+    Declare,
+    Expr,
+    Fold,
+    If,
+    Kernel,
+    Let,
+    Load,
+    Loop,
+    Raw,
+    Select,
+    Stmt,
+    Store,
+    TensorAt,
+    Unary,
+    Var,
+)
+from .printer import format_kernel
+
+__all__ = [
+    "Assign",
+    "Binary",
+    "Buffer",
+    "Call",
+    "Cast",
+    "Const",
+    "DType",
+    "Declare",
+    "Expr",
+    "Fold",
+    "If",
+    "Kernel",
+    "Let",
+    "Load",
+    "Loop",
+    "Raw",
+    "Select",
+    "Stmt",
+    "Store",
+    "TensorAt",
+    "Unary",
+    "Var",
+    "format_kernel",
+]

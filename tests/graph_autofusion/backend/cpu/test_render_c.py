@@ -1,0 +1,123 @@
+"""The C renderer of the kernel IR: what the text looks like, and what the compiled code computes.
+
+Conversions of 16-bit floats are checked bit for bit against numpy (fp16) and ml_dtypes (bf16):
+every one of the 65536 fp16 patterns widens exactly, and narrowing rounds to nearest even with
+NaN, infinities, subnormals and overflow handled as IEEE 754 says.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from graph_autofusion.backend.cpu.compiler import KernelSource, compile_kernels
+from graph_autofusion.backend.cpu.render_c import render_kernel
+from graph_autofusion.kernel_ir import Buffer, DType, Kernel, Loop, Store
+from graph_autofusion.kernel_ir import nodes as ir
+
+
+def _copy_kernel(name: str, src: DType, dst: DType, n: int) -> Kernel:
+    i = ir.var("i")
+    a, b = Buffer("in0", src, n), Buffer("out0", dst, n, "output")
+    return Kernel(name, (a, b), (Loop(i, n, (Store(b, i, ir.load(a, i)),), vector=True),))
+
+
+def _run(kernel: Kernel, cache, *arrays: np.ndarray) -> None:
+    (art,) = compile_kernels([KernelSource(kernel.name, render_kernel(kernel))], cache=cache)
+    fn = getattr(art.load(), kernel.name)
+    args = (ctypes.c_void_p * len(arrays))(*(a.ctypes.data for a in arrays))
+    fn(args)
+
+
+def test_guarded_select_keeps_its_reads_inside_the_branch() -> None:
+    i = ir.var("i")
+    a, b = Buffer("in0", DType.F32, 8), Buffer("out0", DType.F32, 16, "output")
+    inside = ir.lt(i, 8)
+    body = (Loop(i, 16, (Store(b, i, ir.select(inside, ir.load(a, i), 0.0, guarded=True)),)),)
+    text = render_kernel(Kernel("pad", (a, b), body)).split("void pad")[1]
+    guard = text.index("if (")
+    assert "in0[i]" in text[guard:] and "in0[" not in text[:guard]
+    plain = render_kernel(
+        Kernel("sel", (a, b), (Loop(i, 8, (Store(b, i, ir.select(inside, ir.load(a, i), 0.0)),)),))
+    )
+    assert "if (" not in plain.split("void sel")[1]  # an unguarded select is a ternary
+
+
+def test_a_shared_value_is_computed_once() -> None:
+    i = ir.var("i")
+    a, b = Buffer("in0", DType.F32, 8), Buffer("out0", DType.F32, 8, "output")
+    e = ir.unary("exp", ir.load(a, i))
+    text = render_kernel(Kernel("twice", (a, b), (Loop(i, 8, (Store(b, i, e * e + e),), vector=True),)))
+    body = text.split("void twice")[1]
+    assert body.count("expf(") == 1 and "#pragma omp simd" in body
+
+
+def test_double_kernels_call_double_libm() -> None:
+    i = ir.var("i")
+    a, b = Buffer("in0", DType.F64, 8), Buffer("out0", DType.F64, 8, "output")
+    text = render_kernel(Kernel("d", (a, b), (Loop(i, 8, (Store(b, i, ir.unary("tanh", ir.load(a, i))),)),)))
+    body = text.split("void d")[1]
+    assert "const double t2 = tanh(t1);" in body and "tanhf(" not in body
+
+
+def test_every_fp16_pattern_widens_exactly(kernel_cache) -> None:
+    bits = np.arange(65536, dtype=np.uint32).astype(np.uint16)
+    out = np.empty(65536, dtype=np.float32)
+    _run(_copy_kernel("h2f", DType.F16, DType.F32, 65536), kernel_cache, bits, out)
+    want = bits.view(np.float16).astype(np.float32)
+    same = (out.view(np.uint32) == want.view(np.uint32)) | (np.isnan(out) & np.isnan(want))
+    assert same.all(), bits[~same][:8]
+
+
+def _narrowing_cases() -> np.ndarray:
+    rng = np.random.default_rng(7)
+    special = [0.0, -0.0, np.inf, -np.inf, np.nan, 65504.0, 65519.99, 65520.0, 1e-8, 5.96e-8, 2.98e-8, 6.1e-5]
+    ties = (np.arange(2048, dtype=np.float32) + 0.5) * np.float32(2.0**-10)  # halfway between fp16 neighbours
+    noise = np.frombuffer(rng.bytes(4 * 4096), dtype=np.float32)  # every exponent, NaN payloads too
+    cases = [special, ties, rng.standard_normal(4096) * 1e3, rng.standard_normal(4096) * 1e-6]
+    return np.concatenate([np.asarray(c, dtype=np.float32) for c in cases] + [noise])
+
+
+@pytest.mark.parametrize(("dtype", "reference"), [(DType.F16, np.float16), (DType.BF16, ml_dtypes.bfloat16)])
+def test_narrowing_rounds_to_nearest_even(kernel_cache, dtype, reference) -> None:
+    x = _narrowing_cases()
+    out = np.empty(x.size, dtype=np.uint16)
+    _run(_copy_kernel(f"f2{dtype.value}", DType.F32, dtype, x.size), kernel_cache, x, out)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = x.astype(reference).view(np.uint16)
+    nan = np.isnan(x)
+    assert (out[~nan] == want[~nan]).all(), x[~nan][out[~nan] != want[~nan]][:8]
+    assert np.isnan(out[nan].view(reference).astype(np.float32)).all()
+
+
+@pytest.mark.parametrize("elem", ["float16", "bfloat16"])
+def test_16_bit_constant_tables_hold_bit_patterns(kernel_cache, elem: str) -> None:
+    """A folded fp16/bf16 causal mask (0 and -inf) feeding a Softmax: the uint16_t table must hold
+    the bits (0xfc00 / 0xff80), not float literals converted as integers (-inf became 0 and the
+    mask vanished: attention off by ~0.7)."""
+    import onnx
+    from cpu_backend_helpers import fuse_all, make_model
+    from onnx import helper, numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    from graph_autofusion.backend.cpu.runtime import compile_model
+
+    dtype = np.dtype(ml_dtypes.bfloat16) if elem == "bfloat16" else np.dtype(np.float16)
+    elem_type = onnx.TensorProto.BFLOAT16 if elem == "bfloat16" else onnx.TensorProto.FLOAT16
+    mask = np.triu(np.full((4, 6), -np.inf, np.float32), 1).astype(dtype)
+    nodes = [
+        helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(mask, "c")),
+        helper.make_node("Add", ["x", "c"], ["a"]),
+        helper.make_node("Softmax", ["a"], ["y"]),
+    ]
+    model = make_model(nodes, {"x": ([2, 4, 6], elem_type)}, ["y"])
+    x = np.random.default_rng(0).standard_normal((2, 4, 6)).astype(dtype)
+    (want,) = ReferenceEvaluator(model).run(None, {"x": x})
+    compiled = compile_model(fuse_all(model, "reduction"), cache=kernel_cache, threads=1)
+    assert compiled.stats["host_ops"] == []
+    got = compiled({"x": x})["y"].astype(np.float32)
+    np.testing.assert_allclose(got, want.astype(np.float32), rtol=4 * 2.0**-7, atol=1e-6)
+    assert (got[:, 0, 1:] == 0).all()  # the masked positions of the first row
