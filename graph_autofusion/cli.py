@@ -50,9 +50,25 @@ def summary_table(report: dict) -> str:
         ),
         ("strategy", report["strategy"]),
         ("refused", ", ".join(f"{k}×{v}" for k, v in report["refused_by_code"].items()) or "none"),
+        ("host ops", _host_ops_cell(report.get("host_ops") or [])),
     ]
     width = max(len(k) for k, _ in rows)
-    return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
+    lines = [f"  {k:<{width}}  {v}" for k, v in rows]
+    # Every fallback on its own line with its reason: slow paths are never silent.
+    lines += [
+        f"  {'':<{width}}    {h['op_type']} {h['node']!r} [{h['code']}] {h['reason']}"
+        for h in report.get("host_ops") or []
+    ]
+    return "\n".join(lines)
+
+
+def _host_ops_cell(hosts: list[dict]) -> str:
+    if not hosts:
+        return "none (every op runs as a compiled kernel)"
+    by_code: dict[str, int] = {}
+    for h in hosts:
+        by_code[h["code"]] = by_code.get(h["code"], 0) + 1
+    return f"{len(hosts)} run by onnx.reference: " + ", ".join(f"{k}×{v}" for k, v in sorted(by_code.items()))
 
 
 def _parse_shape(text: str) -> tuple[str, list[int]]:
@@ -84,6 +100,17 @@ def _add_fuse(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--disable-pattern", action="append", default=[], metavar="NAME")
     p.add_argument("--report", type=Path, help="write the full report as JSON")
     p.add_argument(
+        "--no-host-ops",
+        action="store_true",
+        help="refuse (exit 2, host_op_refused) a model with any op the backend cannot compile",
+    )
+    p.add_argument(
+        "--max-activation-bytes",
+        type=int,
+        metavar="N",
+        help="refuse (exit 2, model_too_large) a model whose activations peak above N bytes",
+    )
+    p.add_argument(
         "--verify",
         choices=["runtime", "onnxruntime", "none"],
         default="runtime",
@@ -101,16 +128,22 @@ def _fuse_command(args: argparse.Namespace) -> int:
         config = FusionConfig.model_validate(data)
     except (OSError, ValueError) as err:
         raise InvalidConfigError(f"cannot read config {args.config}: {err}", code="invalid_config") from None
-    if args.cost_model:
-        config.cost_model = args.cost_model
-    if args.hardware:
-        config.hardware = args.hardware
-    if args.max_fusion_size is not None:
-        config.max_fusion_size = args.max_fusion_size
-    if args.input_shape:
-        config.input_shapes = {**config.input_shapes, **dict(args.input_shape)}
-    if args.disable_pattern:
-        config.disabled_patterns = [*config.disabled_patterns, *args.disable_pattern]
+    flags = {
+        "cost_model": args.cost_model,
+        "hardware": args.hardware,
+        "max_fusion_size": args.max_fusion_size,
+        "input_shapes": {**config.input_shapes, **dict(args.input_shape)} if args.input_shape else None,
+        "disabled_patterns": [*config.disabled_patterns, *args.disable_pattern] or None,
+        "allow_host_ops": False if args.no_host_ops else None,
+        "max_activation_bytes": args.max_activation_bytes,
+    }
+    for field, value in flags.items():
+        if value is None:
+            continue
+        try:  # validate_assignment: a bad flag value is a config error (exit 2), not a traceback
+            setattr(config, field, value)
+        except ValueError as err:
+            raise InvalidConfigError(f"invalid value for {field}: {err}", code="invalid_config") from None
     fused = fuse(args.model, config)
     report = fused.report()
     if args.verify != "none":
