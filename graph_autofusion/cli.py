@@ -145,9 +145,9 @@ def _fuse_command(args: argparse.Namespace) -> int:
         except ValueError as err:
             raise InvalidConfigError(f"invalid value for {field}: {err}", code="invalid_config") from None
     fused = fuse(args.model, config)
-    report = fused.report()
-    if args.verify != "none":
-        result = fused.verify(runner=args.verify)
+    result = fused.verify(runner=args.verify) if args.verify != "none" else None
+    report = fused.report()  # after verify: compiling confirms the host ops
+    if result is not None:
         report["verification"] = result.to_dict()
     if args.output:
         fused.save(args.output)
@@ -155,13 +155,33 @@ def _fuse_command(args: argparse.Namespace) -> int:
         args.report.write_text(json.dumps(report, indent=2))
     print(f"{args.model} → {args.output or '(not written)'}")
     print(summary_table(report))
-    if args.verify != "none":
-        worst = max((o["max_abs"] for o in report["verification"]["outputs"]), default=0.0)
-        state = "passed" if report["verification"]["passed"] else "FAILED"
-        print(f"  verification  {state} vs onnxruntime ({args.verify}), max abs error {worst:.3g}")
-        if not report["verification"]["passed"]:
+    if result is not None:
+        print(verification_lines(report["verification"], args.verify))
+        if not result.passed:
             return 3
     return 0
+
+
+def verification_lines(verification: dict, runner: str) -> str:
+    """`verification passed|FAILED`, then each output's error against its tolerance (worst first)."""
+    state = "passed" if verification["passed"] else "FAILED"
+    rule = (
+        f"tolerance {verification.get('safety', 4):g}·noise·(|ref| + rms)"
+        if verification.get("rule", "derived") == "derived"
+        else f"rtol {verification['rtol']:g}, atol {verification['atol']:g}"
+    )
+    lines = [f"  verification  {state} vs onnxruntime ({runner}); {rule}"]
+    outputs = sorted(verification["outputs"], key=lambda o: -o["worst_ratio"])
+    for o in outputs[:5]:
+        lines.append(
+            f"    {o['name']}: max abs error {o['max_abs']:.3g}, {o['worst_ratio']:.3g}x its tolerance "
+            f"({o.get('error_at_worst', 0):.3g} vs {o.get('tolerance_at_worst', 0):.3g} at the worst element"
+            + (f"; {o['roundings']:.0f} roundings deep" if o.get("roundings") else "")
+            + ")"
+        )
+    if len(outputs) > 5:
+        lines.append(f"    … {len(outputs) - 5} more outputs, all within {outputs[5]['worst_ratio']:.3g}x")
+    return "\n".join(lines)
 
 
 _OPTIONAL = {

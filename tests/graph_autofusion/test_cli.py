@@ -135,6 +135,7 @@ def test_control_flow_runs_as_a_listed_host_op_or_is_refused(tmp_path: Path) -> 
     assert done.returncode == 0, done.stderr
     assert "1 run by onnx.reference: control_flow×1" in done.stdout
     assert "If 'branch' [control_flow]" in done.stdout and "verification  passed" in done.stdout
+    assert "out: max abs error" in done.stdout and "x its tolerance" in done.stdout
     done = run("fuse", str(src), "--no-host-ops")
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "host_op_refused" in done.stderr and "If 'branch' [control_flow]" in done.stderr
