@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 from onnx.reference import ReferenceEvaluator
 
+from ...errors import RuntimeInputError, UnsupportedModelError
 from ...onnx_utils import node_inputs
 from .kernel_spec import TensorInfo
 
@@ -62,8 +63,26 @@ class HostOp:
         one.functions.extend(model.functions)
         self.input_names = inputs
         self.output_names = outputs
-        self._evaluator = ReferenceEvaluator(one)
+        try:
+            self._evaluator = ReferenceEvaluator(one)
+        except Exception as exc:  # onnx.reference raises plain errors for ops it lacks
+            raise UnsupportedModelError(
+                f"{node.op_type} node {node.name!r} can neither be compiled nor run by onnx.reference: "
+                f"{str(exc).strip().splitlines()[0][:300]}",
+                code="unsupported_host_op",
+                node=node.name,
+                op_type=node.op_type,
+            ) from exc
 
     def __call__(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         feeds = dict(zip(self.input_names, arrays, strict=True))
-        return [np.asarray(v) for v in self._evaluator.run(None, feeds)]
+        try:
+            return [np.asarray(v) for v in self._evaluator.run(None, feeds)]
+        except Exception as exc:  # a refusal with the node's name, not a stack trace from inside onnx
+            raise RuntimeInputError(
+                f"host op {self.node.op_type} ({self.node.name!r}) failed on these inputs: "
+                f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}",
+                code="host_op_failed",
+                node=self.node.name,
+                op_type=self.node.op_type,
+            ) from exc

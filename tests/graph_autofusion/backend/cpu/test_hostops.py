@@ -197,3 +197,23 @@ def test_allow_host_ops_false_refuses_each_fallback_by_name(build) -> None:
 def test_model_without_fallbacks_passes_the_strict_config() -> None:
     fused = gaf.fuse(gaf.zoo.build("mlp", in_features=16, hidden=(8,)), {"allow_host_ops": False})
     assert fused.report()["host_ops"] == []
+
+
+def test_host_op_failures_are_errors_with_the_node_named() -> None:
+    from graph_autofusion.backend.cpu.hostops import HostOp
+    from graph_autofusion.backend.cpu.kernel_spec import TensorInfo
+    from graph_autofusion.errors import RuntimeInputError, UnsupportedModelError
+
+    model = h.make_model(
+        h.make_graph([], "g", [], []),
+        opset_imports=[h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)],
+    )
+    tensors = {n: TensorInfo(n, s, F) for n, s in {"a": (2, 3), "b": (4, 5), "c": (2, 5)}.items()}
+    op = HostOp(h.make_node("MatMul", ["a", "b"], ["c"], name="mm"), tensors, model)
+    with pytest.raises(RuntimeInputError) as failed:
+        op([np.ones((2, 3), np.float32), np.ones((4, 5), np.float32)])
+    assert failed.value.code == "host_op_failed" and "'mm'" in failed.value.message
+    unknown = h.make_node("FusedGemm", ["a", "b"], ["c"], name="fg", domain="com.microsoft")
+    with pytest.raises(UnsupportedModelError) as refused:
+        HostOp(unknown, tensors, model)
+    assert refused.value.code == "unsupported_host_op" and "'fg'" in refused.value.message
