@@ -130,6 +130,8 @@ def test_control_flow_reading_outer_scope_runs_and_verifies(build, tmp_path) -> 
         expected = run_onnxruntime(model, feeds)["out"]
         np.testing.assert_allclose(fused(feeds)["out"], expected, rtol=1e-6, atol=1e-7)
         assert fused.verify(feeds).passed
+        assert fused.verify(feeds, runner="onnxruntime").passed  # the fused ONNX is valid as well
+    onnx.checker.check_model(fused.model, full_check=True)
     (host,) = fused.report()["host_ops"]
     assert host["code"] == "control_flow" and host["op_type"] in ("If", "Loop", "Scan")
 
