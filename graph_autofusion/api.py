@@ -18,7 +18,7 @@ from .errors import InvalidConfigError, UnsupportedModelError, VerificationError
 from .export import DOMAIN, export
 from .hardware import get_profile
 from .ir import Graph
-from .limits import check_activation_bytes
+from .limits import check_activation_bytes, check_input_bytes
 from .loader import load_model
 from .plan import DeclarativePattern, Pattern, Plan, plan
 from .report import build_report
@@ -207,6 +207,7 @@ class Fuser:
         report_progress("loading", None, None)
         source = load_model(model, config)
         lap("load")
+        check_input_bytes(source, config)  # canonicalization may run the model to measure shapes
         report_progress("canonicalizing", None, None)
         canonical, counts = canonicalize(source, config)
         lap("canonicalize")

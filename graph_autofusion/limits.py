@@ -4,7 +4,9 @@ The loader refuses on bytes and node counts (what can be judged before parsing);
 *allocate* is only known once every tensor has a static shape, i.e. after canonicalization binds
 `input_shapes` and infers the rest. `check_activation_bytes` runs right there, before planning,
 compiling, verification or any runtime arena, so a model that asks for 200 GiB of activations is a
-`model_too_large` refusal rather than an out-of-memory kill of a worker.
+`model_too_large` refusal rather than an out-of-memory kill of a worker. One part is checked even
+earlier: `check_input_bytes` judges the inputs' bound sizes before canonicalization, which may run
+the model in onnxruntime to measure shapes ONNX cannot infer.
 
 The measure is the peak of live activation bytes when the canonical graph runs one node at a time
 in graph order (`plan.memory.live_profile`, the report's `peak_memory_bytes.before`): that is what
@@ -15,12 +17,60 @@ the unfused reference run needs, and fusion only lowers it. Weights are excluded
 from __future__ import annotations
 
 import numpy as np
+import onnx
 from onnx import helper
 
 from .config import FusionConfig
 from .errors import ModelTooLargeError
 from .ir import Graph
 from .plan.memory import live_profile
+
+
+def check_input_bytes(model: onnx.ModelProto, config: FusionConfig) -> int:
+    """Refuse inputs that alone exceed the limit, before canonicalization runs anything.
+
+    Canonicalization may execute the model in onnxruntime to measure shapes ONNX cannot infer,
+    which allocates at least the inputs; so the inputs' bound sizes are checked first. Inputs
+    whose dims stay unknown here are left to `bind_shapes` (which refuses them precisely).
+    """
+    inits = {t.name for t in model.graph.initializer}
+    inputs = [vi for vi in model.graph.input if vi.name not in inits and vi.type.HasField("tensor_type")]
+    symbols: dict[str, int] = {}
+    for vi in inputs:
+        dims = vi.type.tensor_type.shape.dim
+        bound = config.input_shapes.get(vi.name)
+        if bound is not None and len(bound) == len(dims):
+            symbols.update({d.dim_param: v for d, v in zip(dims, bound, strict=True) if d.dim_param})
+    total = 0
+    biggest: tuple[str, list[int], str, int] = ("", [], "", 0)  # name, shape, dtype, bytes
+    for vi in inputs:
+        tensor = vi.type.tensor_type
+        shape = config.input_shapes.get(vi.name) or [
+            d.dim_value if d.HasField("dim_value") else symbols.get(d.dim_param, 0) for d in tensor.shape.dim
+        ]
+        if any(d <= 0 for d in shape) or tensor.elem_type == onnx.TensorProto.UNDEFINED:
+            continue  # unknown dims: bind_shapes refuses them (unbound_dimension)
+        dtype = helper.tensor_dtype_to_np_dtype(tensor.elem_type)
+        nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
+        total += nbytes
+        if nbytes > biggest[3]:
+            biggest = (vi.name, list(shape), dtype.name, nbytes)
+    limit = config.max_activation_bytes
+    if total > limit:
+        name, shape, dtype_name, nbytes = biggest
+        raise ModelTooLargeError(
+            f"the model's inputs alone need {_gib(total)} ({total:,} bytes), over the limit of "
+            f"{_gib(limit)} ({limit:,} bytes, config.max_activation_bytes); the largest is {name!r} "
+            f"{shape} {dtype_name}, {_gib(nbytes)}. Bind smaller input shapes (input_shapes) or raise "
+            "the limit.",
+            code="model_too_large",
+            activation_bytes=total,
+            limit=limit,
+            tensor=name,
+            tensor_shape=shape,
+            tensor_bytes=nbytes,
+        )
+    return total
 
 
 def _gib(n: int) -> str:

@@ -65,7 +65,7 @@ def test_activations_over_the_limit_fail_the_job_as_model_too_large(ctx: JobCont
     done = run_job(submit(ctx, relu("n"), {"input_shapes": {"x": [100_000_000, 1000]}}), ctx)
     assert done is not None and done.status == "failed"
     assert done.error["code"] == "model_too_large" and done.error["status"] == 422
-    assert done.error["tensor"] == "x" and done.error["activation_bytes"] == 800_000_000_000
+    assert done.error["tensor"] == "x" and done.error["activation_bytes"] == 400_000_000_000
 
 
 def test_host_op_refused_fails_the_job_listing_the_op(ctx: JobContext) -> None:

@@ -36,16 +36,40 @@ def test_limit_is_exact_at_the_peak() -> None:
     assert "config.max_activation_bytes" in err.message and "[100, 1000] float32" in err.message
 
 
-def test_huge_bound_shape_is_refused_without_allocating() -> None:
-    """800 GB of activations: a refusal in well under a second, not an out-of-memory kill."""
+def test_huge_bound_inputs_are_refused_before_canonicalization(monkeypatch) -> None:
+    """400 GB of input: refused before canonicalization (which may run the model in onnxruntime
+    to measure shapes) — a refusal in well under a second, not an out-of-memory kill."""
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("canonicalize ran on a model whose inputs are over the limit")
+
+    monkeypatch.setattr("graph_autofusion.api.canonicalize", must_not_run)
     with pytest.raises(ModelTooLargeError) as info:
         gaf.fuse(relu_chain(), {"input_shapes": {"x": [100_000_000, 1000]}})
-    assert info.value.details["activation_bytes"] == 800_000_000_000
-    assert "745.06 GiB" in info.value.message
+    assert info.value.details["activation_bytes"] == 400_000_000_000
+    assert (
+        "inputs alone need 372.53 GiB" in info.value.message and "'x' [100000000, 1000]" in info.value.message
+    )
+
+
+def test_symbolic_dims_bound_through_a_shared_name_count() -> None:
+    graph = h.make_graph(
+        [h.make_node("Add", ["a", "b"], ["y"])],
+        "add",
+        [
+            h.make_tensor_value_info("a", T.FLOAT, ["n", 1000]),
+            h.make_tensor_value_info("b", T.FLOAT, ["n", 1000]),
+        ],
+        [h.make_tensor_value_info("y", T.FLOAT, ["n", 1000])],
+    )
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+    with pytest.raises(ModelTooLargeError) as info:  # a is bound, b shares its dim "n"
+        gaf.fuse(model, {"input_shapes": {"a": [1000, 1000]}, "max_activation_bytes": 6_000_000})
+    assert info.value.details["activation_bytes"] == 8_000_000  # both inputs: refused up front
 
 
 def test_static_model_over_the_default_limit_is_refused() -> None:
-    with pytest.raises(ModelTooLargeError, match="'x' \\[3000000, 1000\\] float32"):
+    with pytest.raises(ModelTooLargeError, match="'x' \\[3000000, 1000\\]"):
         gaf.fuse(relu_chain(rows=3_000_000))  # 12 GB per tensor, over the 8 GiB default
 
 
