@@ -40,6 +40,9 @@ import onnx
 from onnx import helper
 
 from .errors import VerificationError
+from .ir import Graph, Node
+from .onnx_utils import node_inputs
+from .ops import OpKind
 
 ORT_MAX_IR_VERSION = 10
 SAFETY = 4.0
@@ -145,7 +148,6 @@ def output_noise(model: onnx.ModelProto) -> dict[str, tuple[float, float]]:
     noise is the modelled relative standard deviation of a correct fp result; roundings is
     noise²/u² of the output's type, the effective accumulation length (module docstring).
     """
-    from .ir import Graph  # the planner's view: static shapes, op kinds
 
     graph = Graph(model)
     if any(v.elem_type == onnx.TensorProto.UNDEFINED for v in graph.values.values()):
@@ -153,7 +155,7 @@ def output_noise(model: onnx.ModelProto) -> dict[str, tuple[float, float]]:
     var: dict[str, float] = {}
     for node in graph.nodes:
         proto = node.proto
-        ins = [var.get(x, 0.0) for x in node.inputs if x]
+        ins = [var.get(x, 0.0) for x in node_inputs(proto)]  # If/Loop/Scan bodies' reads count
         base = sum(ins) if proto.op_type in PRODUCTS else max(ins, default=0.0)
         for out in node.outputs:
             if not out:
@@ -171,10 +173,8 @@ def output_noise(model: onnx.ModelProto) -> dict[str, tuple[float, float]]:
     return result
 
 
-def _roundings(graph: Any, node: Any) -> float:
+def _roundings(graph: Graph, node: Node) -> float:
     """K(node): how many roundings each output element of `node` accumulates (docstring)."""
-    from .ops import OpKind
-
     op = node.op_type
     shape = lambda i: graph.values[node.inputs[i]].shape or ()  # noqa: E731
     prod = lambda dims: float(np.prod(dims)) if len(dims) else 1.0  # noqa: E731

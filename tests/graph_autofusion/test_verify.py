@@ -247,3 +247,21 @@ def test_fixed_tolerances_still_available() -> None:
     result = compare(ref, {"y": np.array([1.0 + 1.5e-5], np.float32)}, rtol=1e-5, atol=1e-5, runner="t")
     assert result.passed and result.to_dict()["rule"] == "fixed"
     assert not compare(ref, {"y": np.array([1.0 + 3e-5])}, rtol=1e-5, atol=1e-5, runner="t").passed
+
+
+def test_noise_follows_values_a_branch_reads_from_the_outer_scope() -> None:
+    branch = h.make_graph(
+        [h.make_node("Neg", ["p"], ["t"])], "then", [], [h.make_tensor_value_info("t", T.FLOAT, [2, 8])]
+    )
+    graph = h.make_graph(
+        [
+            h.make_node("MatMul", ["a", "w"], ["p"]),  # K = 64, read only inside the branches
+            h.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=branch),
+        ],
+        "if",
+        [h.make_tensor_value_info("a", T.FLOAT, [2, 64]), h.make_tensor_value_info("c", T.BOOL, [])],
+        [h.make_tensor_value_info("y", T.FLOAT, [2, 8])],
+        initializer=[numpy_helper.from_array(np.ones((64, 8), np.float32), "w")],
+    )
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+    assert output_noise(model)["y"][1] >= 65
