@@ -4,10 +4,7 @@ The rule (README, "Verification"): fp32 results of a reordered computation are n
 equal, and how far apart two correct ones may be depends on the output's scale and on how many
 roundings fed it — so the tolerance is derived from the graph, per output, not fixed:
 
-    noise² of a tensor  =  its inputs' noise² (summed for products — Mul, Div, MatMul, Gemm, Conv,
-                           Einsum — whose relative errors add; the largest otherwise, since a
-                           sum's relative error is a weighted mean of its terms')
-                         + u² · K(node)
+    noise² of a tensor  =  the largest noise² among its inputs + u² · K(node)
     K(node)             =  terms each output element accumulates: C_in/groups·kh·kw for Conv, the
                            contracted length for MatMul/Gemm, the reduced length for Reduce*,
                            Softmax, LayerNorm and average pools (+1 for a bias or rescale), 16
@@ -18,7 +15,12 @@ roundings fed it — so the tolerance is derived from the graph, per output, not
 
 Each rounding of a sum of K terms errs by up to u of a partial sum; independent errors add in
 variance, so a chain of reductions drifts like a random walk: u·sqrt(ΣK), not u·ΣK (the worst
-case, which would pass anything). An element then passes when
+case, which would pass anything). Taking the largest input's noise assumes every op passes
+relative error on with unit gain — what numerically stable networks (normalization, bounded
+activations) do, and what was measured. A product's operands' relative errors do add, but charging
+their sum compounds exponentially through attention (Q·Kᵀ, then ·V, in every layer): on a 12-layer
+BERT it charged 10^13 roundings and would have passed anything, while the measured error is that
+of one deep chain of contractions. An element then passes when
 
     |fused − reference|  ≤  SAFETY · noise · (|reference| + rms(reference output))
 
@@ -56,8 +58,6 @@ UNIT_ROUNDOFF: dict[int, float] = {
     onnx.TensorProto.BFLOAT16: 2.0**-8,
     onnx.TensorProto.DOUBLE: 2.0**-53,
 }
-#: Ops whose relative input errors add (products); every other op passes on the largest.
-PRODUCTS = frozenset({"Mul", "Div", "MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "MatMulInteger"})
 #: Ops that never round: they move, select or compare values.
 EXACT = frozenset(
     {
@@ -156,7 +156,7 @@ def output_noise(model: onnx.ModelProto) -> dict[str, tuple[float, float]]:
     for node in graph.nodes:
         proto = node.proto
         ins = [var.get(x, 0.0) for x in node_inputs(proto)]  # If/Loop/Scan bodies' reads count
-        base = sum(ins) if proto.op_type in PRODUCTS else max(ins, default=0.0)
+        base = max(ins, default=0.0)  # unit error gain (module docstring)
         for out in node.outputs:
             if not out:
                 continue

@@ -191,8 +191,8 @@ def test_noise_charges_each_contraction_its_length() -> None:
         [
             h.make_node("MatMul", ["a", "w1"], ["p"]),  # K = 64
             h.make_node("MatMul", ["a", "w2"], ["q"]),  # K = 64, another path
-            h.make_node("Add", ["p", "q"], ["s"]),  # sums average relative errors: max
-            h.make_node("Mul", ["s", "p"], ["m"]),  # products add them: sum
+            h.make_node("Add", ["p", "q"], ["s"]),  # every op: the largest input's noise
+            h.make_node("Mul", ["s", "p"], ["m"]),  # products too (unit error gain)
             h.make_node("Relu", ["m"], ["y"]),  # exact
         ],
         "chain",
@@ -205,7 +205,7 @@ def test_noise_charges_each_contraction_its_length() -> None:
     )
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
     ((_, roundings),) = output_noise(model).values()
-    assert roundings == (65 + 1) + 65 + 1  # max(p, q) + Add, plus p, plus the Mul's rounding
+    assert roundings == 65 + 1 + 1  # max(p, q) = 64 + 1 (bias-free matmul), + Add, + Mul
 
 
 def test_noise_uses_the_output_type_roundoff() -> None:
@@ -265,3 +265,16 @@ def test_noise_follows_values_a_branch_reads_from_the_outer_scope() -> None:
     )
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
     assert output_noise(model)["y"][1] >= 65
+
+
+def test_noise_grows_linearly_in_depth_through_attention() -> None:
+    """ΣK along the deepest path: twice the layers, about twice the roundings — not the
+    exponential growth that charging products their operands' sum gives (Q·Kᵀ·V per layer)."""
+
+    def roundings(layers: int) -> float:
+        model = gaf.zoo.build("bert_base", num_layers=layers, hidden=32, heads=2, seq_len=8, vocab=50)
+        canonical = gaf.fuse(model, {"max_fusion_size": 0}).canonical
+        return max(r for _, r in output_noise(canonical).values())
+
+    six, twelve = roundings(6), roundings(12)
+    assert 1.7 < twelve / six < 2.1, (six, twelve)
