@@ -26,14 +26,13 @@ from onnx import numpy_helper
 
 from ...errors import UnsupportedModelError
 from ...onnx_utils import has_subgraph, node_inputs
-from ...ops import OpKind, lookup
-from .codegen.reduction import REDUCTIONS
-from .codegen.single import SINGLE_OPS
+from ...ops import OpKind, lookup, registered_ops
 from .kernel_spec import KernelSpec, TensorInfo
 
 FUSED_DOMAIN = "ai.graph_autofusion"
-VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"})
-POOL_OPS = frozenset({"MaxPool", "AveragePool", "LpPool"})
+VIEW_OPS = frozenset(
+    op.op_type for (d, _), op in registered_ops().items() if not d and op.kind == OpKind.VIEW
+)
 # Initializers read by a kernel are also handed to the generator as values when they are small:
 # shape/axes/index tensors and scalars let it specialise (Slice bounds, Pow(x, 2) -> x*x).
 CONST_MAX_ELEMENTS = 64
@@ -168,11 +167,12 @@ def single_template(node: onnx.NodeProto, opset: int) -> str | None:
         return None  # the old "flatten from axis" semantics: onnx.reference handles it
     if op == "MaxPool" and len(node.output) > 1 and node.output[1]:
         return None
-    if op in POOL_OPS:
+    tags = lookup(op).tags
+    if "pool" in tags:
         return "pool"
-    if op in REDUCTIONS:
+    if "row" in tags:
         return "reduction"
-    if op in SINGLE_OPS:
+    if "scan" in tags:
         return "single"
     if kind == OpKind.ANCHOR:
         return "anchor"
