@@ -34,16 +34,11 @@ from ..backend.cpu.kernel_spec import KernelSpec, TensorInfo
 from ..kernel_ir import Assign, Buffer, Declare, DType, Expr, Kernel, Let, Loop, Stmt, Store, TensorAt
 from ..kernel_ir import nodes as ir
 from ..ops import lookup
-from ..ops.registry import NodeShapes
+from ..ops.registry import NodeShapes, ops_tagged
 from .pointwise import PARALLEL_MIN_ELEMENTS, KernelValues, loop_nest
 from .values import Index, IndexGroup, Unsupported, Values, attrs_of, index_rule, normalize_axis
 
-REDUCTIONS = frozenset({
-    "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
-    "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp", "Softmax", "LogSoftmax",
-    "LayerNormalization", "GlobalAveragePool", "GlobalMaxPool", "InstanceNormalization",
-    "LpNormalization", "MeanVarianceNormalization",
-})  # fmt: skip
+REDUCTIONS = ops_tagged("row")  # what _Builder.expand rewrites
 # Full-domain ops at least this costly (registry flops per element) are buffered, not recomputed.
 _EXPENSIVE = 8
 # Elements a float partial sum covers before it is added into the double total (8 lanes of 16).

@@ -519,7 +519,7 @@ class KernelRenderer:
                 value = f"af_f2h({value})"
             elif s.buffer.dtype is DType.BF16:
                 value = f"af_f2bf({value})"
-            block.emit(f"{s.buffer.name}[{r(s.index, block)}] = {value};")
+            block.emit(f"{s.buffer.name}[{r(ir_index(s.index), block)}] = {value};")
         elif isinstance(s, Loop):
             self.loop(s, block)
         elif isinstance(s, If):

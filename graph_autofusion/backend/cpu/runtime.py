@@ -37,7 +37,7 @@ from .cache import KernelCache, default_cache
 from .codegen import CodegenUnsupported, generate
 from .compiler import Artifact, KernelSource, compile_kernels
 from .extract import ExecutionPlan, HostStep, KernelStep, ViewStep, extract
-from .hostops import HostOp
+from .hostops import HostOp, host_op_entry
 from .kernel_spec import KernelSpec
 from .threads import available_cpus, set_omp_threads
 
@@ -141,6 +141,42 @@ def _refuse_object_tensors(plan: ExecutionPlan) -> None:
             )
 
 
+def host_steps(model: onnx.ModelProto) -> list[HostStep]:
+    """The ops of `model` that would run on the host, with their reason codes, without compiling.
+
+    Generating C source is cheap (tens of ms for ResNet-50) next to compiling it, so fusion asks
+    the generators up front and the report can list every fallback before any compiler runs.
+    """
+    plan = extract(model)
+    declined: dict[str, str] = {}
+    for symbol, spec in plan.specs.items():
+        why = _no_c_type(spec)
+        if why:
+            declined[symbol] = why
+            continue
+        try:
+            generate(spec)
+        except CodegenUnsupported as exc:
+            declined[symbol] = str(exc)
+    return [s for s in _with_host_fallbacks(plan.steps, declined) if isinstance(s, HostStep)]
+
+
+def _with_host_fallbacks(
+    steps: Sequence[ViewStep | KernelStep | HostStep], declined: Mapping[str, str]
+) -> list[ViewStep | KernelStep | HostStep]:
+    """Steps with every kernel the generator declined turned into a host op saying why."""
+    out: list[ViewStep | KernelStep | HostStep] = []
+    for step in steps:
+        if isinstance(step, KernelStep) and step.symbol in declined:
+            assert step.node is not None
+            out.append(
+                HostStep(step.node, f"no code generated: {declined[step.symbol]}", "codegen_unsupported")
+            )
+        else:
+            out.append(step)
+    return out
+
+
 class CompiledModel:
     """A model whose kernels are loaded and whose memory is planned: call it with inputs."""
 
@@ -190,15 +226,12 @@ class CompiledModel:
         return self._libs[path]
 
     def _resolve_steps(self) -> list[ViewStep | KernelStep | HostStep]:
-        steps: list[ViewStep | KernelStep | HostStep] = []
-        for step in self.plan.steps:
-            if isinstance(step, KernelStep) and step.symbol not in self.kernels:
-                reason = self.unsupported.get(step.symbol, "kernel not available")
-                assert step.node is not None
-                steps.append(HostStep(step.node, f"no code generated: {reason}"))
-            else:
-                steps.append(step)
-        return steps
+        declined = {
+            s.symbol: self.unsupported.get(s.symbol, "kernel not available")
+            for s in self.plan.steps
+            if isinstance(s, KernelStep) and s.symbol not in self.kernels
+        }
+        return _with_host_fallbacks(self.plan.steps, declined)
 
     def _plan_memory(self) -> None:
         plan = self.plan
@@ -322,11 +355,7 @@ class CompiledModel:
                         "cached": info.cached,
                     }
                 )
-        hosts = [
-            {"node": s.node.name, "op_type": s.node.op_type, "reason": s.reason}
-            for s in self._steps
-            if isinstance(s, HostStep)
-        ]
+        hosts = [host_op_entry(s) for s in self._steps if isinstance(s, HostStep)]
         return {
             "kernels": len(per_kernel),
             "unique_kernels": len({k["symbol"] for k in per_kernel}),

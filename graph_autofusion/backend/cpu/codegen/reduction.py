@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from ....lower.reduction import REDUCTIONS, lower_reduction
+from ....lower.reduction import lower_reduction
 from ..kernel_spec import KernelSpec
 from ..render_c import render_kernel
 
-__all__ = ["REDUCTIONS", "emit_reduction"]
+__all__ = ["emit_reduction"]
 
 
 def emit_reduction(spec: KernelSpec) -> str:

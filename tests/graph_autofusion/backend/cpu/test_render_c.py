@@ -15,7 +15,7 @@ import pytest
 
 from graph_autofusion.backend.cpu.compiler import KernelSource, compile_kernels
 from graph_autofusion.backend.cpu.render_c import render_kernel
-from graph_autofusion.kernel_ir import Buffer, DType, Kernel, Loop, Store
+from graph_autofusion.kernel_ir import Assign, Buffer, Call, Declare, DType, If, Kernel, Loop, Store
 from graph_autofusion.kernel_ir import nodes as ir
 
 
@@ -91,6 +91,26 @@ def test_narrowing_rounds_to_nearest_even(kernel_cache, dtype, reference) -> Non
     nan = np.isnan(x)
     assert (out[~nan] == want[~nan]).all(), x[~nan][out[~nan] != want[~nan]][:8]
     assert np.isnan(out[nan].view(reference).astype(np.float32)).all()
+
+
+def test_branches_calls_and_accumulators_render_as_c() -> None:
+    i, n = ir.var("i"), ir.var("n", DType.F64)
+    a, b = Buffer("in0", DType.F32, 8), Buffer("out0", DType.F64, 1, "output")
+    x = ir.cast(ir.load(a, i), DType.F64)
+    body = (
+        Declare(n, ir.const(0, DType.F64)),
+        Loop(
+            i,
+            8,
+            (If(ir.gt(x, 0.0), (Assign(n, n + x),), (Call("af_note", (i,)),)),),
+            reductions=(("sum", n),),
+        ),
+        Store(b, 0, n),
+    )
+    text = render_kernel(Kernel("k", (a, b), body)).split("void k")[1]
+    assert "double n = 0.0;" in text and "#pragma omp simd" not in text  # not marked vector
+    assert "if ((t2 > 0.0)) {" in text and "= (n + t2);" in text and "} else {" in text
+    assert "af_note(i);" in text and "out0[0] = n;" in text
 
 
 @pytest.mark.parametrize("elem", ["float16", "bfloat16"])

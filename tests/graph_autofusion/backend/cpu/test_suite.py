@@ -4,8 +4,8 @@ Every case onnx ships (all ops, all dtypes, `_expanded` bodies) is fused, compil
 session cache and run twice, with the arena poisoned differently before each run
 (`CompiledModel.poison`): a kernel that reads memory nothing wrote gives NaN or a different
 answer, and the case counts as wrong. Cases may be refused (a stable code) or run partly on the
-host, but an engine crash must be listed in KNOWN_ERRORS with its reason, and a listed case that
-stops crashing fails the test too. `pytest -s` prints the table (benchmarks/conformance.py
+host, but an engine crash must be listed in KNOWN_ERRORS with its reason (none is today), and a
+listed case that stops crashing fails the test too. `pytest -s` prints the table (benchmarks/conformance.py
 prints the same with the host's CPU and ISA).
 """
 
@@ -28,24 +28,10 @@ from graph_autofusion.backend.cpu.suite import (
     suite_cases,
 )
 
-_PILLOW = "ImageDecoder runs on the host through onnx.reference, which needs Pillow (not a dependency)"
-KNOWN_ERRORS: Mapping[str, str] = {
-    **{
-        f"test_image_decoder_decode_{kind}": _PILLOW
-        for kind in (
-            "jpeg_rgb",
-            "jpeg_grayscale",
-            "jpeg_bgr",
-            "jpeg2k_rgb",
-            "bmp_rgb",
-            "png_rgb",
-            "tiff_rgb",
-            "webp_rgb",
-            "pnm_rgb",
-        )
-    },
-    "test_scan_sum": "opset-8 Scan on the host: onnx.reference cannot run its body (a control-flow gap)",
-}
+# Engine crashes (status `error`) the suite tolerates, by case, with the reason. Empty: a host op
+# that fails on its inputs (ImageDecoder without Pillow, an opset-8 Scan) is refused with
+# `host_op_failed` by the runtime.
+KNOWN_ERRORS: Mapping[str, str] = {}
 
 # Collecting ~1900 cases takes ~9 s, fusing and compiling them ~30 s on two cores.
 pytestmark = pytest.mark.timeout(400)
@@ -91,6 +77,7 @@ def test_random_ops_are_checked_by_support_not_values(suite: dict[str, SuiteOutc
 def test_refusals_carry_a_code(suite: dict[str, SuiteOutcome]) -> None:
     refused = [o for o in suite.values() if o.status == REFUSED]
     assert refused and all(o.code for o in refused)
+    assert suite["test_scan_sum"].code == "host_op_failed"
     assert suite["test_regex_full_match_basic"].code == "unsupported_dtype"
     assert suite["test_sequence_insert_at_back"].code == "non_tensor_values"
 
