@@ -33,10 +33,11 @@ import onnx
 from ...errors import RuntimeInputError
 from .arena import ALIGNMENT, Buffer, plan_offsets
 from .cache import KernelCache, default_cache
-from .codegen import CodegenUnsupported, generate
+from .codegen import CodegenUnsupported, GeneratedKernel, generate
 from .compiler import Artifact, KernelSource, compile_kernels
 from .extract import ExecutionPlan, HostStep, KernelStep, ViewStep, extract
 from .hostops import HostOp, host_op_entry
+from .kernel_spec import KernelSpec
 from .threads import available_cpus, set_omp_threads
 
 DRIVER_SYMBOL = "af_run_sequence"
@@ -82,7 +83,7 @@ def compile_model(
     unsupported: dict[str, str] = {}
     for symbol, spec in plan.specs.items():
         try:
-            kernel = generate(spec)
+            kernel = generate_once(spec)
         except CodegenUnsupported as exc:
             unsupported[symbol] = str(exc)
             continue
@@ -110,6 +111,27 @@ def compile_model(
     return compiled
 
 
+_GENERATED: dict[str, GeneratedKernel | CodegenUnsupported] = {}
+_GENERATED_MAX = 4096
+
+
+def generate_once(spec: KernelSpec) -> GeneratedKernel:
+    """`generate`, remembered by symbol (extract names a kernel by the digest of its canonical
+    spec): fusion asks once to list host ops, compiling asks again, repeated blocks share one."""
+    found = _GENERATED.get(spec.symbol)
+    if found is None:
+        try:
+            found = generate(spec)
+        except CodegenUnsupported as exc:
+            found = exc
+        if len(_GENERATED) >= _GENERATED_MAX:
+            _GENERATED.clear()
+        _GENERATED[spec.symbol] = found
+    if isinstance(found, CodegenUnsupported):
+        raise CodegenUnsupported(str(found))
+    return found
+
+
 def host_steps(model: onnx.ModelProto) -> list[HostStep]:
     """The ops of `model` that would run on the host, with their reason codes, without compiling.
 
@@ -120,7 +142,7 @@ def host_steps(model: onnx.ModelProto) -> list[HostStep]:
     declined: dict[str, str] = {}
     for symbol, spec in plan.specs.items():
         try:
-            generate(spec)
+            generate_once(spec)
         except CodegenUnsupported as exc:
             declined[symbol] = str(exc)
     return [s for s in _with_host_fallbacks(plan.steps, declined) if isinstance(s, HostStep)]
