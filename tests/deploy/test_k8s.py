@@ -8,6 +8,7 @@ from urllib.parse import urlparse
 
 import pytest
 import yaml
+from autofusion_core.targets import TARGETS
 from deploy_files import (
     IMAGE_HEALTHCHECK,
     K8S,
@@ -18,8 +19,6 @@ from deploy_files import (
     settings_env_names,
     settings_from_env,
 )
-
-from autofusion_worker.targets import TARGETS
 
 NAMESPACE = "autofusion"
 WORKLOADS = ("Deployment", "StatefulSet")
