@@ -9,13 +9,13 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from fastapi import FastAPI
+
+import graph_autofusion as gaf
 from autofusion_core.blobs import BlobStore
 from autofusion_core.queue import JobQueue
 from autofusion_core.settings import Settings
 from autofusion_core.store import JobStore, open_store
-from fastapi import FastAPI
-
-import graph_autofusion as gaf
 
 from .auth import load_keyring
 from .limits import UploadLimitMiddleware

@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator
 
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
 from autofusion_core.store import JobStore
 from autofusion_core.store.base import STAGE_BUCKETS, parse_counter_key
 from autofusion_core.store.records import STATUSES
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 STAGE_METRIC = "autofusion_stage_duration_seconds"
 

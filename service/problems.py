@@ -2,7 +2,9 @@
 
 Routes raise `ProblemError(code, status, detail, **extras)`; the handlers here also turn FastAPI's
 own validation errors and Starlette's HTTP errors into problems, and a last-resort handler answers
-`internal_error` without leaking a traceback. `problem_responses()` documents them in OpenAPI.
+`internal_error` without leaking a traceback. A job store or broker that cannot be reached (Redis
+down or restarting) is `503 broker_unavailable` with `Retry-After` on every route, never a 500.
+`problem_responses()` documents them in OpenAPI.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from autofusion_core.errors import UNAVAILABLE_ERRORS
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 log = logging.getLogger("autofusion_service")
@@ -118,6 +122,22 @@ def install_problem_handlers(app: FastAPI) -> None:
         if exc.status_code == 404:
             detail = f"no resource at {request.url.path}"
         return problem_response(request, problem_body(code, exc.status_code, detail), dict(exc.headers or {}))
+
+    async def _unavailable(request: Request, exc: Exception):
+        # Redis (job store and broker) is away: a client should come back shortly, not give up.
+        log.warning("%s %s: store/broker unavailable: %s", request.method, request.url.path, exc)
+        retry_after = getattr(getattr(request.app.state, "autofusion", None), "settings", None)
+        seconds = str(max(1, getattr(retry_after, "retry_after", 1)))
+        body = problem_body(
+            "broker_unavailable",
+            503,
+            "the job store or queue is unavailable; retry after the `Retry-After` delay",
+            title="Service Unavailable",
+        )
+        return problem_response(request, body, {"Retry-After": seconds})
+
+    for unavailable in UNAVAILABLE_ERRORS:
+        app.add_exception_handler(unavailable, _unavailable)
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception):

@@ -5,8 +5,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from autofusion_core.store.records import JobRecord, JobStatus
 from pydantic import BaseModel, Field
+
+from autofusion_core.store.records import JobRecord, JobStatus
 
 from .problems import Problem, problem_body
 

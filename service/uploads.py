@@ -13,10 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from autofusion_core.blobs import BlobStore, StagedBlob
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import Request
+
+from autofusion_core.blobs import BlobStore, StagedBlob
 
 from .problems import ProblemError
 

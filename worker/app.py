@@ -11,10 +11,11 @@ are the shared queue contract (`autofusion_core.queue`); the API publishes by th
 
 from __future__ import annotations
 
-from autofusion_core.queue import FUSE_TASK, base_config, queue_name
-from autofusion_core.settings import Settings
 from celery import Celery
 from kombu import Queue
+
+from autofusion_core.queue import FUSE_TASK, base_config, queue_name
+from autofusion_core.settings import Settings
 
 
 def make_celery(settings: Settings, targets: list[str] | None = None) -> Celery:

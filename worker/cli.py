@@ -61,12 +61,14 @@ def stop_consuming(consumers: list[Any]) -> None:
 
 
 def run_worker(settings: Settings, targets: list[str]) -> int:
+    from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
+
     from autofusion_core.queue import JobQueue, queue_name
     from autofusion_core.store import open_store
     from autofusion_core.targets import TARGETS
-    from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 
     from .app import make_celery
+    from .consumer import watch_consumer
     from .heartbeat import Heartbeat
 
     unknown = [t for t in targets if t not in TARGETS]
@@ -81,7 +83,13 @@ def run_worker(settings: Settings, targets: list[str]) -> int:
     app = make_celery(settings, targets)
     name = f"{'+'.join(targets)}@{socket.gethostname()}-{os.getpid()}"
     heartbeat = Heartbeat(
-        settings, open_store(settings), JobQueue(settings, app), name, targets, settings.worker_concurrency
+        settings,
+        open_store(settings),
+        JobQueue(settings, app),
+        name,
+        targets,
+        settings.worker_concurrency,
+        watch=watch_consumer(app),
     )
     consumers: list[Any] = []
 

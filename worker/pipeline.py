@@ -28,13 +28,14 @@ from pathlib import Path
 from typing import Any
 
 import pydantic
-from autofusion_core.blobs import BlobStore
-from autofusion_core.settings import Settings
-from autofusion_core.store import Artifact, JobRecord, JobStore, Lease
-from autofusion_core.targets import get_target
 from celery.exceptions import SoftTimeLimitExceeded
 
 import graph_autofusion as gaf
+from autofusion_core.blobs import BlobStore
+from autofusion_core.errors import is_unavailable, until_available
+from autofusion_core.settings import Settings
+from autofusion_core.store import Artifact, JobRecord, JobStore, Lease
+from autofusion_core.targets import get_target
 
 log = logging.getLogger("autofusion_worker")
 STAGE_METRIC = "autofusion_stage_duration_seconds"
@@ -129,11 +130,16 @@ class ProgressReporter:
                 self.check()
 
 
+#: Seconds a run waits for an unreachable job store (a Redis restart) to claim or finish a job before
+#: it gives up; a job left running then is requeued by the lease sweep.
+STORE_WAIT = 300.0
+
+
 def run_job(job_id: str, ctx: JobContext) -> JobRecord | None:
     """Claim and run one job. Returns the finished record, or None if this run did not own it."""
     owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     lease = Lease.for_this_process(owner, ctx.settings.lease_seconds)
-    job = ctx.store.claim(job_id, lease, ctx.settings.max_attempts)
+    job = until_available(lambda: ctx.store.claim(job_id, lease, ctx.settings.max_attempts), STORE_WAIT)
     if job is None:
         log.info("job %s: not claimable (finished, cancelled or owned by a live run); dropped", job_id)
         return None
@@ -149,8 +155,13 @@ def run_job(job_id: str, ctx: JobContext) -> JobRecord | None:
                 return _stopped(
                     ctx, job_id, owner, JobCancelled() if reporter.cancelled.is_set() else LeaseLost()
                 )
-            return ctx.store.finish(job_id, owner, "failed", error=problem_for(exc))
-    finished = ctx.store.finish(job_id, owner, "succeeded", artifacts=artifacts)
+            if is_unavailable(exc):
+                raise  # the store went away mid-run: the sweep requeues the job once it is back
+            error = problem_for(exc)
+            return until_available(lambda: ctx.store.finish(job_id, owner, "failed", error=error), STORE_WAIT)
+    finished = until_available(
+        lambda: ctx.store.finish(job_id, owner, "succeeded", artifacts=artifacts), STORE_WAIT
+    )
     log.info("job %s: %s", job_id, finished.status if finished else "lease lost before finishing")
     return finished
 
@@ -163,7 +174,9 @@ def _stopped(ctx: JobContext, job_id: str, owner: str, exc: Exception) -> JobRec
 
 
 def problem_for(exc: BaseException) -> dict[str, Any]:
-    """The job's error object: the engine's own code and sentence when it raised a FusionError."""
+    """The job's error object: the engine's own code and sentence when it raised a FusionError,
+    `out_of_memory` when the model did not fit, `time_limit_exceeded`, and `engine_error` for any
+    other failure of the engine (a bug to fix there; the job fails cleanly, it is not retried)."""
     if isinstance(exc, gaf.FusionError):
         details = {k: v for k, v in exc.to_dict().items() if k not in ("code", "message")}
         return {"code": exc.code, "status": exc.status, "detail": exc.message, **_jsonable(details)}
@@ -178,11 +191,20 @@ def problem_for(exc: BaseException) -> dict[str, Any]:
     if isinstance(exc, SoftTimeLimitExceeded):
         limit = Settings().soft_time_limit
         return {"code": "time_limit_exceeded", "status": 422, "detail": f"the job ran over {limit} s"}
-    log.exception("job failed with an unexpected error")
+    if isinstance(exc, MemoryError):
+        log.warning("job ran out of memory", exc_info=True)
+        return {
+            "code": "out_of_memory",
+            "status": 422,
+            "detail": "fusing this model needs more memory than the worker has (its activations or "
+            "weights are too large); submit a smaller model or smaller input shapes",
+        }
+    log.exception("job failed with an unexpected engine error")
     return {
-        "code": "internal_error",
+        "code": "engine_error",
         "status": 500,
-        "detail": f"the fusion engine failed unexpectedly ({type(exc).__name__}); the error has been logged",
+        "detail": f"the fusion engine failed on this model ({type(exc).__name__}); the error has been "
+        "logged and the job is not retried",
     }
 
 
@@ -266,4 +288,7 @@ def _count_cache(store: JobStore, cache: Any) -> None:
         if isinstance(cache.get(kind), int | float)
     }
     if amounts:
-        store.incr(amounts)
+        try:
+            store.incr(amounts)
+        except Exception:  # metrics must never fail a job (the store may be briefly away)
+            log.warning("could not count kernel cache hits", exc_info=True)

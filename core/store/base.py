@@ -82,10 +82,6 @@ class JobStore(ABC):
         """The tenant's jobs, newest first, starting after `cursor` (an id); returns the next cursor."""
 
     @abstractmethod
-    def find_succeeded(self, job_key: str) -> JobRecord | None:
-        """Any tenant's succeeded job with this key (results are content-addressed and shareable)."""
-
-    @abstractmethod
     def ids_by_status(self, status: str) -> list[str]: ...
 
     @abstractmethod
@@ -121,38 +117,24 @@ class JobStore(ABC):
     def ping(self) -> bool: ...
 
     @abstractmethod
+    def instance_id(self) -> str:
+        """An id of the backend's running instance, which changes when it restarts (Redis' `run_id`).
+        Workers compare it between heartbeats: a broker that restarted between two of them may have
+        left their consumer on a dead connection. Raises when the backend is unreachable."""
+
+    @abstractmethod
     def close(self) -> None: ...
 
     # --- transitions --------------------------------------------------------------------------
 
     def submit(self, record: JobRecord) -> tuple[JobRecord, bool]:
-        """Create the job unless the tenant already has a live one with the same key."""
+        """Create the job unless the tenant already has a live one with the same key.
+
+        Jobs and their reuse are per tenant: another tenant's identical job is never returned or
+        copied, so whether, when and how a submission runs says nothing about other tenants."""
         job, created = self._insert_unless_live(record, _is_live)
         if created:
             self.grant(record.tenant, [record.model_digest])
-        return job, created
-
-    def submit_copy(self, record: JobRecord, source: JobRecord) -> tuple[JobRecord, bool]:
-        """Create `record` as an already-succeeded copy of another tenant's identical job."""
-        now = time.time()
-        copied = record.model_copy(
-            update={
-                "status": "succeeded",
-                "stage": source.stage,
-                "progress_done": source.progress_done,
-                "progress_total": source.progress_total,
-                "started_at": now,
-                "finished_at": now,
-                "updated_at": now,
-                "model_artifact": source.model_artifact,
-                "bundle_artifact": source.bundle_artifact,
-                "report_artifact": source.report_artifact,
-                "reused_from": source.id,
-            }
-        )
-        job, created = self._insert_unless_live(copied, _is_live)
-        if created:
-            self.grant(record.tenant, [record.model_digest, *copied.artifact_digests()])
         return job, created
 
     def claim(self, job_id: str, lease: Lease, max_attempts: int) -> JobRecord | None:

@@ -78,7 +78,6 @@ class JobRecord(BaseModel):
     bundle_artifact: Artifact | None = None
     report_artifact: Artifact | None = None
     lease: Lease | None = None
-    reused_from: str | None = None
 
     @property
     def terminal(self) -> bool:

@@ -1,7 +1,7 @@
 """Redis job store for the distributed mode.
 
 A job is one JSON string; small sets and indexes beside it answer the API's questions (a tenant's
-jobs in id order, jobs by status, queued jobs per target, the succeeded job of a key). Every change
+jobs in id order, jobs by status, queued jobs per target, a tenant's job of a key). Every change
 is an optimistic WATCH/MULTI transaction on the job key, so concurrent workers, sweeps and API
 processes never lose an update. With Redis' append-only file on, all of it survives a restart.
 """
@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 import redis
+from redis.backoff import ExponentialBackoff
 from redis.exceptions import RedisError, WatchError
+from redis.retry import Retry
 
 from .base import JobStore
 from .records import STATUSES, JobRecord, WorkerInfo
@@ -21,7 +23,16 @@ class RedisJobStore(JobStore):
     def __init__(self, url: str, prefix: str = "af") -> None:
         self.url = url
         self.prefix = prefix
-        self.r = redis.Redis.from_url(url, decode_responses=True, health_check_interval=30)
+        # Bounded timeouts and few, quick retries: while Redis is away a request should be answered
+        # (503, `Retry-After`) within a second or two, not hang or back off for many seconds.
+        self.r = redis.Redis.from_url(
+            url,
+            decode_responses=True,
+            health_check_interval=30,
+            socket_connect_timeout=2,
+            socket_timeout=10,
+            retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 2),
+        )
 
     def _k(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
@@ -37,8 +48,6 @@ class RedisJobStore(JobStore):
             if new.status == "queued":
                 pipe.sadd(self._k("queued", new.target), new.id)
                 pipe.sadd(self._k("targets"), new.target)
-            if new.status == "succeeded":
-                pipe.set(self._k("done", new.job_key), new.id)
 
     def _insert_unless_live(
         self, record: JobRecord, is_live: Callable[[JobRecord], bool]
@@ -97,11 +106,6 @@ class RedisJobStore(JobStore):
         raws = self.r.mget([self._k("job", i) for i in ids[:limit]]) if ids else []
         jobs = [JobRecord.model_validate_json(raw) for raw in raws if raw]
         return jobs, (ids[limit - 1] if len(ids) > limit else None)
-
-    def find_succeeded(self, job_key: str) -> JobRecord | None:
-        job_id = self.r.get(self._k("done", job_key))
-        job = self.get(job_id) if job_id else None
-        return job if job is not None and job.status == "succeeded" else None
 
     def ids_by_status(self, status: str) -> list[str]:
         return sorted(self.r.smembers(self._k("status", status)))
@@ -165,6 +169,9 @@ class RedisJobStore(JobStore):
             return bool(self.r.ping())
         except RedisError:
             return False
+
+    def instance_id(self) -> str:
+        return str(self.r.info("server")["run_id"])
 
     def close(self) -> None:
         self.r.close()

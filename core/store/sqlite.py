@@ -120,14 +120,6 @@ class SqliteJobStore(JobStore):
         jobs = [JobRecord.model_validate_json(r[0]) for r in rows[:limit]]
         return jobs, (jobs[-1].id if len(rows) > limit else None)
 
-    def find_succeeded(self, job_key: str) -> JobRecord | None:
-        row = (
-            self._conn()
-            .execute("SELECT data FROM jobs WHERE job_key = ? AND status = 'succeeded' LIMIT 1", (job_key,))
-            .fetchone()
-        )
-        return JobRecord.model_validate_json(row[0]) if row else None
-
     def ids_by_status(self, status: str) -> list[str]:
         return [r[0] for r in self._conn().execute("SELECT id FROM jobs WHERE status = ?", (status,))]
 
@@ -186,6 +178,9 @@ class SqliteJobStore(JobStore):
         except sqlite3.Error:
             return False
         return True
+
+    def instance_id(self) -> str:
+        return f"sqlite:{self.path.stat().st_ino}"
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)

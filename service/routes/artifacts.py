@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from fastapi import APIRouter, Response
+
 from autofusion_core.blobs import is_digest
 from autofusion_core.store import Artifact
-from fastapi import APIRouter, Response
 
 from ..deps import State, Tenant
 from ..problems import ProblemError, problem_responses

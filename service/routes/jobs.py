@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from autofusion_core.blobs import BlobStore
-from autofusion_core.store import JobRecord, JobStore
-from autofusion_core.store.records import Artifact
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import FileResponse
 
+from autofusion_core.blobs import BlobStore
+from autofusion_core.store.records import Artifact
+
 from ..deps import BEARER_SECURITY, State, Tenant, tenant_of
+from ..jobs import is_job_id, load_job, ready_artifact
 from ..problems import ProblemError, problem_responses
 from ..schemas import Job, JobList, job_view
 
@@ -23,28 +24,6 @@ _DOWNLOAD_HEADERS = {
     "ETag": {"description": '`"<sha256 hex>"` of the content.', "schema": {"type": "string"}},
     "Content-Length": {"description": "Size in bytes.", "schema": {"type": "integer"}},
 }
-
-
-def _is_job_id(job_id: str) -> bool:
-    return job_id.isalnum() and len(job_id) <= 64
-
-
-def load_job(store: JobStore, tenant: str, job_id: str) -> JobRecord:
-    job = store.get(job_id) if _is_job_id(job_id) else None
-    if job is None or job.tenant != tenant:
-        raise ProblemError("not_found", 404, f"no job {job_id!r}")
-    return job
-
-
-def _ready_artifact(job: JobRecord, artifact: Artifact | None) -> Artifact:
-    if job.status != "succeeded" or artifact is None:
-        raise ProblemError(
-            "job_not_ready",
-            409,
-            f"job {job.id} is {job.status}; results exist once it succeeded",
-            job_status=job.status,
-        )
-    return artifact
 
 
 def blob_response(
@@ -104,7 +83,7 @@ async def get_job(job_id: str, request: Request) -> Response:
     # the dependency machinery (see `tenant_of`); one store read of the record's JSON (a local Redis
     # GET or SQLite read); the body rendered once per record version.
     state, tenant = tenant_of(request)
-    raw = state.store.get_raw(job_id) if _is_job_id(job_id) else None
+    raw = state.store.get_raw(job_id) if is_job_id(job_id) else None
     view = state.status_views.get(raw) if raw else None
     if view is None or view.tenant != tenant:
         raise ProblemError("not_found", 404, f"no job {job_id!r}")
@@ -143,7 +122,7 @@ def cancel_job(job_id: str, state: State, tenant: Tenant) -> Job:
 )
 def get_report(job_id: str, state: State, tenant: Tenant) -> Response:
     job = load_job(state.store, tenant, job_id)
-    artifact = _ready_artifact(job, job.report_artifact)
+    artifact = ready_artifact(job, job.report_artifact)
     return blob_response(state.blobs, artifact, "application/json")
 
 
@@ -162,7 +141,7 @@ def get_report(job_id: str, state: State, tenant: Tenant) -> Response:
 )
 def get_model(job_id: str, state: State, tenant: Tenant) -> Response:
     job = load_job(state.store, tenant, job_id)
-    artifact = _ready_artifact(job, job.model_artifact)
+    artifact = ready_artifact(job, job.model_artifact)
     return blob_response(state.blobs, artifact, "application/octet-stream", f"{job.id}.fused.onnx")
 
 
@@ -181,5 +160,5 @@ def get_model(job_id: str, state: State, tenant: Tenant) -> Response:
 )
 def get_bundle(job_id: str, state: State, tenant: Tenant) -> Response:
     job = load_job(state.store, tenant, job_id)
-    artifact = _ready_artifact(job, job.bundle_artifact)
+    artifact = ready_artifact(job, job.bundle_artifact)
     return blob_response(state.blobs, artifact, "application/gzip", f"{job.id}.bundle.tar.gz")

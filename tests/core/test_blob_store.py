@@ -4,6 +4,7 @@ import hashlib
 import io
 
 import pytest
+
 from autofusion_core.blobs import BlobStore
 
 

@@ -7,6 +7,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+
 from autofusion_core.store import Artifact, JobRecord, JobStore, Lease, WorkerInfo
 from autofusion_core.store.base import parse_counter_key
 from autofusion_core.store.records import new_job_id
@@ -88,19 +89,20 @@ def test_claim_progress_finish(store: JobStore) -> None:
     done = store.finish(job.id, "w1", "succeeded", artifacts={"model": art, "bundle": art, "report": art})
     assert done.status == "succeeded" and done.finished_at and done.lease is None
     assert store.owns("alice", "b" * 64)
-    assert store.find_succeeded("k1").id == job.id
     assert store.finish(job.id, "w1", "failed") is None  # finished jobs stay finished
     assert store.count_by_status() == {"succeeded": 1}
 
 
-def test_submit_copy_of_another_tenants_result(store: JobStore) -> None:
+def test_results_are_reused_per_tenant_only(store: JobStore) -> None:
     job, _ = store.submit(record())
     store.claim(job.id, lease("w1"), 2)
     art = Artifact(digest="c" * 64, size=1)
     store.finish(job.id, "w1", "succeeded", artifacts={"model": art, "bundle": art, "report": art})
-    copy, created = store.submit_copy(record(tenant="bob"), store.find_succeeded("k1"))
-    assert created and copy.status == "succeeded" and copy.reused_from == job.id and copy.tenant == "bob"
-    assert copy.model_artifact == art and store.owns("bob", "c" * 64)
+    again, created = store.submit(record())
+    assert not created and again.id == job.id and again.status == "succeeded"
+    theirs, created = store.submit(record(tenant="bob"))
+    assert created and theirs.id != job.id and theirs.status == "queued" and theirs.attempt == 0
+    assert not store.owns("bob", "c" * 64)
 
 
 def test_sweep_requeues_then_fails_as_worker_crashed(store: JobStore) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from autofusion_core.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]

@@ -7,7 +7,6 @@ from typing import Any
 from urllib.parse import urlparse
 
 import pytest
-from autofusion_core.targets import TARGETS
 from deploy_files import (
     COMPOSE,
     ENV_EXAMPLE,
@@ -23,6 +22,8 @@ from deploy_files import (
     settings_env_names,
     settings_from_env,
 )
+
+from autofusion_core.targets import TARGETS
 
 CORE = ("redis", "api", "worker")
 

@@ -22,8 +22,6 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "service"))
 
-from autofusion_core.store import open_store  # noqa: E402
-from autofusion_service import create_app  # noqa: E402
 from harness import (  # noqa: E402
     ThreadedServer,
     auth,
@@ -36,6 +34,9 @@ from harness import (  # noqa: E402
     tiny_model,
     wait_for,
 )
+
+from autofusion_core.store import open_store  # noqa: E402
+from autofusion_service import create_app  # noqa: E402
 
 __all__ = ["redis_db", "redis_server"]  # fixtures
 TARGET = "ascend910"

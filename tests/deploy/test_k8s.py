@@ -8,7 +8,6 @@ from urllib.parse import urlparse
 
 import pytest
 import yaml
-from autofusion_core.targets import TARGETS
 from deploy_files import (
     IMAGE_HEALTHCHECK,
     K8S,
@@ -19,6 +18,8 @@ from deploy_files import (
     settings_env_names,
     settings_from_env,
 )
+
+from autofusion_core.targets import TARGETS
 
 NAMESPACE = "autofusion"
 WORKLOADS = ("Deployment", "StatefulSet")

@@ -13,12 +13,13 @@ from typing import Any
 
 import pytest
 import yaml
+from deploy_files import REPO, app_serves, k8s_documents, load_compose
+from prometheus_client.parser import text_string_to_metric_families
+
 from autofusion_core.settings import Settings
 from autofusion_core.store import WorkerInfo, open_store
 from autofusion_service.metrics import STAGE_METRIC, render
 from autofusion_worker.pipeline import _count_cache
-from deploy_files import REPO, app_serves, k8s_documents, load_compose
-from prometheus_client.parser import text_string_to_metric_families
 
 PROMETHEUS = REPO / "deploy" / "prometheus"
 DASHBOARD = REPO / "deploy" / "grafana" / "dashboard.json"

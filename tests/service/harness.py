@@ -24,8 +24,9 @@ import numpy as np
 import onnx
 import pytest
 import uvicorn
-from autofusion_service import Settings, create_app
 from onnx import TensorProto, helper, numpy_helper
+
+from autofusion_service import Settings, create_app
 
 REPO = Path(__file__).resolve().parents[2]
 REDIS_SERVER = "/usr/bin/redis-server"
@@ -319,12 +320,11 @@ def enqueue_tiny_job(
     settings: Settings, store: Any, target: str, key: str, seed: int, tenant: str = "t"
 ) -> str:
     """Store a tiny model, record a job for it and publish it, bypassing HTTP (for worker-side tests)."""
+    import graph_autofusion as gaf
     from autofusion_core.blobs import BlobStore
     from autofusion_core.queue import JobQueue
     from autofusion_core.store import JobRecord
     from autofusion_core.store.records import new_job_id
-
-    import graph_autofusion as gaf
 
     digest, size = BlobStore(settings.blob_dir).put(tiny_model(seed=seed))
     job, created = store.submit(

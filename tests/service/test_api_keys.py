@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from autofusion_core.settings import Settings
 from autofusion_service.auth import ensure_key, hash_key, load_keyring, parse_api_keys
 

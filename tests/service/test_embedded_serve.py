@@ -10,8 +10,6 @@ import time
 
 import httpx
 import pytest
-from autofusion_core.store import open_store
-from autofusion_service.cli import uvicorn_config
 from harness import (
     API_KEYS,
     fast_settings,
@@ -22,6 +20,9 @@ from harness import (
     tiny_model,
     wait_for,
 )
+
+from autofusion_core.store import open_store
+from autofusion_service.cli import uvicorn_config
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,6 @@ import tempfile
 from pathlib import Path
 
 import schemathesis
-from autofusion_service import create_app
 from harness import KEYS, fast_settings
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
@@ -20,6 +19,8 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
+
+from autofusion_service import create_app
 
 _DATA = Path(tempfile.mkdtemp(prefix="autofusion-schemathesis-"))
 atexit.register(shutil.rmtree, _DATA, ignore_errors=True)

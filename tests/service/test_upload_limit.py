@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 import json
 
+from harness import API_KEYS, fast_settings
+
 from autofusion_service import create_app
 from autofusion_service.limits import FORM_OVERHEAD
-from harness import API_KEYS, fast_settings
 
 
 def call(app, headers: list[tuple[bytes, bytes]], chunks: list[bytes]) -> tuple[int, dict, int]:

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from autofusion_core.settings import Settings
 from autofusion_worker.cli import apply_engine_environment
-
 from graph_autofusion.backend.cpu import blas, cache, compiler, isa
 
 ENGINE_VARS = (

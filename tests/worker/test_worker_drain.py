@@ -13,8 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-from autofusion_core.store import open_store
 from harness import enqueue_tiny_job, fast_settings, start_worker, subprocess_env, wait_for
+
+from autofusion_core.store import open_store
 
 pytestmark = pytest.mark.integration
 TARGET = "ascend910"  # plans and exports only: no compiler in the way

@@ -10,7 +10,6 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from autofusion_core.store.redis import RedisJobStore
 from harness import (
     API_KEYS,
     RedisServer,
@@ -26,6 +25,8 @@ from harness import (
     wait_for,
     wait_for_workers,
 )
+
+from autofusion_core.store.redis import RedisJobStore
 
 pytestmark = pytest.mark.integration
 DB = 29

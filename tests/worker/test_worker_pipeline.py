@@ -9,14 +9,14 @@ import time
 
 import onnx
 import pytest
+from harness import fast_settings, tiny_model
+
+import graph_autofusion as gaf
 from autofusion_core.blobs import BlobStore
 from autofusion_core.store import JobRecord, Lease
 from autofusion_core.store.records import new_job_id
 from autofusion_core.store.sqlite import SqliteJobStore
 from autofusion_worker.pipeline import JobContext, build_bundle, run_job
-from harness import fast_settings, tiny_model
-
-import graph_autofusion as gaf
 
 
 @pytest.fixture
