@@ -16,6 +16,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO
 
+from .files import DIR_MODE, private_dir
+
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 _CHUNK = 1 << 20
 
@@ -28,10 +30,8 @@ class BlobStore:
     """A directory of blobs, fanned out by the first two hex digits of the digest."""
 
     def __init__(self, root: Path) -> None:
-        self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
-        self._tmp = self.root / "tmp"
-        self._tmp.mkdir(exist_ok=True)
+        self.root = private_dir(Path(root))
+        self._tmp = private_dir(self.root / "tmp")
 
     def path(self, digest: str) -> Path:
         if not is_digest(digest):
@@ -113,7 +113,7 @@ class StagedBlob:
         digest = self.close()
         target = self.store.path(digest)
         if not target.is_file():
-            target.parent.mkdir(exist_ok=True)
+            target.parent.mkdir(exist_ok=True, mode=DIR_MODE)
             os.replace(self.path, target)
         return digest
 

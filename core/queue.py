@@ -16,6 +16,7 @@ from typing import Any
 
 from celery import Celery
 
+from .files import private_dir
 from .settings import Settings
 
 FUSE_TASK = "autofusion.fuse"
@@ -29,10 +30,10 @@ def broker_options(settings: Settings) -> tuple[str, dict[str, Any]]:
     """The broker URL and transport options of these settings (Redis, or the embedded file broker)."""
     if settings.redis_url:
         return settings.redis_url, {"visibility_timeout": settings.visibility_timeout}
-    root = settings.data_dir / "broker"
+    root = private_dir(settings.data_dir / "broker")
     folders = {name: root / name for name in ("queue", "processed", "control")}
     for folder in folders.values():
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_dir(folder)
     return "filesystem://", {
         "data_folder_in": str(folders["queue"]),
         "data_folder_out": str(folders["queue"]),

@@ -1,8 +1,8 @@
 """API keys: each key belongs to a tenant; only sha256 digests of keys are ever kept.
 
-Keys come from `AUTOFUSION_API_KEYS` (`tenant:key` or `tenant:sha256:<hex>`) and from a key file in
-the data dir that `autofusion serve` creates when no key is configured. Lookup hashes the presented
-key and compares digests, so neither the process nor the disk holds a usable key.
+Keys come from `AUTOFUSION_API_KEYS` (`tenant:key` or `tenant:sha256:<hex>`) or, only when that is
+unset, from a key file in the data dir that `autofusion serve` creates when no key is configured.
+Lookup hashes the presented key and compares digests, so neither the process nor the disk holds a usable key.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from autofusion_core.files import private_dir
 from autofusion_core.keys import hash_key, parse_api_keys
 from autofusion_core.settings import Settings
 
@@ -37,8 +38,13 @@ class KeyRing:
 
 
 def load_keyring(settings: Settings) -> KeyRing:
-    table = parse_api_keys(settings.api_keys)
+    """The configured keys. `AUTOFUSION_API_KEYS`, when set, *replaces* the key file: an operator
+    who configures keys (say, after `serve` once generated one) means exactly those keys, so a
+    generated key left in the data dir must stop working rather than keep tenant `default` open."""
+    if settings.api_keys.strip():
+        return KeyRing(parse_api_keys(settings.api_keys))
     key_file = settings.data_dir / KEY_FILE
+    table: dict[str, str] = {}
     if key_file.is_file():
         for item in json.loads(key_file.read_text()):
             table.setdefault(item["sha256"], item["tenant"])
@@ -57,7 +63,7 @@ def ensure_key(settings: Settings) -> str | None:
         return None
     key = "af_" + secrets.token_urlsafe(32)
     data = json.dumps([{"tenant": DEFAULT_TENANT, "sha256": hash_key(key)}], indent=2).encode()
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(settings.data_dir)
     try:
         fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:

@@ -175,12 +175,15 @@ def serve(
 ) -> int:
     from uvicorn.supervisors import Multiprocess
 
+    from autofusion_core.files import private_dir, private_umask
+
     from .auth import DEFAULT_TENANT, KEY_FILE, ensure_key
 
     if api_workers is None:
         # SQLite and the file broker are meant for one API process; Redis mode scales out.
         api_workers = 1 if settings.embedded else default_api_workers()
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    private_umask()
+    private_dir(settings.data_dir)
     key = ensure_key(settings)
     if key is not None:
         print(

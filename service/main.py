@@ -13,6 +13,7 @@ from fastapi import FastAPI
 
 import graph_autofusion as gaf
 from autofusion_core.blobs import BlobStore
+from autofusion_core.files import private_dir
 from autofusion_core.queue import JobQueue
 from autofusion_core.settings import Settings
 from autofusion_core.store import JobStore, open_store
@@ -35,7 +36,7 @@ def create_app(
     settings: Settings | None = None, *, store: JobStore | None = None, queue: JobQueue | None = None
 ) -> FastAPI:
     settings = settings or Settings()
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(settings.data_dir)
     state = ServiceState(
         settings=settings,
         store=store or open_store(settings),

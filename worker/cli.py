@@ -63,6 +63,7 @@ def stop_consuming(consumers: list[Any]) -> None:
 def run_worker(settings: Settings, targets: list[str]) -> int:
     from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 
+    from autofusion_core.files import private_dir, private_umask
     from autofusion_core.queue import JobQueue, queue_name
     from autofusion_core.store import open_store
     from autofusion_core.targets import TARGETS
@@ -78,7 +79,8 @@ def run_worker(settings: Settings, targets: list[str]) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    private_umask()
+    private_dir(settings.data_dir)
     apply_engine_environment(settings)
     app = make_celery(settings, targets)
     name = f"{'+'.join(targets)}@{socket.gethostname()}-{os.getpid()}"

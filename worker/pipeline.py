@@ -220,7 +220,7 @@ def _execute(job: JobRecord, ctx: JobContext, progress: ProgressReporter) -> dic
     target = get_target(job.target)
     compiled = target is not None and target.compiles and hasattr(fused, "compile")
     if compiled:
-        ctx.settings.kernel_cache_dir.mkdir(parents=True, exist_ok=True)
+        ctx.settings.kernel_cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         progress("compiling", 0, None)
         result = fused.compile(
             cache_dir=ctx.settings.kernel_cache_dir,

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..files import private_dir, private_file
 from .base import JobStore
 from .records import JobRecord, WorkerInfo
 
@@ -36,7 +37,8 @@ CREATE TABLE IF NOT EXISTS owners (tenant TEXT NOT NULL, digest TEXT NOT NULL, P
 class SqliteJobStore(JobStore):
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(self.path.parent)
+        private_file(self.path)  # SQLite gives its -wal and -shm files the database file's mode
         self._local = threading.local()
         self._conn().executescript(_SCHEMA)
 

@@ -78,3 +78,11 @@ def test_replicas_starting_together_create_exactly_one_key(tmp_path, round_: int
     ring = load_keyring(Settings(data_dir=tmp_path / "data", api_keys=""))
     assert ring.tenant_for(created[0]) == "default"
     assert (tmp_path / "data" / "api_keys.json").stat().st_mode & 0o777 == 0o600
+
+
+def test_configured_keys_replace_the_generated_key_file(tmp_path) -> None:
+    generated = ensure_key(Settings(data_dir=tmp_path))
+    assert generated and load_keyring(Settings(data_dir=tmp_path)).tenant_for(generated) == "default"
+    ring = load_keyring(Settings(data_dir=tmp_path, api_keys="a:keyA-0123456789,b:keyB-0123456789"))
+    assert ring.tenant_for(generated) is None
+    assert ring.tenant_for("keyA-0123456789") == "a" and ring.tenant_for("keyB-0123456789") == "b"
