@@ -50,6 +50,12 @@ class Settings(BaseSettings):
         default=2, ge=1, description="Runs of one job before a worker death fails it as `worker_crashed`."
     )
     worker_concurrency: int = Field(default=1, ge=1, description="Job processes per worker.")
+    store_wait: float = Field(
+        default=300.0,
+        gt=0,
+        description="Seconds a worker waits for an unreachable job store (a Redis restart) to claim or "
+        "finish a job; after that the run ends and the lease sweep requeues the job.",
+    )
     broker_poll_interval: float = Field(
         default=0.2, gt=0, description="Seconds between polls of the embedded file-system broker."
     )

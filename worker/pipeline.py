@@ -130,16 +130,12 @@ class ProgressReporter:
                 self.check()
 
 
-#: Seconds a run waits for an unreachable job store (a Redis restart) to claim or finish a job before
-#: it gives up; a job left running then is requeued by the lease sweep.
-STORE_WAIT = 300.0
-
-
 def run_job(job_id: str, ctx: JobContext) -> JobRecord | None:
     """Claim and run one job. Returns the finished record, or None if this run did not own it."""
     owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     lease = Lease.for_this_process(owner, ctx.settings.lease_seconds)
-    job = until_available(lambda: ctx.store.claim(job_id, lease, ctx.settings.max_attempts), STORE_WAIT)
+    wait = ctx.settings.store_wait
+    job = until_available(lambda: ctx.store.claim(job_id, lease, ctx.settings.max_attempts), wait)
     if job is None:
         log.info("job %s: not claimable (finished, cancelled or owned by a live run); dropped", job_id)
         return None
@@ -158,9 +154,9 @@ def run_job(job_id: str, ctx: JobContext) -> JobRecord | None:
             if is_unavailable(exc):
                 raise  # the store went away mid-run: the sweep requeues the job once it is back
             error = problem_for(exc)
-            return until_available(lambda: ctx.store.finish(job_id, owner, "failed", error=error), STORE_WAIT)
+            return until_available(lambda: ctx.store.finish(job_id, owner, "failed", error=error), wait)
     finished = until_available(
-        lambda: ctx.store.finish(job_id, owner, "succeeded", artifacts=artifacts), STORE_WAIT
+        lambda: ctx.store.finish(job_id, owner, "succeeded", artifacts=artifacts), wait
     )
     log.info("job %s: %s", job_id, finished.status if finished else "lease lost before finishing")
     return finished

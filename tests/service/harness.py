@@ -145,6 +145,12 @@ class RedisServer:
         self.stop()
         self.start()
 
+    def kill(self) -> None:
+        """SIGKILL: Redis dies without saving; what survives is what the append-only file holds."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
 
 class Proc:
     """A service subprocess in its own process group, with its output in a log file."""

@@ -102,7 +102,9 @@ def test_submit_poll_and_download(cluster: Cluster) -> None:
     assert c.get("/readyz").status_code == 200
 
 
-def test_duplicates_and_cross_tenant_reuse(cluster: Cluster) -> None:
+def test_duplicates_and_per_tenant_results(cluster: Cluster) -> None:
+    """A tenant's resubmission returns its own job; another tenant's identical submission runs as a
+    job of its own, so its status, attempt count and timing reveal nothing about the first."""
     c = cluster.client
     model = tiny_model(seed=12)
     first = submit(c, model).json()
@@ -111,17 +113,17 @@ def test_duplicates_and_cross_tenant_reuse(cluster: Cluster) -> None:
     assert done["status"] == "succeeded"
     again = submit(c, model)
     assert again.status_code == 200 and again.json()["id"] == first["id"]
+    bundle = done["artifacts"]["bundle"]["digest"]
+    assert c.get(f"/artifacts/{bundle}", headers=auth("bob")).status_code == 404
     bobs = submit(c, model, tenant="bob")
     assert bobs.status_code == 202
     bob_job = bobs.json()
-    assert bob_job["id"] != first["id"] and bob_job["status"] == "succeeded" and bob_job["attempt"] == 0
-    assert bob_job["artifacts"] == done["artifacts"]
-    bob_model = c.get(f"/jobs/{bob_job['id']}/model", headers=auth("bob"))
-    assert bob_model.status_code == 200
-    assert (
-        c.get(f"/artifacts/{done['artifacts']['bundle']['digest']}", headers=auth("bob")).status_code == 200
-    )
+    assert bob_job["id"] != first["id"] and bob_job["status"] == "queued" and bob_job["attempt"] == 0
+    bob_done = poll(c, bob_job["id"], finished, tenant="bob")
+    assert bob_done["status"] == "succeeded" and bob_done["attempt"] == 1, cluster.logs()
+    assert c.get(f"/jobs/{bob_job['id']}/model", headers=auth("bob")).status_code == 200
     assert c.get(f"/jobs/{first['id']}", headers=auth("bob")).status_code == 404
+    assert c.get(f"/jobs/{bob_job['id']}", headers=auth()).status_code == 404
 
 
 def test_failed_job_carries_the_engines_problem(cluster: Cluster) -> None:
