@@ -130,3 +130,18 @@ def test_openapi_documents_both_ways_to_submit(client: httpx.Client) -> None:
     assert multipart["model"]["format"] == "binary" and "pattern" in multipart["model_digest"]
     assert content["application/x-www-form-urlencoded"]["schema"]["required"] == ["model_digest"]
     assert "unknown_model_digest" in operation["responses"]["422"]["description"]
+
+
+def test_engine_refusals_at_submit_keep_their_code_and_details(client: httpx.Client) -> None:
+    """Any `FusionError` of the engine's load guard is a 422 with the engine's own code and details."""
+    answer = submit(client, tiny_model(seed=331), config={"max_nodes": 1})
+    body = problem(answer, 422, "too_many_nodes")
+    assert body["detail"] and body["code"] != "internal_error"
+
+
+def test_the_same_model_is_checked_for_each_tenant(client: httpx.Client) -> None:
+    """The load guard runs for a tenant's first upload even when another tenant stored the same bytes,
+    so the answer (and its timing) does not depend on what others uploaded."""
+    model = tiny_model(seed=332)
+    assert submit(client, model, tenant="bob").status_code == 202
+    problem(submit(client, model, config={"max_nodes": 1}), 422, "too_many_nodes")

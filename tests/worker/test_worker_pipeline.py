@@ -16,7 +16,7 @@ from autofusion_core.blobs import BlobStore
 from autofusion_core.store import JobRecord, Lease
 from autofusion_core.store.records import new_job_id
 from autofusion_core.store.sqlite import SqliteJobStore
-from autofusion_worker.pipeline import JobContext, build_bundle, run_job
+from autofusion_worker.pipeline import JobContext, build_bundle, problem_for, run_job
 
 
 @pytest.fixture
@@ -97,3 +97,18 @@ def test_a_claimed_job_is_not_run_twice(ctx: JobContext) -> None:
 def test_bundles_are_reproducible(tmp_path) -> None:
     (tmp_path / "a.txt").write_text("x")
     assert build_bundle(tmp_path) == build_bundle(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("error", "code", "status"),
+    [
+        (gaf.FusionError("refused", code="unsupported_control_flow"), "unsupported_control_flow", 422),
+        (MemoryError(), "out_of_memory", 422),
+        (KeyError("outer_scope_value"), "engine_error", 500),
+    ],
+)
+def test_every_job_failure_has_a_stable_code(error: BaseException, code: str, status: int) -> None:
+    """Engine refusals keep their own code; a model that does not fit and an engine bug fail the job
+    cleanly with codes of their own — never the API's `internal_error`."""
+    problem = problem_for(error)
+    assert (problem["code"], problem["status"]) == (code, status) and problem["detail"]
