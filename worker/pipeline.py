@@ -66,6 +66,7 @@ class ProgressReporter:
         self.lost = threading.Event()
         self._stop = threading.Event()
         self._stage: str | None = None
+        self._total: int | None = None
         self._stage_started = time.monotonic()
         self._last_write = 0.0
         interval = min(ctx.settings.lease_seconds / 3, 2.0)
@@ -118,7 +119,11 @@ class ProgressReporter:
         if changed:
             self._close_stage()
             self._stage, self._stage_started = stage, now
-        if changed or now - self._last_write > 0.25 or (done is not None and done == total):
+        # A stage change, the first known total (so `progress` shows as soon as the compiler
+        # knows how many kernels it builds), the last step, or else at most four writes a second.
+        new_total = total is not None and total != self._total
+        self._total = total
+        if changed or new_total or now - self._last_write > 0.25 or (done is not None and done == total):
             self._last_write = now
             self._write(stage, done, total)
             self.check()

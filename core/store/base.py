@@ -207,8 +207,12 @@ class JobStore(ABC):
             if r.lease is None or r.lease.owner != owner or r.status not in ("running", "cancelling"):
                 return None
             final = "cancelled" if r.status == "cancelling" and status != "succeeded" else status
+            # A failed or cancelled job keeps the stage it stopped in; a succeeded one has none left.
+            done = (
+                {"stage": None, "progress_done": None, "progress_total": None} if final == "succeeded" else {}
+            )
             return _finished(
-                r, final, time.time(), error=error if final == "failed" else None, **_arts(artifacts)
+                r, final, time.time(), error=error if final == "failed" else None, **_arts(artifacts), **done
             )
 
         job = self._update(job_id, change)

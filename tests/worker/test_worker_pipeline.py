@@ -50,7 +50,7 @@ def test_cpu_job_compiles_verifies_and_stores_a_loadable_bundle(ctx: JobContext,
     job = queued(ctx, tiny_model(seed=1))
     done = run_job(job.id, ctx)
     assert done is not None and done.status == "succeeded", done and done.error
-    assert done.attempt == 1 and done.stage == "packaging"
+    assert done.attempt == 1 and done.stage is None and done.progress_total is None
     fused = onnx.load_model_from_string(ctx.blobs.read(done.model_artifact.digest))
     assert any(n.domain == "ai.graph_autofusion" for n in fused.graph.node)
     report = json.loads(ctx.blobs.read(done.report_artifact.digest))
@@ -76,6 +76,30 @@ def test_uncompiled_target_bundle_has_manifest(ctx: JobContext) -> None:
 
     for name, entry in manifest["files"].items():
         assert entry == {"sha256": hashlib.sha256(files[name]).hexdigest(), "size": len(files[name])}
+
+
+class ProgressLog(SqliteJobStore):
+    """The real SQLite store, keeping a list of the progress each write carried."""
+
+    def __init__(self, path) -> None:
+        super().__init__(path)
+        self.writes: list[tuple[str | None, int | None, int | None]] = []
+
+    def report_progress(self, job_id, owner, lease_seconds, stage=None, done=None, total=None):
+        if stage is not None:
+            self.writes.append((stage, done, total))
+        return super().report_progress(job_id, owner, lease_seconds, stage, done, total)
+
+
+def test_compiling_reports_done_and_total(tmp_path) -> None:
+    settings = fast_settings(tmp_path)
+    store = ProgressLog(tmp_path / "jobs.sqlite3")
+    ctx = JobContext(settings, store, BlobStore(settings.blob_dir))
+    done = run_job(queued(ctx, tiny_model(seed=5)).id, ctx)
+    assert done is not None and done.status == "succeeded"
+    compiling = [(d, t) for stage, d, t in store.writes if stage == "compiling" and t is not None]
+    # Shown from the start of compilation (0 of n, an empty kernel cache), not only at its end.
+    assert compiling and compiling[0][0] == 0 and compiling[-1][0] == compiling[-1][1] >= 1, store.writes
 
 
 def test_engine_error_becomes_the_jobs_problem(ctx: JobContext) -> None:
