@@ -11,14 +11,10 @@ still ours when the run ends (a run that was swept and restarted elsewhere canno
 
 from __future__ import annotations
 
-import gzip
-import hashlib
-import io
 import json
 import logging
 import os
 import socket
-import tarfile
 import tempfile
 import threading
 import time
@@ -36,6 +32,8 @@ from autofusion_core.errors import is_unavailable, until_available
 from autofusion_core.settings import Settings
 from autofusion_core.store import Artifact, JobRecord, JobStore, Lease
 from autofusion_core.targets import get_target
+
+from .bundle import write_bundle
 
 log = logging.getLogger("autofusion_worker")
 STAGE_METRIC = "autofusion_stage_duration_seconds"
@@ -244,39 +242,17 @@ def _execute(job: JobRecord, ctx: JobContext, progress: ProgressReporter) -> dic
             bundle_dir.mkdir()
             (bundle_dir / "model.onnx").write_bytes(model_data)
         (bundle_dir / "report.json").write_bytes(report_data)
-        bundle_data = build_bundle(bundle_dir, write_manifest=not compiled)
-    return {
-        name: Artifact.model_validate(dict(zip(("digest", "size"), ctx.blobs.put(data), strict=True)))
-        for name, data in (("model", model_data), ("report", report_data), ("bundle", bundle_data))
-    }
-
-
-def build_bundle(directory: Path, *, write_manifest: bool = True) -> bytes:
-    """A reproducible tar.gz of `directory`; with `write_manifest`, plus a `manifest.json` giving the
-    sha256 and size of every file (compiled bundles carry the runtime's own manifest instead).
-
-    Fixed mtimes, owners and order make identical bundles byte-identical, so they share one blob."""
-    files = sorted(p for p in directory.rglob("*") if p.is_file())
-    entries = [(p.relative_to(directory).as_posix(), p.read_bytes()) for p in files]
-    if write_manifest:
-        manifest = {
-            "format": "graph_autofusion.bundle.uncompiled",
-            "engine_version": gaf.__version__,
-            "files": {
-                name: {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
-                for name, data in entries
-                if name != "manifest.json"
-            },
-        }
-        entries = [e for e in entries if e[0] != "manifest.json"]
-        entries.append(("manifest.json", json.dumps(manifest, indent=2, sort_keys=True).encode()))
-    raw = io.BytesIO()
-    with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz, tarfile.open(fileobj=gz, mode="w") as tar:
-        for name, data in sorted(entries):
-            info = tarfile.TarInfo(name)
-            info.size, info.mtime, info.mode = len(data), 0, 0o644
-            tar.addfile(info, io.BytesIO(data))
-    return raw.getvalue()
+        staged = ctx.blobs.stage()
+        try:
+            write_bundle(bundle_dir, staged, write_manifest=not compiled)
+            staged.commit()
+        finally:
+            staged.discard()
+    artifacts = {"bundle": Artifact(digest=staged.digest, size=staged.size)}
+    for name, data in (("model", model_data), ("report", report_data)):
+        digest, size = ctx.blobs.put(data)
+        artifacts[name] = Artifact(digest=digest, size=size)
+    return artifacts
 
 
 def _count_cache(store: JobStore, cache: Any) -> None:
