@@ -28,7 +28,8 @@ def install_openapi(app: FastAPI) -> None:
                 for status, response in operation.get("responses", {}).items():
                     content = response.get("content", {})
                     json_schema = content.get("application/json", {}).get("schema")
-                    if status == "422" or json_schema == _PROBLEM_REF:
+                    problem = any(media.get("schema") == _PROBLEM_REF for media in content.values())
+                    if status == "422" or problem:  # also on routes whose own media type is text
                         response["content"] = {PROBLEM_MEDIA_TYPE: {"schema": _PROBLEM_REF}}
                         if status == "422" and response.get("description") == "Validation Error":
                             response["description"] = "Invalid request (`validation_error`)."

@@ -156,6 +156,7 @@ def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         413: "Upload over the configured limit (`payload_too_large`).",
         422: "Invalid input: `validation_error`, `invalid_config`, `invalid_model` and finer model codes, "
         "`unknown_target`, `unknown_model_digest`.",
-        503: "A dependency is unavailable (`not_ready`, `broker_unavailable`).",
+        503: "The job store or queue is unreachable, e.g. while Redis restarts (`broker_unavailable`, "
+        "with `Retry-After`), or the service is not ready (`not_ready`).",
     }
     return {s: {"model": Problem, "description": described.get(s, _title(s))} for s in statuses}

@@ -23,7 +23,7 @@ router = APIRouter(tags=["artifacts"])
             "headers": _DOWNLOAD_HEADERS,
             "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
         },
-        **problem_responses(401, 404),
+        **problem_responses(401, 404, 503),
     },
     response_class=Response,
 )

@@ -18,7 +18,7 @@ router = APIRouter(tags=["catalog"])
     "/targets",
     response_model=TargetList,
     summary="Targets served by live workers",
-    responses=problem_responses(401),
+    responses=problem_responses(401, 503),
 )
 def list_targets(state: State, tenant: Tenant) -> TargetList:
     by_target: dict[str, list[float]] = {}

@@ -54,7 +54,8 @@ def readyz(state: State) -> Readiness:
         200: {
             "description": "Prometheus text format.",
             "content": {"text/plain": {"schema": {"type": "string"}}},
-        }
+        },
+        **problem_responses(503),
     },
 )
 def metrics(state: State) -> PlainTextResponse:

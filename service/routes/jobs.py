@@ -43,7 +43,7 @@ def blob_response(
     "/jobs",
     response_model=JobList,
     summary="List the caller's jobs, newest first",
-    responses=problem_responses(401, 422),
+    responses=problem_responses(401, 422, 503),
 )
 def list_jobs(
     state: State,
@@ -74,7 +74,7 @@ def list_jobs(
                 }
             },
         },
-        **problem_responses(401, 404),
+        **problem_responses(401, 404, 503),
     },
     openapi_extra={"security": BEARER_SECURITY},
 )
@@ -99,7 +99,7 @@ async def get_job(job_id: str, request: Request) -> Response:
     summary="Cancel a queued or running job",
     responses={
         202: {"description": "Cancelled, or asked to stop (`cancelling`); a finished job is unchanged."},
-        **problem_responses(401, 404),
+        **problem_responses(401, 404, 503),
     },
 )
 def cancel_job(job_id: str, state: State, tenant: Tenant) -> Job:
@@ -116,7 +116,7 @@ def cancel_job(job_id: str, state: State, tenant: Tenant) -> Job:
             "description": "The report.",
             "content": {"application/json": {"schema": {"type": "object", "additionalProperties": True}}},
         },
-        **problem_responses(401, 404, 409),
+        **problem_responses(401, 404, 409, 503),
     },
     response_class=Response,
 )
@@ -135,7 +135,7 @@ def get_report(job_id: str, state: State, tenant: Tenant) -> Response:
             "headers": _DOWNLOAD_HEADERS,
             "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
         },
-        **problem_responses(401, 404, 409),
+        **problem_responses(401, 404, 409, 503),
     },
     response_class=Response,
 )
@@ -154,7 +154,7 @@ def get_model(job_id: str, state: State, tenant: Tenant) -> Response:
             "headers": _DOWNLOAD_HEADERS,
             "content": {"application/gzip": {"schema": {"type": "string", "format": "binary"}}},
         },
-        **problem_responses(401, 404, 409),
+        **problem_responses(401, 404, 409, 503),
     },
     response_class=Response,
 )

@@ -96,11 +96,12 @@ def test_compiling_reports_done_and_total(tmp_path) -> None:
     settings = fast_settings(tmp_path)
     store = ProgressLog(tmp_path / "jobs.sqlite3")
     ctx = JobContext(settings, store, BlobStore(settings.blob_dir))
-    done = run_job(queued(ctx, tiny_model(seed=5)).id, ctx)
+    done = run_job(queued(ctx, tiny_model(width=29, seed=5)).id, ctx)  # a width no other test compiles
     assert done is not None and done.status == "succeeded"
     compiling = [(d, t) for stage, d, t in store.writes if stage == "compiling" and t is not None]
-    # Shown from the start of compilation (0 of n, an empty kernel cache), not only at its end.
-    assert compiling and compiling[0][0] == 0 and compiling[-1][0] == compiling[-1][1] >= 1, store.writes
+    # Shown from the start of compilation (before the kernels are built), not only at its end.
+    assert compiling and compiling[0][0] < compiling[0][1], store.writes
+    assert compiling[-1][0] == compiling[-1][1] >= 1, store.writes
 
 
 def test_engine_error_becomes_the_jobs_problem(ctx: JobContext) -> None:
