@@ -65,6 +65,28 @@ class BlobStore:
             staged.discard()
         return staged.digest, staged.size
 
+    @property
+    def staging_dir(self) -> Path:
+        """A folder on the store's file system: files made there can be `adopt`ed by a rename."""
+        return self._tmp
+
+    def adopt(self, path: Path) -> tuple[str, int]:
+        """Move the file at `path` (on the store's file system, e.g. under `staging_dir`) into the
+        store without copying it; returns (digest, size). An identical stored blob is kept."""
+        digest = hashlib.sha256()
+        with open(path, "rb") as stream:
+            for chunk in iter(lambda: stream.read(_CHUNK), b""):
+                digest.update(chunk)
+        hexdigest, size = digest.hexdigest(), path.stat().st_size
+        target = self.path(hexdigest)
+        if target.is_file():
+            path.unlink()
+        else:
+            target.parent.mkdir(exist_ok=True, mode=DIR_MODE)
+            path.chmod(0o600)
+            os.replace(path, target)
+        return hexdigest, size
+
     def stage(self) -> StagedBlob:
         """A blob written piece by piece (an upload as it streams in), hashed on the way; `commit()`
         moves it into the store, `discard()` drops it."""

@@ -238,12 +238,13 @@ def _execute(job: JobRecord, ctx: JobContext, progress: ProgressReporter) -> dic
 
 
 class Packager(threading.Thread):
-    """Writes a job's artifacts — the fused model, then the bundle streamed into a staged blob —
-    in the background while verification runs. The report comes last (it holds the verification);
-    it is also the bundle's last member, so only it and the blob commits are left for the
-    `packaging` stage. On a large model this hides serialization and copying that otherwise took a
-    third of the job. Leaving the `with` block without `finish()` (verification failed, the job was
-    cancelled) waits for the thread and discards the staged bundle."""
+    """Writes a job's artifacts in the background while verification runs: the bundle, streamed
+    into a staged blob, and its model.onnx, moved into the blob store as the fused model (serialized
+    once). The report comes last (it holds the verification); it is also the bundle's last member,
+    so only it and the blob commits are left for the `packaging` stage. On a large model this hides
+    serialization and copying that took a third of the job. Leaving the `with` block without
+    `finish()` (verification failed, the job was cancelled) waits for the thread and discards the
+    staged bundle."""
 
     def __init__(self, blobs: BlobStore, fused: Any, compiled: bool) -> None:
         super().__init__(name="autofusion-packager", daemon=True)
@@ -279,21 +280,22 @@ class Packager(threading.Thread):
     def run(self) -> None:
         staged = None
         try:
-            model_data = self.fused.model.SerializeToString()
-            digest, size = self.blobs.put(model_data)
-            self._artifacts["model"] = Artifact(digest=digest, size=size)
-            with tempfile.TemporaryDirectory(prefix="autofusion-bundle-") as tmp:
+            # Beside the blob store, so that the bundle's model.onnx becomes the model artifact by a
+            # rename: the fused model is serialized and written once, not twice.
+            with tempfile.TemporaryDirectory(prefix="bundle-", dir=self.blobs.staging_dir) as tmp:
                 bundle_dir = Path(tmp) / "bundle"
                 if self.compiled:
-                    self.fused.save_bundle(bundle_dir)  # the runtime's layout: model.onnx, kernels/, manifest
+                    # the runtime's layout: model.onnx (the fused model), kernels/, manifest.json
+                    self.fused.save_bundle(bundle_dir)
                 else:
                     bundle_dir.mkdir()
-                    (bundle_dir / "model.onnx").write_bytes(model_data)
-                del model_data
+                    (bundle_dir / "model.onnx").write_bytes(self.fused.model.SerializeToString())
                 staged = self.blobs.stage()
                 write_bundle(bundle_dir, staged, write_manifest=not self.compiled, late=self._late_members)
                 staged.commit()
                 self._artifacts["bundle"] = Artifact(digest=staged.digest, size=staged.size)
+                digest, size = self.blobs.adopt(bundle_dir / "model.onnx")
+                self._artifacts["model"] = Artifact(digest=digest, size=size)
         except _Abandoned:
             pass
         except BaseException as exc:  # handed to finish(), in the job's own thread
