@@ -59,12 +59,15 @@ def parse_config(raw: str | None) -> tuple[dict[str, Any], gaf.FusionConfig]:
 
 
 def check_model(data: bytes, config: gaf.FusionConfig) -> None:
-    """The engine's own load guard (parse, size, opsets, cycles, checker), run before queueing so
-    that a malformed model is refused synchronously with the engine's code."""
+    """The engine's own load guard (parse, size, opsets, cycles, checker) and its activation
+    limit on the inputs' bound shapes, run before queueing so that a malformed or oversized model
+    is refused synchronously with the engine's code. (The peak over every intermediate needs
+    canonicalization; the worker checks it and fails the job with the same code.)"""
+    from graph_autofusion.limits import check_input_bytes
     from graph_autofusion.loader import load_model
 
     try:
-        load_model(data, config)
+        check_input_bytes(load_model(data, config), config)
     except gaf.FusionError as exc:
         # The engine's own code (`model_too_large`, `unsupported_control_flow`, …) and sentence; a
         # refusal of the submitted model is always a 4xx, whatever status the engine suggests.

@@ -145,3 +145,21 @@ def test_the_same_model_is_checked_for_each_tenant(client: httpx.Client) -> None
     model = tiny_model(seed=332)
     assert submit(client, model, tenant="bob").status_code == 202
     problem(submit(client, model, config={"max_nodes": 1}), 422, "too_many_nodes")
+
+
+def test_a_model_whose_inputs_exceed_the_activation_limit_is_refused_at_submit(client: httpx.Client) -> None:
+    """An input declared [1000000, 1000000] (3.6 TiB of fp32) is refused before any job exists,
+    with the engine's code and the tensor it names; no worker ever tries to plan it."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "huge",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1000000, 1000000])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1000000, 1000000])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    before = client.get("/jobs", headers=auth("alice")).json()
+    body = problem(submit(client, model.SerializeToString()), 422, "model_too_large")
+    assert body["tensor"] == "x" and body["tensor_shape"] == [1000000, 1000000]
+    assert client.get("/jobs", headers=auth("alice")).json() == before
