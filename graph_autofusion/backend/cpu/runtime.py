@@ -34,7 +34,7 @@ from ...errors import RuntimeInputError, UnsupportedModelError
 from . import sanitize
 from .arena import ALIGNMENT, Buffer, plan_offsets
 from .cache import KernelCache, default_cache
-from .codegen import CodegenUnsupported, generate
+from .codegen import CodegenUnsupported, GeneratedKernel, generate
 from .compiler import Artifact, KernelSource, compile_kernels
 from .extract import ExecutionPlan, HostStep, KernelStep, ViewStep, extract
 from .hostops import HostOp, host_op_entry
@@ -90,7 +90,7 @@ def compile_model(
             unsupported[symbol] = why
             continue
         try:
-            kernel = generate(spec)
+            kernel = generate_once(spec)
         except CodegenUnsupported as exc:
             unsupported[symbol] = str(exc)
             continue
@@ -141,6 +141,27 @@ def _refuse_object_tensors(plan: ExecutionPlan) -> None:
             )
 
 
+_GENERATED: dict[str, GeneratedKernel | CodegenUnsupported] = {}
+_GENERATED_MAX = 4096
+
+
+def generate_once(spec: KernelSpec) -> GeneratedKernel:
+    """`generate`, remembered by symbol (extract names a kernel by the digest of its canonical
+    spec): fusion asks once to list host ops, compiling asks again, repeated blocks share one."""
+    found = _GENERATED.get(spec.symbol)
+    if found is None:
+        try:
+            found = generate(spec)
+        except CodegenUnsupported as exc:
+            found = exc
+        if len(_GENERATED) >= _GENERATED_MAX:
+            _GENERATED.clear()
+        _GENERATED[spec.symbol] = found
+    if isinstance(found, CodegenUnsupported):
+        raise CodegenUnsupported(str(found))
+    return found
+
+
 def host_steps(model: onnx.ModelProto) -> list[HostStep]:
     """The ops of `model` that would run on the host, with their reason codes, without compiling.
 
@@ -155,7 +176,7 @@ def host_steps(model: onnx.ModelProto) -> list[HostStep]:
             declined[symbol] = why
             continue
         try:
-            generate(spec)
+            generate_once(spec)
         except CodegenUnsupported as exc:
             declined[symbol] = str(exc)
     return [s for s in _with_host_fallbacks(plan.steps, declined) if isinstance(s, HostStep)]
