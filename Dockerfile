@@ -20,13 +20,14 @@ WORKDIR /app
 
 # ---- build: the virtual environment, by the shared install step ----------------------------------
 FROM base AS build
-COPY pyproject.toml README.md run ./
+COPY pyproject.toml setup.py README.md run ./
 COPY clients/python/ clients/python/
 COPY graph_autofusion/ graph_autofusion/
-COPY autofusion_service/ autofusion_service/
-COPY autofusion_worker/ autofusion_worker/
+COPY core/ core/
+COPY service/ service/
+COPY worker/ worker/
 RUN ./run install --no-dev \
-    && .venv/bin/python -m compileall -q graph_autofusion autofusion_service autofusion_worker
+    && .venv/bin/python -m compileall -q graph_autofusion core service worker
 COPY deploy/docker/healthcheck.py deploy/docker/healthcheck.py
 
 # ---- build-api: the same environment without the BLAS only the worker's kernels link against -----

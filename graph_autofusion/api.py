@@ -14,10 +14,11 @@ import onnx
 
 from .canonicalize import canonicalize
 from .config import FusionConfig, PatternSpec
-from .errors import InvalidConfigError, VerificationError
+from .errors import InvalidConfigError, UnsupportedModelError, VerificationError
 from .export import DOMAIN, export
 from .hardware import get_profile
 from .ir import Graph
+from .limits import check_activation_bytes, check_input_bytes
 from .loader import load_model
 from .plan import DeclarativePattern, Pattern, Plan, plan
 from .report import build_report
@@ -85,7 +86,11 @@ class FusedGraph:
         from .backend.cpu.runtime import compile_model
 
         cache = KernelCache(Path(cache_dir)) if cache_dir is not None else None
-        self._compiled = compile_model(self.model, cache=cache, threads=threads, progress=progress)
+        compiled = compile_model(self.model, cache=cache, threads=threads, progress=progress)
+        # The compiled model has the last word on what runs on the host (it is what will run);
+        # it asks the same generators fusion asked, so a strict config was already enforced.
+        self._report["host_ops"] = list(compiled.stats["host_ops"])
+        self._compiled = compiled
         return self._compiled
 
     def __call__(self, inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray]) -> dict[str, np.ndarray]:
@@ -102,13 +107,19 @@ class FusedGraph:
         self,
         inputs: Mapping[str, np.ndarray] | None = None,
         *,
-        rtol: float = 1e-5,
-        atol: float = 1e-5,
+        rtol: float | None = None,
+        atol: float | None = None,
         runner: str = "runtime",
         raise_on_failure: bool = False,
     ) -> VerificationResult:
         """Run the source model in onnxruntime and the fused one (compiled kernels by default,
-        or `runner="onnxruntime"`) on the same inputs; report max abs/rel error per output."""
+        or `runner="onnxruntime"`) on the same inputs; report each output's error against its
+        tolerance.
+
+        By default each output's tolerance is derived from its scale and the roundings that feed
+        it (graph_autofusion.verify explains the rule), so a deep model's correct result passes
+        and a wrong one does not; `rtol`/`atol` replace that with a fixed |d| ≤ atol + rtol·|ref|.
+        """
         if runner == "onnxruntime":
             run = lambda feeds: run_onnxruntime(self.model, feeds)  # noqa: E731
         elif runner == "runtime":
@@ -117,11 +128,23 @@ class FusedGraph:
             raise InvalidConfigError(
                 f"unknown runner {runner!r}; use 'runtime' or 'onnxruntime'", code="invalid_runner"
             )
-        result = verify(self.canonical_reference, run, inputs=inputs, rtol=rtol, atol=atol, runner=runner)
+        result = verify(
+            self.canonical_reference,
+            run,
+            inputs=inputs,
+            rtol=rtol,
+            atol=atol,
+            noise_model=self.canonical,
+            runner=runner,
+        )
         if raise_on_failure and not result.passed:
             raise VerificationError(
                 "the fused model disagrees with onnxruntime: "
-                + ", ".join(f"{o.name} max abs {o.max_abs:.3g}" for o in result.outputs if not o.passed),
+                + ", ".join(
+                    f"{o.name} max abs error {o.max_abs:.3g}, {o.worst_ratio:.3g}x its tolerance"
+                    for o in result.outputs
+                    if not o.passed
+                ),
                 result=result.to_dict(),
             )
         return result
@@ -183,18 +206,23 @@ class Fuser:
         report_progress("loading", None, None)
         source = load_model(model, config)
         lap("load")
+        check_input_bytes(source, config)  # canonicalization may run the model to measure shapes
         report_progress("canonicalizing", None, None)
         canonical, counts = canonicalize(source, config)
         lap("canonicalize")
+        graph = Graph(canonical)
+        check_activation_bytes(graph, config)  # before planning, compiling or any allocation
         report_progress("planning", None, None)
         hw = get_profile(config.hardware)
-        graph = Graph(canonical)
         patterns = [*self._patterns, *(DeclarativePattern(p) for p in config.patterns)]
         the_plan = plan(graph, config, hw, patterns)
         lap("plan")
         report_progress("exporting", None, None)
         fused = export(graph, the_plan)
         lap("export")
+        hosts = host_ops(fused)
+        refuse_host_ops(hosts, config)
+        lap("host_ops")
         timings["total"] = sum(timings.values())
         report = build_report(
             original_nodes=len(source.graph.node),
@@ -204,8 +232,30 @@ class Fuser:
             hw=hw,
             canonicalize_counts=counts,
             timings=timings,
+            host_ops=hosts,
         )
         return FusedGraph(model=fused, source=source, canonical=canonical, plan=the_plan, report=report)
+
+
+def host_ops(model: onnx.ModelProto) -> list[dict[str, Any]]:
+    """Every op of the fused model the CPU backend would run on the host, as report entries."""
+    from .backend.cpu.hostops import host_op_entry
+    from .backend.cpu.runtime import host_steps
+
+    return [host_op_entry(s) for s in host_steps(model)]
+
+
+def refuse_host_ops(hosts: Sequence[Mapping[str, Any]], config: FusionConfig) -> None:
+    """Raise `host_op_refused`, listing each op and its reason, when the config forbids fallbacks."""
+    if config.allow_host_ops or not hosts:
+        return
+    listed = "; ".join(f"{h['op_type']} {h['node']!r} [{h['code']}]: {h['reason']}" for h in hosts)
+    raise UnsupportedModelError(
+        f"{len(hosts)} op(s) cannot be compiled and would run on the host, which "
+        f"config.allow_host_ops=False forbids: {listed}",
+        code="host_op_refused",
+        host_ops=[dict(h) for h in hosts],
+    )
 
 
 def _as_config(config: FusionConfig | Mapping[str, Any] | None) -> FusionConfig:

@@ -50,9 +50,25 @@ def summary_table(report: dict) -> str:
         ),
         ("strategy", report["strategy"]),
         ("refused", ", ".join(f"{k}×{v}" for k, v in report["refused_by_code"].items()) or "none"),
+        ("host ops", _host_ops_cell(report.get("host_ops") or [])),
     ]
     width = max(len(k) for k, _ in rows)
-    return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
+    lines = [f"  {k:<{width}}  {v}" for k, v in rows]
+    # Every fallback on its own line with its reason: slow paths are never silent.
+    lines += [
+        f"  {'':<{width}}    {h['op_type']} {h['node']!r} [{h['code']}] {h['reason']}"
+        for h in report.get("host_ops") or []
+    ]
+    return "\n".join(lines)
+
+
+def _host_ops_cell(hosts: list[dict]) -> str:
+    if not hosts:
+        return "none (every op runs as a compiled kernel)"
+    by_code: dict[str, int] = {}
+    for h in hosts:
+        by_code[h["code"]] = by_code.get(h["code"], 0) + 1
+    return f"{len(hosts)} run by onnx.reference: " + ", ".join(f"{k}×{v}" for k, v in sorted(by_code.items()))
 
 
 def _parse_shape(text: str) -> tuple[str, list[int]]:
@@ -84,6 +100,17 @@ def _add_fuse(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--disable-pattern", action="append", default=[], metavar="NAME")
     p.add_argument("--report", type=Path, help="write the full report as JSON")
     p.add_argument(
+        "--no-host-ops",
+        action="store_true",
+        help="refuse (exit 2, host_op_refused) a model with any op the backend cannot compile",
+    )
+    p.add_argument(
+        "--max-activation-bytes",
+        type=int,
+        metavar="N",
+        help="refuse (exit 2, model_too_large) a model whose activations peak above N bytes",
+    )
+    p.add_argument(
         "--verify",
         choices=["runtime", "onnxruntime", "none"],
         default="runtime",
@@ -101,20 +128,26 @@ def _fuse_command(args: argparse.Namespace) -> int:
         config = FusionConfig.model_validate(data)
     except (OSError, ValueError) as err:
         raise InvalidConfigError(f"cannot read config {args.config}: {err}", code="invalid_config") from None
-    if args.cost_model:
-        config.cost_model = args.cost_model
-    if args.hardware:
-        config.hardware = args.hardware
-    if args.max_fusion_size is not None:
-        config.max_fusion_size = args.max_fusion_size
-    if args.input_shape:
-        config.input_shapes = {**config.input_shapes, **dict(args.input_shape)}
-    if args.disable_pattern:
-        config.disabled_patterns = [*config.disabled_patterns, *args.disable_pattern]
+    flags = {
+        "cost_model": args.cost_model,
+        "hardware": args.hardware,
+        "max_fusion_size": args.max_fusion_size,
+        "input_shapes": {**config.input_shapes, **dict(args.input_shape)} if args.input_shape else None,
+        "disabled_patterns": [*config.disabled_patterns, *args.disable_pattern] or None,
+        "allow_host_ops": False if args.no_host_ops else None,
+        "max_activation_bytes": args.max_activation_bytes,
+    }
+    for field, value in flags.items():
+        if value is None:
+            continue
+        try:  # validate_assignment: a bad flag value is a config error (exit 2), not a traceback
+            setattr(config, field, value)
+        except ValueError as err:
+            raise InvalidConfigError(f"invalid value for {field}: {err}", code="invalid_config") from None
     fused = fuse(args.model, config)
-    report = fused.report()
-    if args.verify != "none":
-        result = fused.verify(runner=args.verify)
+    result = fused.verify(runner=args.verify) if args.verify != "none" else None
+    report = fused.report()  # after verify: compiling confirms the host ops
+    if result is not None:
         report["verification"] = result.to_dict()
     if args.output:
         fused.save(args.output)
@@ -122,13 +155,33 @@ def _fuse_command(args: argparse.Namespace) -> int:
         args.report.write_text(json.dumps(report, indent=2))
     print(f"{args.model} → {args.output or '(not written)'}")
     print(summary_table(report))
-    if args.verify != "none":
-        worst = max((o["max_abs"] for o in report["verification"]["outputs"]), default=0.0)
-        state = "passed" if report["verification"]["passed"] else "FAILED"
-        print(f"  verification  {state} vs onnxruntime ({args.verify}), max abs error {worst:.3g}")
-        if not report["verification"]["passed"]:
+    if result is not None:
+        print(verification_lines(report["verification"], args.verify))
+        if not result.passed:
             return 3
     return 0
+
+
+def verification_lines(verification: dict, runner: str) -> str:
+    """`verification passed|FAILED`, then each output's error against its tolerance (worst first)."""
+    state = "passed" if verification["passed"] else "FAILED"
+    rule = (
+        f"tolerance {verification.get('safety', 4):g}·noise·(|ref| + rms)"
+        if verification.get("rule", "derived") == "derived"
+        else f"rtol {verification['rtol']:g}, atol {verification['atol']:g}"
+    )
+    lines = [f"  verification  {state} vs onnxruntime ({runner}); {rule}"]
+    outputs = sorted(verification["outputs"], key=lambda o: -o["worst_ratio"])
+    for o in outputs[:5]:
+        lines.append(
+            f"    {o['name']}: max abs error {o['max_abs']:.3g}, {o['worst_ratio']:.3g}x its tolerance "
+            f"({o.get('error_at_worst', 0):.3g} vs {o.get('tolerance_at_worst', 0):.3g} at the worst element"
+            + (f"; {o['roundings']:.0f} roundings deep" if o.get("roundings") else "")
+            + ")"
+        )
+    if len(outputs) > 5:
+        lines.append(f"    … {len(outputs) - 5} more outputs, all within {outputs[5]['worst_ratio']:.3g}x")
+    return "\n".join(lines)
 
 
 _OPTIONAL = {

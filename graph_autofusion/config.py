@@ -75,6 +75,17 @@ class FusionConfig(BaseModel):
     )
     max_model_bytes: int = Field(default=2 * 1024**3, ge=1)
     max_nodes: int = Field(default=100_000, ge=1)
+    max_activation_bytes: int = Field(
+        default=8 * 1024**3,
+        ge=1,
+        description="Refuse (model_too_large) a model whose activations, at their peak in graph order, "
+        "need more bytes than this; checked from static shapes before anything is allocated.",
+    )
+    allow_host_ops: bool = Field(
+        default=True,
+        description="Let ops the backend cannot compile run on the host (onnx.reference); False "
+        "refuses such a model (host_op_refused) instead.",
+    )
 
     @field_validator("input_shapes")
     @classmethod

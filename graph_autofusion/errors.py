@@ -8,7 +8,8 @@ the CLI prints the sentence, so neither needs to know engine internals.
     ├── InvalidModelError        the bytes are not a usable ONNX model (code names why)
     │   ├── ModelTooLargeError   over the configured size or node limits
     │   └── UnboundDimensionError a symbolic input dimension has no value in config.input_shapes
-    ├── UnsupportedModelError    valid ONNX the engine will not handle (opset, external data, ...)
+    ├── UnsupportedModelError    valid ONNX the engine will not handle (opset, external data,
+    │                            host_op_refused: an op would run on the host, config forbids it)
     ├── InvalidConfigError       a config value or a declarative pattern is wrong
     ├── CompilationError         the C compiler rejected a generated kernel
     ├── RuntimeInputError        inputs given to a compiled model have the wrong name/shape/dtype

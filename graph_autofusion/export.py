@@ -14,6 +14,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from .ir import Graph
+from .onnx_utils import node_inputs
 from .plan import Plan, PlannedGroup
 from .plan.cost import group_boundary
 
@@ -115,7 +116,8 @@ def export(graph: Graph, plan: Plan) -> onnx.ModelProto:
         node.doc_string = json.dumps({"pattern": "+".join(group.patterns) or "auto", "members": members})
         nodes.append(node)
         fused_index += 1
-    visible = {x for n in nodes for x in [*n.input, *n.output] if x}
+    # node_inputs: a weight read only from inside an If/Loop/Scan body is still needed.
+    visible = {x for n in nodes for x in [*node_inputs(n), *n.output] if x}
     g = src.graph
     initializers = [t for t in g.initializer if t.name in visible or t.name in {o.name for o in g.output}]
     value_info = [vi for vi in g.value_info if vi.name in visible]

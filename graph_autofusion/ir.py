@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from .onnx_utils import node_inputs
 from .ops import OpCost, OpDef, OpKind, lookup
 from .ops.registry import NodeShapes, numel
 
@@ -116,7 +117,9 @@ class Graph:
                     self.values[out] = Value(out, None, onnx.TensorProto.UNDEFINED)
                 if out:
                     self.values[out].producer = i
-            for inp in proto.input:
+            # Outer-scope reads of If/Loop/Scan bodies count as uses: a fused group must not
+            # hide a value a subgraph reads, nor be ordered after the node that reads it.
+            for inp in node_inputs(proto):
                 if inp:
                     self.values.setdefault(
                         inp, Value(inp, None, onnx.TensorProto.UNDEFINED)
@@ -161,7 +164,7 @@ class Graph:
 
     def predecessors(self, node: Node) -> list[Node]:
         seen: dict[int, Node] = {}
-        for inp in node.inputs:
+        for inp in node_inputs(node.proto):
             p = self.producer(inp)
             if p is not None:
                 seen.setdefault(p.index, p)

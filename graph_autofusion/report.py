@@ -25,7 +25,10 @@ def build_report(
     hw: HardwareProfile,
     canonicalize_counts: dict[str, int],
     timings: dict[str, float],
+    host_ops: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    """`host_ops`: the ops the CPU backend runs through onnx.reference rather than as generated
+    kernels, each with `node`, `op_type`, a stable `code` and a `reason` (never silent)."""
     singles = [frozenset({i}) for i in range(len(graph.nodes))]
     unfused_costs = [kernel_cost(graph, s) for s in singles]
     unfused_kernels = [c for c in unfused_costs if c.is_kernel]
@@ -66,6 +69,7 @@ def build_report(
         "patterns": plan.pattern_stats,
         "refused": refused,
         "refused_by_code": dict(sorted(Counter(r["code"] for r in refused).items())),
+        "host_ops": list(host_ops or []),
         "estimates": {
             "profile": hw.name,
             "bytes_moved": {

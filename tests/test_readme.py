@@ -17,5 +17,5 @@ def test_library_example_runs(tmp_path: Path) -> None:
         [sys.executable, "-c", block.group(1)], cwd=tmp_path, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert (tmp_path / "bert.fused.onnx").exists()
+    assert (tmp_path / "bert.fused.onnx").exists() and (tmp_path / "bert.bundle" / "manifest.json").exists()
     assert "True" in done.stdout

@@ -39,8 +39,8 @@ def check_http(path: str, port: int) -> tuple[bool, str]:
 
 def check_worker(allow_store_down: bool, hostname: str | None = None) -> tuple[bool, str]:
     """Has a worker process on this host (container) a live heartbeat in the job store?"""
-    from autofusion_service.settings import Settings
-    from autofusion_service.store import WorkerInfo, open_store
+    from autofusion_core.settings import Settings
+    from autofusion_core.store import WorkerInfo, open_store
 
     hostname = hostname or socket.gethostname()
     store = open_store(Settings())

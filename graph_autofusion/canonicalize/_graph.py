@@ -65,6 +65,7 @@ class WorkGraph:
         self.outputs: list[ValueInfoProto] = [_copy(o) for o in graph.output]
         self.nodes: list[NodeProto] = [_copy(n) for n in graph.node]
         self.opset = default_opset(model) or 0
+        self.opset_imports = [(o.domain, o.version) for o in model.opset_import]
         self.types: dict[str, TypeProto] = {}
         for info in graph.value_info:
             self.types[info.name] = _copy(info.type)
@@ -97,6 +98,16 @@ class WorkGraph:
                             taken.update(inner.output)
             self._taken = taken
         return unique_name(base, self._taken)
+
+    def forget_names(self) -> None:
+        """Drop the cache of taken names (after replacing nodes wholesale)."""
+        self._taken = None
+
+    def set_default_opset(self, version: int) -> None:
+        """Declare the default domain at `version` (after a pass rewrote the nodes to it)."""
+        others = [(d, v) for d, v in self.opset_imports if d not in ("", "ai.onnx")]
+        self.opset_imports = [("", version), *others]
+        self.opset = version
 
     # -- constants ------------------------------------------------------------------------------
     def is_constant(self, name: str) -> bool:
@@ -153,7 +164,8 @@ class WorkGraph:
         otherwise outputs keep their declared types, so inference checks them against its own.
         """
         model = ModelProto()
-        copy_fields(self.source, model, skip=("graph",))
+        copy_fields(self.source, model, skip=("graph", "opset_import"))
+        model.opset_import.extend(helper.make_opsetid(d, v) for d, v in self.opset_imports)
         model.ir_version = self.ir_version
         graph: GraphProto = model.graph
         copy_fields(self.source.graph, graph, skip=("node", "input", "output", "initializer", "value_info"))

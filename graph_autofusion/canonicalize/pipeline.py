@@ -1,7 +1,7 @@
 """The canonicalization driver: runs the passes in order, to a fixed point where it matters.
 
-    bind_shapes → remove_identity → (constant_folding ⇄ shape_inference)* → fold_batchnorm
-    → remove_identity → eliminate_dead_code → split_to_slices
+    normalize_opset → bind_shapes → remove_identity → (constant_folding ⇄ shape_inference)*
+    → fold_batchnorm → remove_identity → eliminate_dead_code → split_to_slices
     → shape_inference (+ onnxruntime fallback) → sort, name, check
 
 Folding and inference feed each other: inference makes `Shape` outputs static so they fold, and
@@ -25,12 +25,14 @@ from .constant_folding import ConstantFolder
 from .eliminate_dead_code import eliminate_dead_code
 from .finalize import build, check, sort_and_name
 from .fold_batchnorm import fold_batchnorm
+from .normalize_opset import normalize_opset
 from .remove_identity import remove_identity
 from .shape_inference import infer_shapes, shapes_from_onnxruntime, unknown_tensors
 from .split_to_slices import split_to_slices
 
 #: The keys of the counts canonicalize returns, in the order the passes run (stable: reports print them).
 PASS_NAMES = (
+    "normalize_opset",
     "bind_shapes",
     "shape_inference",
     "constant_folding",
@@ -50,13 +52,14 @@ def canonicalize(model: ModelProto, config: FusionConfig) -> tuple[ModelProto, d
 
     `model` is what `load_model` returns (checked, sorted, external data resolved).
 
-    Counts: dims bound, inference runs, nodes folded, folds skipped as too large, BNs folded,
-    Identity/Dropout nodes removed, dead nodes removed, unused initializers removed, tensors whose
-    shape came from onnxruntime, nodes given a name.
+    Counts: nodes rewritten to the target opset's forms, dims bound, inference runs, nodes folded,
+    folds skipped as too large, BNs folded, Identity/Dropout nodes removed, dead nodes removed,
+    unused initializers removed, tensors whose shape came from onnxruntime, nodes given a name.
     """
     work = WorkGraph(model)
     work.nodes = [work.nodes[i] for i in topological_order(work.nodes)]
     counts = dict.fromkeys(PASS_NAMES, 0)
+    counts["normalize_opset"] = normalize_opset(work)  # first: every later pass reads one opset's forms
     counts["bind_shapes"] = bind_shapes(work, config)
     counts["remove_identity"] = remove_identity(work)  # first, so folding sees through them
 

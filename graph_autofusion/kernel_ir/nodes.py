@@ -493,14 +493,23 @@ class Store:
 
 @dataclass(frozen=True)
 class Loop:
-    """for var in [0, extent): body. `parallel`: split across the thread team; `vector`: the
-    iterations are independent and unit-stride where it matters, so SIMD them."""
+    """for var = start; var < stop; var += step: body.
+
+    `parallel`: the iterations are split across the thread team; `vector`: they are independent
+    (up to `reductions`) and unit-stride where it matters, so SIMD them. `reductions` names the
+    accumulators the body updates associatively, as (op, var) with op in sum/prod/max/min.
+    `scratch` buffers are private to each thread running the loop (a row buffer), allocated
+    before its first iteration and freed after its last."""
 
     var: Var
-    extent: int
+    stop: int | Expr
     body: tuple[Stmt, ...]
     parallel: bool = False
     vector: bool = False
+    start: int | Expr = 0
+    step: int = 1
+    reductions: tuple[tuple[str, Var], ...] = ()
+    scratch: tuple[Buffer, ...] = ()
 
 
 @dataclass(frozen=True)

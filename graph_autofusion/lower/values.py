@@ -394,7 +394,8 @@ def _pad(v: Values, node: onnx.NodeProto, k: int, idx: Index) -> Expr:
     dtype = v.dtype(node.output[0])
     fill: Expr = ir.const(0, dtype)
     if mode == "constant" and len(node.input) > 2 and node.input[2]:
-        fill = v.at(node.input[2], [])
+        # A scalar, or a one-element tensor (as Attention's expansion writes it): its only element.
+        fill = v.at(node.input[2], [0] * len(v.shape(node.input[2])))
     elif mode == "constant" and "value" in attrs:
         fill = ir.const(float(attrs["value"]), dtype)  # type: ignore[arg-type]
     src: Index = []
@@ -497,19 +498,13 @@ def _pool_pads(node: onnx.NodeProto, in_sp: list[int], out_sp: list[int], kernel
     return pads[:nd], pads[nd:]
 
 
-def _window_count(first: Expr, k: int, dil: int, limit: int, name: Expr) -> Expr:
-    """How many of first, first+dil, ..., first+(k-1)*dil lie in [0, limit)."""
-    at = first + name * dil
-    inside = ir.logical_and(ir.ge(at, 0), ir.lt(at, limit))
-    return ir.fold("sum", name, 0, k, ir.select(inside, 1, 0))  # type: ignore[arg-type]
-
-
 @index_rule("MaxPool", "AveragePool", "LpPool")
 def _pool(v: Values, node: onnx.NodeProto, k: int, idx: Index) -> Expr:
-    """One pooled element: a fold over its window (pads, strides, dilations; ceil_mode is in the
-    static output shape). AveragePool divides by the window positions inside the input, or with
-    count_include_pad inside the padded input (positions only ceil_mode added never count, as in
-    onnxruntime); LpPool sums |x|^p over positions inside the input in double, then the p-th root."""
+    """One pooled element: a fold over the part of its window inside the input (pads, strides,
+    dilations; ceil_mode is in the static output shape). The window's range is clamped to the
+    input per axis, so no position is tested. AveragePool divides by the positions inside the
+    input, or with count_include_pad inside the padded input (positions only ceil_mode added
+    never count, as in onnxruntime); LpPool sums |x|^p in double, then takes the p-th root."""
     if k != 0:
         raise Unsupported(f"{node.op_type} indices output")
     attrs = attrs_of(node)
@@ -525,35 +520,33 @@ def _pool(v: Values, node: onnx.NodeProto, k: int, idx: Index) -> Expr:
         raise Unsupported(f"LpPool with p={p}")
     ws = [_loop_var(node, f"w{d}") for d in range(nd)]
     first = [idx[2 + d] * strides[d] - head[d] for d in range(nd)]
-    pos = [first[d] + ws[d] * dil[d] for d in range(nd)]
-    inside: Expr = ir.const(1, DType.BOOL)
-    for d in range(nd):
-        inside = ir.logical_and(inside, ir.logical_and(ir.ge(pos[d], 0), ir.lt(pos[d], in_sp[d])))
+    # first + w*dil in [0, limit) for w in [lo, hi): C's division truncates toward zero, so a
+    # negative numerator clamps to 0 through the max/min
+    lo = [ir.maximum(0, (dil[d] - 1 - first[d]) // dil[d]) for d in range(nd)]
+    hi = [ir.minimum(kernel[d], (in_sp[d] - first[d] + dil[d] - 1) // dil[d]) for d in range(nd)]
     dtype = v.dtype(node.input[0])
-    x = v.at(node.input[0], [idx[0], idx[1], *pos])
+    x = v.at(node.input[0], [idx[0], idx[1], *(first[d] + ws[d] * dil[d] for d in range(nd))])
     if node.op_type == "MaxPool":
-        value, op = ir.select(inside, x, float("-inf"), guarded=True), "max"
+        value, op = x, "max"
     elif node.op_type == "LpPool":
         xd = ir.unary("abs", ir.cast(x, DType.F64))
-        term = {1: xd, 2: xd * xd}.get(p, ir.binary("pow", xd, float(p)))
-        value, op = ir.select(inside, term, 0.0, guarded=True), "sum"
+        value, op = {1: xd, 2: xd * xd}.get(p, ir.binary("pow", xd, float(p))), "sum"
     else:
-        value, op = ir.select(inside, ir.cast(x, DType.F64), 0.0, guarded=True), "sum"
+        value, op = ir.cast(x, DType.F64), "sum"
     for d in reversed(range(nd)):
-        value = ir.fold(op, ws[d], 0, kernel[d], value)
+        value = ir.fold(op, ws[d], lo[d], hi[d], value)
     if node.op_type == "MaxPool":
         return value
     if node.op_type == "LpPool":
         root = {1: value, 2: ir.unary("sqrt", value)}.get(p, ir.binary("pow", value, 1.0 / p))
         return ir.cast(root, dtype)
-    include_pad = bool(int(attrs.get("count_include_pad", 0)))  # type: ignore[call-overload]
     count: Expr = ir.index(1)
     for d in range(nd):
-        limit = in_sp[d] + tail[d] if include_pad else in_sp[d]
-        start = first[d] + head[d] if include_pad else first[d]
-        count = count * _window_count(
-            start, kernel[d], dil[d], limit + (head[d] if include_pad else 0), ws[d]
-        )
+        if int(attrs.get("count_include_pad", 0)):  # type: ignore[call-overload]
+            padded = in_sp[d] + tail[d] + head[d]  # positions from -head up to in + tail
+            count = count * ir.minimum(kernel[d], (padded - first[d] - head[d] + dil[d] - 1) // dil[d])
+        else:
+            count = count * ir.maximum(hi[d] - lo[d], 0)
     return ir.cast(value / ir.cast(ir.maximum(count, 1), DType.F64), dtype)
 
 

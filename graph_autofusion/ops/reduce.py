@@ -13,31 +13,35 @@ def _window(s: NodeShapes) -> int:
     return size * numel(s.outputs[0])
 
 
-for _op, _cost in [
-    ("ReduceMean", 1),
-    ("ReduceSum", 1),
-    ("ReduceMax", 1),
-    ("ReduceMin", 1),
-    ("ReduceProd", 1),
-    ("ReduceL1", 2),
-    ("ReduceL2", 2),
-    ("ReduceSumSquare", 2),
-    ("ReduceLogSum", 1),
-    ("ReduceLogSumExp", 10),
-    ("ArgMax", 1),
-    ("ArgMin", 1),
-    ("Softmax", 12),
-    ("LogSoftmax", 12),
-    ("LayerNormalization", 8),
-    ("GlobalAveragePool", 1),
-    ("GlobalMaxPool", 1),
-    ("InstanceNormalization", 8),
-    ("GroupNormalization", 8),
-    ("LpNormalization", 3),
-    ("MeanVarianceNormalization", 8),
-    ("CumSum", 1),
+# Tags say which kernel template computes an op (lowering reads them; no backend lists ops):
+# "row"  the row template (lower/reduction.py) rewrites it into accumulators over trailing axes,
+# "scan" one output element folds an axis of the input (ArgMax, CumSum: lower/values.py),
+# "pool" one output element folds a window (lower/values.py).
+for _op, _cost, _tag in [
+    ("ReduceMean", 1, "row"),
+    ("ReduceSum", 1, "row"),
+    ("ReduceMax", 1, "row"),
+    ("ReduceMin", 1, "row"),
+    ("ReduceProd", 1, "row"),
+    ("ReduceL1", 2, "row"),
+    ("ReduceL2", 2, "row"),
+    ("ReduceSumSquare", 2, "row"),
+    ("ReduceLogSum", 1, "row"),
+    ("ReduceLogSumExp", 10, "row"),
+    ("ArgMax", 1, "scan"),
+    ("ArgMin", 1, "scan"),
+    ("Softmax", 12, "row"),
+    ("LogSoftmax", 12, "row"),
+    ("LayerNormalization", 8, "row"),
+    ("GlobalAveragePool", 1, "row"),
+    ("GlobalMaxPool", 1, "row"),
+    ("InstanceNormalization", 8, "row"),
+    ("GroupNormalization", 8, ""),
+    ("LpNormalization", 3, "row"),
+    ("MeanVarianceNormalization", 8, "row"),
+    ("CumSum", 1, "scan"),
 ]:
-    register(OpDef(_op, OpKind.REDUCE, per_input(_cost), tags=frozenset({"reduction"})))
+    register(OpDef(_op, OpKind.REDUCE, per_input(_cost), tags=frozenset({"reduction", _tag} - {""})))
 
 for _op in ("MaxPool", "AveragePool", "LpPool"):
     register(OpDef(_op, OpKind.REDUCE, _window, tags=frozenset({"pool"})))

@@ -108,6 +108,11 @@ def registered_ops() -> dict[tuple[str, str], OpDef]:
     return dict(_REGISTRY)
 
 
+def ops_tagged(tag: str) -> frozenset[str]:
+    """Default-domain op types that carry `tag` (which template computes them, ...)."""
+    return frozenset(op.op_type for (domain, _), op in _REGISTRY.items() if not domain and tag in op.tags)
+
+
 def per_output(cost: float) -> FlopsFn:
     """Flops = cost × output elements (elementwise-like ops)."""
     return lambda s: int(cost * sum(numel(o) for o in s.outputs))

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from autofusion_service.settings import Settings
+from autofusion_core.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "docker-compose.yml"

@@ -23,7 +23,7 @@ from deploy_files import (
     settings_from_env,
 )
 
-from autofusion_worker.targets import TARGETS
+from autofusion_core.targets import TARGETS
 
 CORE = ("redis", "api", "worker")
 

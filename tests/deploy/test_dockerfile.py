@@ -229,7 +229,7 @@ def test_the_api_runs_without_blas(tmp_path: Path) -> None:
         from pathlib import Path
         from fastapi.testclient import TestClient
         from autofusion_service.main import create_app
-        from autofusion_service.settings import Settings
+        from autofusion_core.settings import Settings
         from harness import tiny_model
 
         settings = Settings(data_dir=Path(sys.argv[2]), api_keys="t:deploy-test-key-0123456789")
@@ -244,7 +244,7 @@ def test_the_api_runs_without_blas(tmp_path: Path) -> None:
         """
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(env_prefix())}
-    harness_dir = REPO / "tests" / "autofusion_service"
+    harness_dir = REPO / "tests" / "service"
     done = subprocess.run(
         [sys.executable, "-c", script, str(harness_dir), str(tmp_path)],
         env=env,

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests" / "autofusion_service"))
+sys.path.insert(0, str(REPO / "tests" / "service"))
 
 from harness import (  # noqa: E402
     ThreadedServer,
@@ -35,8 +35,8 @@ from harness import (  # noqa: E402
     wait_for,
 )
 
+from autofusion_core.store import open_store  # noqa: E402
 from autofusion_service import create_app  # noqa: E402
-from autofusion_service.store import open_store  # noqa: E402
 
 __all__ = ["redis_db", "redis_server"]  # fixtures
 TARGET = "ascend910"

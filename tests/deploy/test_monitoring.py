@@ -16,9 +16,9 @@ import yaml
 from deploy_files import REPO, app_serves, k8s_documents, load_compose
 from prometheus_client.parser import text_string_to_metric_families
 
+from autofusion_core.settings import Settings
+from autofusion_core.store import WorkerInfo, open_store
 from autofusion_service.metrics import STAGE_METRIC, render
-from autofusion_service.settings import Settings
-from autofusion_service.store import WorkerInfo, open_store
 from autofusion_worker.pipeline import _count_cache
 
 PROMETHEUS = REPO / "deploy" / "prometheus"

@@ -70,3 +70,72 @@ def test_unbound_dimension_is_named(tmp_path: Path) -> None:
     onnx.save(gaf.zoo.build("mlp", dynamic_batch=True), src)
     done = run("fuse", str(src))
     assert done.returncode == 2 and "unbound_dimension" in done.stderr
+
+
+def _relu(path: Path) -> Path:
+    from onnx import TensorProto
+    from onnx import helper as h
+
+    graph = h.make_graph(
+        [h.make_node("Relu", ["x"], ["y"])],
+        "relu",
+        [h.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 1000])],
+        [h.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 1000])],
+    )
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8), path)
+    return path
+
+
+def test_activations_over_the_limit_exit_2_with_the_tensor_named(tmp_path: Path) -> None:
+    src = _relu(tmp_path / "relu.onnx")
+    done = run("fuse", str(src), "--input-shape", "x=100000000,1000")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "model_too_large" in done.stderr and "'x' [100000000, 1000] float32" in done.stderr
+    done = run("fuse", str(src), "--input-shape", "x=4,1000", "--max-activation-bytes", "16000")
+    assert done.returncode == 2 and "32,000 bytes" in done.stderr
+    done = run("fuse", str(src), "--input-shape", "x=4,1000", "--max-activation-bytes", "0")
+    assert done.returncode == 2 and "invalid_config" in done.stderr and "Traceback" not in done.stderr
+
+
+def _if_reading_outer_scope(path: Path) -> Path:
+    """y = Relu(x); out = If(c, then: y + y, else: y * x) — both branches read y and x by name."""
+    from onnx import TensorProto
+    from onnx import helper as h
+
+    def branch(op: str, a: str, b: str, out: str) -> onnx.GraphProto:
+        value = h.make_tensor_value_info(out, TensorProto.FLOAT, [2, 3])
+        return h.make_graph([h.make_node(op, [a, b], [out])], out, [], [value])
+
+    graph = h.make_graph(
+        [
+            h.make_node("Relu", ["x"], ["y"]),
+            h.make_node(
+                "If",
+                ["c"],
+                ["out"],
+                name="branch",
+                then_branch=branch("Add", "y", "y", "t"),
+                else_branch=branch("Mul", "y", "x", "e"),
+            ),
+        ],
+        "if",
+        [
+            h.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+            h.make_tensor_value_info("c", TensorProto.BOOL, []),
+        ],
+        [h.make_tensor_value_info("out", TensorProto.FLOAT, [2, 3])],
+    )
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8), path)
+    return path
+
+
+def test_control_flow_runs_as_a_listed_host_op_or_is_refused(tmp_path: Path) -> None:
+    src = _if_reading_outer_scope(tmp_path / "if.onnx")
+    done = run("fuse", str(src))  # verification runs the kernels and the If against onnxruntime
+    assert done.returncode == 0, done.stderr
+    assert "1 run by onnx.reference: control_flow×1" in done.stdout
+    assert "If 'branch' [control_flow]" in done.stdout and "verification  passed" in done.stdout
+    assert "out: max abs error" in done.stdout and "x its tolerance" in done.stdout
+    done = run("fuse", str(src), "--no-host-ops")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "host_op_refused" in done.stderr and "If 'branch' [control_flow]" in done.stderr

@@ -21,7 +21,7 @@ import httpx
 
 from . import _protocol as proto
 from ._config import ConfigLike
-from ._exceptions import AutofusionError
+from ._exceptions import AutofusionError, ServiceUnavailableError
 from ._inputs import ModelLike
 from ._job import AsyncJob, AsyncProgressCallback, Job, ProgressCallback
 from ._models import JobState, PatternInfo, Report, Target
@@ -193,10 +193,16 @@ class Client(_BaseClient):
         self, job: JobRef, *, timeout: float | None = None, on_progress: ProgressCallback | None = None
     ) -> Job:
         """Poll until the job is terminal (see `Job.wait`); updates a given `Job` handle in place."""
-        handle = job if isinstance(job, Job) else Job(self, self._snapshot_state(job))
-        tracker = proto.WaitTracker(handle.id, timeout)
+        handle = job if isinstance(job, Job) else Job(self, job) if isinstance(job, JobState) else None
+        tracker = proto.WaitTracker(self._job_id(job), timeout)
         while True:
-            snapshot = self._request(proto.get_job_call(handle.id))
+            try:
+                snapshot = self._request(proto.get_job_call(tracker.job_id))
+            except ServiceUnavailableError as exc:
+                time.sleep(tracker.unavailable(exc))
+                continue
+            if handle is None:
+                handle = Job(self, snapshot.state)
             handle.state = snapshot.state
             moved, delay = tracker.observe(snapshot)
             if moved and on_progress is not None:
@@ -204,11 +210,6 @@ class Client(_BaseClient):
             if delay is None:
                 return handle
             time.sleep(delay)
-
-    def _snapshot_state(self, job: JobRef) -> JobState:
-        if isinstance(job, JobState):
-            return job
-        return self._request(proto.get_job_call(self._job_id(job))).state
 
     def cancel(self, job: JobRef) -> Job:
         """Ask the service to stop a job; returns its state (``cancelling`` or already terminal)."""
@@ -393,10 +394,18 @@ class AsyncClient(_BaseClient):
     async def wait(
         self, job: JobRef, *, timeout: float | None = None, on_progress: AsyncProgressCallback | None = None
     ) -> AsyncJob:
-        handle = job if isinstance(job, AsyncJob) else AsyncJob(self, await self._snapshot_state(job))
-        tracker = proto.WaitTracker(handle.id, timeout)
+        handle = (
+            job if isinstance(job, AsyncJob) else AsyncJob(self, job) if isinstance(job, JobState) else None
+        )
+        tracker = proto.WaitTracker(self._job_id(job), timeout)
         while True:
-            snapshot = await self._request(proto.get_job_call(handle.id))
+            try:
+                snapshot = await self._request(proto.get_job_call(tracker.job_id))
+            except ServiceUnavailableError as exc:
+                await asyncio.sleep(tracker.unavailable(exc))
+                continue
+            if handle is None:
+                handle = AsyncJob(self, snapshot.state)
             handle.state = snapshot.state
             moved, delay = tracker.observe(snapshot)
             if moved and on_progress is not None:
@@ -406,11 +415,6 @@ class AsyncClient(_BaseClient):
             if delay is None:
                 return handle
             await asyncio.sleep(delay)
-
-    async def _snapshot_state(self, job: JobRef) -> JobState:
-        if isinstance(job, JobState):
-            return job
-        return (await self._request(proto.get_job_call(self._job_id(job)))).state
 
     async def cancel(self, job: JobRef) -> AsyncJob:
         return AsyncJob(self, await self._request(proto.cancel_call(self._job_id(job))))

@@ -34,6 +34,8 @@ class FusionConfig(BaseModel):
     input_shapes: dict[str, list[int]] = Field(default_factory=dict)
     max_model_bytes: int = 2 * 1024**3
     max_nodes: int = 100_000
+    max_activation_bytes: int = 8 * 1024**3
+    allow_host_ops: bool = True
 
 
 ConfigLike = FusionConfig | Mapping[str, Any] | BaseModel

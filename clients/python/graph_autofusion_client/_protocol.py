@@ -277,8 +277,12 @@ class WaitTracker:
     job_id: str
     timeout: float | None
     schedule: PollSchedule = field(default_factory=PollSchedule)
+    #: Seconds ``wait()`` keeps polling through a service that answers "unavailable" (its Redis
+    #: restarting, say) after the client's own retries ran out; the job runs on meanwhile.
+    outage_patience: float = 300.0
     _deadline: float | None = None
     _last: tuple[Any, ...] | None = None
+    _outage_since: float | None = None
 
     def __post_init__(self) -> None:
         if self.timeout is not None:
@@ -287,6 +291,7 @@ class WaitTracker:
     def observe(self, snapshot: Snapshot) -> tuple[bool, float | None]:
         """``(moved, delay)``: whether to report progress, and the sleep before the next poll
         (``None`` once the job is terminal). Raises `WaitTimeoutError` when the deadline passed."""
+        self._outage_since = None
         key = _progress_key(snapshot.state)
         moved = key != self._last
         self._last = key
@@ -299,6 +304,19 @@ class WaitTracker:
                 raise WaitTimeoutError(snapshot.state, self.timeout or 0.0)
             delay = min(delay, remaining)
         return moved, delay
+
+    def unavailable(self, error: ServiceUnavailableError) -> float:
+        """The sleep before polling again after the service answered "unavailable"; re-raises
+        `error` once the outage outlasted ``outage_patience`` or the wait's own deadline."""
+        now = time.monotonic()
+        if self._outage_since is None:
+            self._outage_since = now
+        if now - self._outage_since > self.outage_patience:
+            raise error
+        if self._deadline is not None and now >= self._deadline:
+            raise error
+        delay = self.schedule.next_delay(None, moved=False)
+        return delay if self._deadline is None else min(delay, self._deadline - now)
 
 
 # -- downloads ---------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ EXIT_INVALID_INPUT = 2
 EXIT_JOB_FAILED = 3
 EXIT_UNREACHABLE = 4
 EXIT_AUTH = 5
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: the reader of stdout went away
 
 EXIT_CODES_HELP = """\
 exit codes:
@@ -47,6 +48,7 @@ exit codes:
   3  the job failed or was cancelled
   4  the service is unreachable (after retries)
   5  authentication failed (missing or wrong API key)
+  141  stdout was closed by its reader (e.g. `| head`)
 """
 
 Handler = Callable[[argparse.Namespace], int]
@@ -176,10 +178,22 @@ def _guarded(handler: Handler) -> Handler:
             return _fail(EXIT_ERROR, f"error: {exc}")
         except KeyboardInterrupt:
             return _fail(130, "interrupted (the job keeps running on the service)")
+        except BrokenPipeError:
+            return _closed_stdout()
 
     run.__name__ = handler.__name__
     run.__doc__ = handler.__doc__
     return run
+
+
+def _closed_stdout() -> int:
+    """The reader of stdout went away (`autofusion report --json | head`): stop quietly, as Unix
+    tools do, with 128 + SIGPIPE. Python's final flush would fail on the closed pipe once more and
+    print a traceback, so stdout is pointed at /dev/null first."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_BROKEN_PIPE
 
 
 def _fail(code: int, message: str) -> int:

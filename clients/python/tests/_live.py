@@ -111,7 +111,7 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 def _in_checkout() -> bool:
-    return (REPO_ROOT / "autofusion_service" / "__main__.py").is_file()
+    return (REPO_ROOT / "service" / "__main__.py").is_file()
 
 
 def _group_alive(group: int) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -224,3 +225,30 @@ def test_cancelled_job_exits_3(env: LiveService, capsys) -> None:
         job = client.submit(tiny_mlp(hidden=14), config={"max_rounds": 5}).cancel()
     assert main(["status", job.id, "--wait"]) == 3
     assert "cancelled" in capsys.readouterr().err
+
+
+@live
+def test_a_closed_stdout_ends_quietly(env: LiveService, model_file: Path, capsys) -> None:
+    """`autofusion report --json | head`: the reader goes away; no traceback, exit 128 + SIGPIPE."""
+    assert main(["submit", str(model_file), "--wait"]) == 0
+    job_id = next(line.split()[1] for line in capsys.readouterr().out.splitlines() if line.startswith("job "))
+    reader, writer = os.pipe()
+    os.close(reader)  # the reader is gone before the command writes a byte
+    try:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import sys; from graph_autofusion_client.cli import main; sys.exit(main(sys.argv[1:]))",
+                "report",
+                job_id,
+                "--json",
+            ],
+            stdout=writer,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(writer)
+    assert done.returncode == 141 and "Traceback" not in done.stderr, done.stderr

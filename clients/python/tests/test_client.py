@@ -149,6 +149,30 @@ def test_wait_timeout_leaves_the_job_alone() -> None:
     assert info.value.job.status.value == "running"
 
 
+def test_wait_rides_out_a_broker_outage_longer_than_the_retries() -> None:
+    """The service answers 503 broker_unavailable while its Redis restarts: wait() keeps polling
+    (the client's per-request retries run out several times over) and sees the job finish."""
+    polls: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        polls.append(1)
+        if len(polls) <= 3 * (FAST.max_retries + 1):
+            return problem("broker_unavailable", 503, "the job store or queue is unavailable")
+        return httpx.Response(200, json=job_json(status="succeeded"))
+
+    with client_for(handler) as client:
+        job = client.wait(JobState.model_validate(job_json(status="running")))
+    assert job.status.value == "succeeded" and len(polls) == 3 * (FAST.max_retries + 1) + 1
+
+
+def test_wait_gives_up_on_an_outage_past_its_deadline() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return problem("broker_unavailable", 503, "the job store or queue is unavailable")
+
+    with client_for(handler) as client, pytest.raises(ServiceUnavailableError):
+        client.wait(JobState.model_validate(job_json(status="running")), timeout=0.5)
+
+
 def _download_service(payload: bytes, etag: str) -> Handler:
     def handler(request: httpx.Request) -> httpx.Response:
         if request.url.path.endswith("/model"):

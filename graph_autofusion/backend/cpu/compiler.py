@@ -66,6 +66,9 @@ strict ISO C: define constants such as pi yourself (`M_PI` is not declared). Und
 and implicit declarations are errors at build time (`-Wl,--no-undefined`), so a typo fails here,
 naming the kernel, instead of at `dlopen` in another process.
 
+Debug builds: `AUTOFUSION_DEBUG_SANITIZE` adds `-fsanitize=...` (sanitize.py says how such kernels
+load and what the runtime then checks); the flags are in the key, so the two builds never mix.
+
 Cache key: sha256 over (source, compiler version line and target triple, every flag, ISA name,
 host architecture). Because BLAS flags carry the library path (rpath), a moved installation
 rebuilds rather than loading a kernel that points at a vanished library.
@@ -93,7 +96,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from graph_autofusion.backend.cpu import blas
+from graph_autofusion.backend.cpu import blas, sanitize
 from graph_autofusion.backend.cpu.cache import KernelCache, default_cache
 from graph_autofusion.backend.cpu.isa import IsaTarget, target_isa
 from graph_autofusion.backend.cpu.threads import available_cpus
@@ -245,6 +248,7 @@ def kernel_flags(
     isa = isa or target_isa()
     flags = [*BASE_FLAGS, *_isa_flags(info, isa)]
     flags.append("-fopenmp" if src.uses_openmp else "-fopenmp-simd")
+    flags.extend(sanitize.compile_flags(sanitize.sanitize_mode()))  # in the cache key with the rest
     if src.uses_blas:
         flags.extend(blas.compile_flags())
     return flags
@@ -256,7 +260,8 @@ def _link_flags(
     info = info or compiler_identity()
     isa = isa or target_isa()
     vector_math = ["-lmvec"] if _simd_math_ok(info, isa) else []
-    return [*(blas.link_flags() if src.uses_blas else ()), *vector_math, *LINK_FLAGS]
+    sanitizers = sanitize.compile_flags(sanitize.sanitize_mode())
+    return [*(blas.link_flags() if src.uses_blas else ()), *vector_math, *sanitizers, *LINK_FLAGS]
 
 
 # Vector variants that glibc's libmvec provides for AVX2 (`_ZGVdN8v_expf`, ...; glibc >= 2.35

@@ -8,7 +8,7 @@ the outputs with the expected ones.
 
     cases = collect_cases()                      # claimed ops, float cases
     precompile(cases, cache)                     # every unique kernel, a few compiler runs
-    outcomes = [run_case(c, cache) for c in cases]
+    outcomes = [run_case(c, cache) for c in cases]  # each case twice, arena poisoned differently
     print(format_summary(summarize(outcomes)))
 
 A case only *passes* when every node ran as a compiled kernel and matched; a case whose op fell
@@ -211,6 +211,11 @@ def precompile(cases: Sequence[Case], cache: KernelCache, jobs: int | None = Non
     return len(sources)
 
 
+def _is_narrow_float(dtype: np.dtype) -> bool:
+    """bfloat16 and the fp8 types (ml_dtypes: numpy kind 'V') are floats, compared with tolerance."""
+    return dtype.kind == "V" and ("float" in dtype.name)
+
+
 def compare(
     got: np.ndarray, want: np.ndarray, rtol: float = RTOL, atol: float = ATOL
 ) -> tuple[bool, float, str]:
@@ -219,7 +224,7 @@ def compare(
         return False, float("inf"), f"shape {list(got.shape)} != expected {list(want.shape)}"
     if got.dtype != want.dtype:
         return False, float("inf"), f"dtype {got.dtype} != expected {want.dtype}"
-    if want.dtype.kind != "f":
+    if want.dtype.kind != "f" and not _is_narrow_float(want.dtype):
         bad = int(np.count_nonzero(got != want))
         return bad == 0, float(bad != 0), f"{bad} element(s) differ" if bad else ""
     g, w = got.astype(np.float64), want.astype(np.float64)
@@ -238,18 +243,26 @@ def run_case(
     rtol: float = RTOL,
     atol: float = ATOL,
     threads: int = 1,
+    repeat: int = 2,
 ) -> Outcome:
-    """Compile and run one case; never raises for a failure of the case itself.
+    """Compile and run one case `repeat` times; never raises for a failure of the case itself.
 
-    `EXPECTED_PRECISION` widens the tolerance of the few cases whose expected data is rounded.
+    Before each run the arena is poisoned with a different pattern (`CompiledModel.poison`), and
+    the runs must agree bit for bit: a kernel reading memory no kernel wrote fails here even when
+    the garbage happens to be close to the answer. `EXPECTED_PRECISION` widens the tolerance of
+    the few cases whose expected data is rounded.
     """
     if case.name in EXPECTED_PRECISION:
         rtol, atol = max(rtol, EXPECTED_PRECISION[case.name][0]), max(atol, EXPECTED_PRECISION[case.name][1])
     try:
         compiled = compile_model(case.model, cache=cache, threads=threads)
-        got = compiled.run(case.inputs)
+        runs = []
+        for seed in range(max(1, repeat)):
+            compiled.poison(seed)
+            runs.append(compiled.run(case.inputs))
     except Exception as exc:  # a conformance run records every failure of a case
         return Outcome(case.name, case.op_type, ERROR, f"{type(exc).__name__}: {exc}"[:500])
+    got = runs[0]
     hosts = compiled.stats["host_ops"]
     worst = 0.0
     problems = []
@@ -258,6 +271,10 @@ def run_case(
         worst = max(worst, err)
         if not ok:
             problems.append(f"{name}: {why}")
+        if any(
+            not np.array_equal(r[name], got[name], equal_nan=got[name].dtype.kind == "f") for r in runs[1:]
+        ):
+            problems.append(f"{name}: differs between runs on a differently poisoned arena")
     if problems:
         status = MISMATCH
     elif hosts:
@@ -313,7 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cache = KernelCache(args.cache or tmp)
         cases = collect_cases(args.ops or None)
         precompile(cases, cache, jobs=args.jobs)
-        outcomes = [run_case(c, cache) for c in cases]
+        outcomes = [run_case(c, cache) for c in cases]  # each case twice, arena poisoned differently
     print(format_summary(summarize(outcomes)))
     if args.verbose:
         for o in outcomes:

@@ -25,14 +25,14 @@ import onnx
 from onnx import numpy_helper
 
 from ...errors import UnsupportedModelError
-from ...ops import OpKind, lookup
-from .codegen.reduction import REDUCTIONS
-from .codegen.single import SINGLE_OPS
+from ...onnx_utils import has_subgraph, node_inputs
+from ...ops import OpKind, lookup, registered_ops
 from .kernel_spec import KernelSpec, TensorInfo
 
 FUSED_DOMAIN = "ai.graph_autofusion"
-VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"})
-POOL_OPS = frozenset({"MaxPool", "AveragePool", "LpPool"})
+VIEW_OPS = frozenset(
+    op.op_type for (d, _), op in registered_ops().items() if not d and op.kind == OpKind.VIEW
+)
 # Initializers read by a kernel are also handed to the generator as values when they are small:
 # shape/axes/index tensors and scalars let it specialise (Slice bounds, Pow(x, 2) -> x*x).
 CONST_MAX_ELEMENTS = 64
@@ -57,12 +57,17 @@ class KernelStep:
 
 @dataclass(frozen=True)
 class HostStep:
+    """A node run by onnx.reference; `code` is a stable reason code (see hostops.HOST_REASONS)."""
+
     node: onnx.NodeProto
     reason: str
+    code: str = "no_generator"
 
     @property
     def inputs(self) -> tuple[str, ...]:
-        return tuple(self.node.input)
+        # Outer-scope reads of If/Loop/Scan bodies are inputs too: the arena must keep them
+        # alive until the host op has run, and the host op must be handed their values.
+        return tuple(node_inputs(self.node))
 
     @property
     def outputs(self) -> tuple[str, ...]:
@@ -152,21 +157,31 @@ def _small(value: np.ndarray) -> bool:
     return value.size <= CONST_MAX_ELEMENTS
 
 
+def _axis(node: onnx.NodeProto) -> int | None:
+    for attr in node.attribute:
+        if attr.name == "axis":
+            return int(attr.i)
+    return None
+
+
 def single_template(node: onnx.NodeProto, opset: int) -> str | None:
     """The template that compiles one default-domain op, or None when it runs on the host."""
     op = node.op_type
     kind = lookup(op, node.domain).kind
     if node.domain not in ("", "ai.onnx"):
         return None
-    if op in ("Softmax", "LogSoftmax") and opset < 13:
-        return None  # the old "flatten from axis" semantics: onnx.reference handles it
+    if op in ("Softmax", "LogSoftmax") and opset < 13 and _axis(node) != -1:
+        # The old "flatten from axis" semantics (canonicalization rewrites them to axis -1, where
+        # both opsets agree; a model that skipped it runs on onnx.reference).
+        return None
     if op == "MaxPool" and len(node.output) > 1 and node.output[1]:
         return None
-    if op in POOL_OPS:
+    tags = lookup(op).tags
+    if "pool" in tags:
         return "pool"
-    if op in REDUCTIONS:
+    if "row" in tags:
         return "reduction"
-    if op in SINGLE_OPS:
+    if "scan" in tags:
         return "single"
     if kind == OpKind.ANCHOR:
         return "anchor"
@@ -313,7 +328,7 @@ def extract(model: onnx.ModelProto) -> ExecutionPlan:
         else:
             template = single_template(node, opset)
             if template is None:
-                steps.append(HostStep(node, f"{node.op_type} has no code generator (run by onnx.reference)"))
+                steps.append(_host_step(node, opset))
                 continue
             spec = _single_spec(node, template, tensors, initializers)
         spec = _finish_spec(spec)
@@ -330,6 +345,20 @@ def extract(model: onnx.ModelProto) -> ExecutionPlan:
         initializers=initializers,
         opset=opset,
     )
+
+
+def _host_step(node: onnx.NodeProto, opset: int) -> HostStep:
+    """Why `node` runs on the host, as a stable code and a sentence (single_template said no)."""
+    op = node.op_type
+    if node.domain not in ("", "ai.onnx"):
+        return HostStep(node, f"operator domain {node.domain!r} has no code generator", "foreign_domain")
+    if has_subgraph(node):
+        return HostStep(node, f"{op} is control flow: its subgraphs run in onnx.reference", "control_flow")
+    if op in ("Softmax", "LogSoftmax") and opset < 13:
+        return HostStep(node, f"{op} before opset 13 (flatten-from-axis semantics)", "legacy_semantics")
+    if op == "MaxPool":
+        return HostStep(node, "MaxPool with an Indices output", "unsupported_variant")
+    return HostStep(node, f"{op} has no code generator", "no_generator")
 
 
 def _is_plain_view(node: onnx.NodeProto) -> bool:

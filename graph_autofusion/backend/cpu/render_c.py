@@ -50,6 +50,7 @@ from ...kernel_ir import (
     Unary,
     Var,
 )
+from ...kernel_ir.nodes import index as ir_index
 
 C_TYPES = {
     DType.F64: "double",
@@ -97,6 +98,27 @@ def c_literal(value: object, dtype: DType) -> str:
     return str(iv) if iv >= 0 else f"({iv})"
 
 
+def _table_literals(values: object, dtype: DType) -> list[str]:
+    """Initializers of a constant table stored as `c_type(dtype)`.
+
+    16-bit floats are stored as their bits (uint16_t), so their table holds bit patterns: a float
+    literal there would be converted as an integer (-INFINITY to 0), which turned an fp16 causal
+    mask into zeros.
+    """
+    arr = np.asarray(values)
+    if dtype not in (DType.F16, DType.BF16):
+        return [c_literal(v, dtype) for v in arr.reshape(-1)]
+    if arr.dtype.itemsize == 2 and (arr.dtype.kind in "uV" or arr.dtype == np.float16):
+        bits = arr.view(np.uint16)  # already fp16 / bf16 (ml_dtypes) values, or their bits
+    elif dtype is DType.F16:
+        bits = arr.astype(np.float16).view(np.uint16)
+    else:  # fp32 -> bf16, round to nearest even (NaN stays a quiet NaN)
+        u = arr.astype(np.float32).view(np.uint32).astype(np.uint64)
+        rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+        bits = np.where(np.isnan(arr.astype(np.float32)), np.uint16(0x7FC0), rounded)
+    return [f"0x{int(b):04x}u" for b in np.asarray(bits).reshape(-1)]
+
+
 # -- prelude ----------------------------------------------------------------------------------------
 
 _PRELUDE = """\
@@ -121,6 +143,12 @@ static inline float af_clamp_low(float x, float f) {
   float r;
   memcpy(&r, &rb, 4);
   return r;
+}
+/* A kernel's scratch buffer could not be allocated: stop loudly, never compute on NULL. */
+#include <stdio.h>
+static inline void af_out_of_memory(const char *kernel, long long bytes) {
+  fprintf(stderr, "graph-autofusion: kernel %s could not allocate %lld bytes of scratch\\n", kernel, bytes);
+  abort();
 }
 /* 16-bit floats are stored as their bits and computed in fp32. */
 #if defined(__FLT16_MAX__)
@@ -235,6 +263,7 @@ _LIBM = {  # IR unary op -> libm name (float variant gets an `f`)
     "asin": "asin", "acos": "acos", "atan": "atan", "sinh": "sinh", "cosh": "cosh", "asinh": "asinh",
     "acosh": "acosh", "atanh": "atanh", "expm1": "expm1", "log1p": "log1p",
 }  # fmt: skip
+_OMP_REDUCTION = {"sum": "+", "prod": "*", "max": "max", "min": "min"}
 _INFIX = {
     "add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
     "eq": "==", "ne": "!=", "and": "&&", "or": "||",
@@ -282,8 +311,11 @@ class ExprRenderer:
             return text
         else:
             text = self._expr(e, block)
-        if self.inline or _is_index(e) or _is_atom(text):
-            return text  # index arithmetic stays inline: the vectorizer sees the unit stride
+        if self.inline or _is_index(e) or _is_predicate(e) or _is_atom(text):
+            # Index arithmetic stays inline (the vectorizer sees the unit stride), and so do
+            # predicates: a 1-byte local between a compare and its select keeps a loop of
+            # floats from vectorizing.
+            return text
         name = self.fresh()
         block.emit(f"const {c_type(e.dtype)} {name} = {text};")
         block.memo[e] = name
@@ -306,32 +338,57 @@ class ExprRenderer:
         return name
 
     def _fold(self, e: Fold, block: Block) -> str:
+        """An accumulator and its loop. Nested folds of the same combining op share one
+        accumulator (a window's rows and columns: one running max, one sequential sum)."""
         acc = self.fresh("acc")
-        v = e.var.name
-        start, stop = self(e.start, block), self(e.stop, block)
         vt = c_type(e.value.dtype)
-        arg = e.op.startswith("arg")
-        if arg:
+        if e.op.startswith("arg"):
             best = self.fresh("best")
+            start = self(e.start, block)
             block.emit(f"{vt} {best} = 0; int64_t {acc} = {start};")
-        else:
-            block.emit(f"{vt} {acc} = {c_literal(_fold_identity(e.op, e.value.dtype), e.value.dtype)};")
-        cond, step = (f"{v} < {stop}", f"++{v}") if e.step == 1 else (f"{v} > {stop}", f"--{v}")
-        block.emit(f"for (int64_t {v} = {start}; {cond}; {step}) {{")
-        body = block.child()
-        x = self(e.value, body)
-        if e.op == "sum":
-            body.emit(f"{acc} += {x};")
-        elif e.op == "prod":
-            body.emit(f"{acc} *= {x};")
-        elif e.op in ("max", "min"):
-            body.emit(f"{acc} = {x} {'>' if e.op == 'max' else '<'} {acc} ? {x} : {acc};")
-        else:
+            body = self._open(e, block)
+            x = self(e.value, body)
             cmp = (">" if e.op.startswith("argmax") else "<") + ("=" if e.op.endswith("_last") else "")
+            v = e.var.name
             body.emit(f"if ({v} == {start} || {x} {cmp} {best}) {{ {best} = {x}; {acc} = {v}; }}")
-        block.extend(body)
-        block.emit("}")
+            self._close(block, [body])
+            return acc
+        identity = _fold_identity(e.op, e.value.dtype)
+        block.emit(f"{vt} {acc} = {c_literal(identity, e.value.dtype)};")
+        loops, value, outer = [e], e.value, block
+        while isinstance(value, Fold) and value.op == e.op and value.dtype is e.dtype:
+            loops.append(value)
+            value = value.value
+        bodies: list[Block] = []
+        for f in loops:
+            outer = self._open(f, outer)
+            bodies.append(outer)
+        self._update(e.op, acc, self(value, bodies[-1]), bodies[-1])
+        self._close(block, bodies)
         return acc
+
+    def _open(self, f: Fold, block: Block) -> Block:
+        v = f.var.name
+        start, stop = self(f.start, block), self(f.stop, block)
+        cond, step = (f"{v} < {stop}", f"++{v}") if f.step == 1 else (f"{v} > {stop}", f"--{v}")
+        block.emit(f"for (int64_t {v} = {start}; {cond}; {step}) {{")
+        return block.child()
+
+    @staticmethod
+    def _close(block: Block, bodies: list[Block]) -> None:
+        """Splice nested loop bodies back, innermost first."""
+        for outer, inner in zip(reversed([block, *bodies[:-1]]), reversed(bodies), strict=True):
+            outer.extend(inner)
+            outer.emit("}")
+
+    @staticmethod
+    def _update(op: str, acc: str, x: str, block: Block) -> None:
+        if op == "sum":
+            block.emit(f"{acc} += {x};")
+        elif op == "prod":
+            block.emit(f"{acc} *= {x};")
+        else:
+            block.emit(f"{acc} = {x} {'>' if op == 'max' else '<'} {acc} ? {x} : {acc};")
 
     def _expr(self, e: Expr, block: Block) -> str:
         if isinstance(e, Load):
@@ -347,7 +404,14 @@ class ExprRenderer:
                 return f"((uint8_t)({x} != 0))"
             return f"(({c_type(e.dtype)}){x})"
         if isinstance(e, Select):
-            return f"({self(e.cond, block)} ? {self(e.a, block)} : {self(e.b, block)})"
+            c = e.cond
+            if (e.dtype is DType.F32 and isinstance(c, Binary) and c.op == "lt" and c.b is e.a
+                    and c.a is e.b and isinstance(e.a, Const)):  # fmt: skip
+                # x < f ? f : x as a bit select (same result, NaN included): gcc sees through
+                # the ternary (and fmaxf) feeding expf and calls the vector expf on the raw
+                # value, its slow path for underflowing lanes; this form it keeps.
+                return f"af_clamp_low({self(e.b, block)}, {self(e.a, block)})"
+            return f"({self(c, block)} ? {self(e.a, block)} : {self(e.b, block)})"
         if isinstance(e, Unary):
             return self._unary(e, self(e.x, block))
         if isinstance(e, Binary):
@@ -412,6 +476,11 @@ def _is_index(e: Expr) -> bool:
     return False
 
 
+def _is_predicate(e: Expr) -> bool:
+    """A truth value computed from others (compare, logic, not, isnan): no memory behind it."""
+    return e.dtype is DType.BOOL and isinstance(e, Binary | Unary | Cast)
+
+
 def _is_atom(text: str) -> bool:
     return text.replace("_", "").isalnum() or text.startswith(("INT64_C", "(-INT64_C"))
 
@@ -450,20 +519,9 @@ class KernelRenderer:
                 value = f"af_f2h({value})"
             elif s.buffer.dtype is DType.BF16:
                 value = f"af_f2bf({value})"
-            block.emit(f"{s.buffer.name}[{r(s.index, block)}] = {value};")
+            block.emit(f"{s.buffer.name}[{r(ir_index(s.index), block)}] = {value};")
         elif isinstance(s, Loop):
-            if s.parallel and s.vector:
-                block.emit("#pragma omp parallel for simd schedule(static)")
-            elif s.parallel:
-                block.emit("#pragma omp parallel for schedule(static)")
-            elif s.vector:
-                block.emit("#pragma omp simd")
-            v = s.var.name
-            block.emit(f"for (int64_t {v} = 0; {v} < {s.extent}; ++{v}) {{")
-            inner = block.child()
-            self.stmts(s.body, inner)
-            block.extend(inner)
-            block.emit("}")
+            self.loop(s, block)
         elif isinstance(s, If):
             block.emit(f"if ({r(s.cond, block)}) {{")
             then = block.child()
@@ -480,6 +538,46 @@ class KernelRenderer:
         else:
             raise ValueError(f"the C renderer has no rule for {type(s).__name__}")
 
+    def loop(self, s: Loop, block: Block) -> None:
+        clauses = "".join(f" reduction({_OMP_REDUCTION[op]}:{v.name})" for op, v in s.reductions)
+        if s.scratch:  # per-thread buffers: a parallel region around a worksharing loop
+            if s.parallel:
+                block.emit("#pragma omp parallel")
+            block.emit("{")
+            region = block.child()
+            for b in s.scratch:
+                t = c_type(b.dtype)
+                region.emit(f"{t} *{b.name} = ({t} *)malloc(sizeof({t}) * {b.size});")
+                nbytes = b.size * b.dtype.itemsize
+                region.emit(f'if (!{b.name}) af_out_of_memory("{self.kernel.name}", {nbytes});')
+            if s.parallel:
+                region.emit(f"#pragma omp for schedule(static){clauses}")
+            elif s.vector:
+                region.emit(f"#pragma omp simd{clauses}")
+            self._for(s, region)
+            for b in s.scratch:
+                region.emit(f"free({b.name});")
+            block.extend(region)
+            block.emit("}")
+            return
+        if s.parallel and s.vector:
+            block.emit(f"#pragma omp parallel for simd schedule(static){clauses}")
+        elif s.parallel:
+            block.emit(f"#pragma omp parallel for schedule(static){clauses}")
+        elif s.vector:
+            block.emit(f"#pragma omp simd{clauses}")
+        self._for(s, block)
+
+    def _for(self, s: Loop, block: Block) -> None:
+        v = s.var.name
+        start, stop = self.exprs(ir_index(s.start), block), self.exprs(ir_index(s.stop), block)
+        step = f"++{v}" if s.step == 1 else f"{v} += {s.step}"
+        block.emit(f"for (int64_t {v} = {start}; {v} < {stop}; {step}) {{")
+        inner = block.child()
+        self.stmts(s.body, inner)
+        block.extend(inner)
+        block.emit("}")
+
     def render(self, decls: list[str] | None = None) -> str:
         """The translation unit; `decls` (filled while the body renders) go before the function."""
         k = self.kernel
@@ -487,8 +585,8 @@ class KernelRenderer:
         self.stmts(k.body, body)
         parts = [prelude(), *(decls or ())]
         for buf, values in k.constants:
-            init = ", ".join(_table_literals(np.asarray(values).reshape(-1), buf.dtype))
-            parts.append(f"static const {c_type(buf.dtype)} {buf.name}[{buf.size}] = {{{init}}};")
+            data = ", ".join(_table_literals(values, buf.dtype))
+            parts.append(f"static const {c_type(buf.dtype)} {buf.name}[{buf.size}] = {{{data}}};")
         comment = (k.description or k.name).replace("*/", "* /").replace("/*", "/ *")
         parts.append("\n/* " + comment.replace("\n", "\n * ") + "\n */")
         parts.append(f"void {k.name}(void *const *args) {{")
@@ -500,21 +598,6 @@ class KernelRenderer:
         parts.extend(body.lines)
         parts.append("}")
         return "\n".join(parts) + "\n"
-
-
-def _table_literals(values: np.ndarray, dtype: DType) -> list[str]:
-    """The initializer of a constant table in its storage type: 16-bit floats are stored as
-    uint16_t bit patterns (a float literal there would be converted to an integer)."""
-    if dtype not in (DType.F16, DType.BF16):
-        return [c_literal(v, dtype) for v in values]
-    if values.dtype.itemsize == 2 and values.dtype.kind not in "iu":  # already fp16 / bf16
-        bits = values.view(np.uint16)
-    elif dtype is DType.F16:
-        bits = values.astype(np.float16).view(np.uint16)
-    else:  # bf16 from wider floats: round to nearest even on the top 16 bits of the fp32
-        wide = values.astype(np.float32).view(np.uint32).astype(np.uint64)
-        bits = ((wide + 0x7FFF + ((wide >> 16) & 1)) >> 16).astype(np.uint16)
-    return [f"0x{int(b):04x}u" for b in bits]
 
 
 def render_kernel(kernel: Kernel, exprs: ExprRenderer | None = None, decls: list[str] | None = None) -> str:

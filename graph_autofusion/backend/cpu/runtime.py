@@ -30,13 +30,15 @@ from typing import Any
 import numpy as np
 import onnx
 
-from ...errors import RuntimeInputError
+from ...errors import RuntimeInputError, UnsupportedModelError
+from . import sanitize
 from .arena import ALIGNMENT, Buffer, plan_offsets
 from .cache import KernelCache, default_cache
-from .codegen import CodegenUnsupported, generate
+from .codegen import CodegenUnsupported, GeneratedKernel, generate
 from .compiler import Artifact, KernelSource, compile_kernels
 from .extract import ExecutionPlan, HostStep, KernelStep, ViewStep, extract
-from .hostops import HostOp
+from .hostops import HostOp, host_op_entry
+from .kernel_spec import KernelSpec
 from .threads import available_cpus, set_omp_threads
 
 DRIVER_SYMBOL = "af_run_sequence"
@@ -75,14 +77,20 @@ def compile_model(
 ) -> CompiledModel:
     """Generate, compile (through the kernel cache) and load every kernel of `model`."""
     started = time.perf_counter()
+    sanitize.require_runtime(sanitize.sanitize_mode())
     cache = cache if cache is not None else default_cache()
     plan = extract(model)
     sources: list[KernelSource] = []
     meta: dict[str, tuple[str, str, bool]] = {}
     unsupported: dict[str, str] = {}
+    _refuse_object_tensors(plan)
     for symbol, spec in plan.specs.items():
+        why = _no_c_type(spec)
+        if why:
+            unsupported[symbol] = why
+            continue
         try:
-            kernel = generate(spec)
+            kernel = generate_once(spec)
         except CodegenUnsupported as exc:
             unsupported[symbol] = str(exc)
             continue
@@ -110,6 +118,86 @@ def compile_model(
     return compiled
 
 
+def _no_c_type(spec: KernelSpec) -> str:
+    """Why `spec` cannot be generated for its element types ("" when it can): a tensor whose
+    type has no C type in the generators (fp8, int4, complex, ...) makes the kernel run on the
+    host (onnx.reference), right and slow, instead of failing the whole model."""
+    for info in spec.tensors.values():
+        try:
+            info.ctype  # noqa: B018 - raises for an element type the generators do not know
+        except ValueError as exc:
+            return str(exc)
+    return ""
+
+
+def _refuse_object_tensors(plan: ExecutionPlan) -> None:
+    """Strings cannot live in the arena (raw bytes): such a model is refused, with a code."""
+    for info in plan.tensors.values():
+        if info.elem_type == onnx.TensorProto.STRING:
+            raise UnsupportedModelError(
+                f"tensor {info.name!r} holds strings; the CPU runtime runs numeric tensors only",
+                code="unsupported_dtype",
+                tensor=info.name,
+            )
+
+
+_GENERATED: dict[str, GeneratedKernel | CodegenUnsupported] = {}
+_GENERATED_MAX = 4096
+
+
+def generate_once(spec: KernelSpec) -> GeneratedKernel:
+    """`generate`, remembered by symbol (extract names a kernel by the digest of its canonical
+    spec): fusion asks once to list host ops, compiling asks again, repeated blocks share one."""
+    found = _GENERATED.get(spec.symbol)
+    if found is None:
+        try:
+            found = generate(spec)
+        except CodegenUnsupported as exc:
+            found = exc
+        if len(_GENERATED) >= _GENERATED_MAX:
+            _GENERATED.clear()
+        _GENERATED[spec.symbol] = found
+    if isinstance(found, CodegenUnsupported):
+        raise CodegenUnsupported(str(found))
+    return found
+
+
+def host_steps(model: onnx.ModelProto) -> list[HostStep]:
+    """The ops of `model` that would run on the host, with their reason codes, without compiling.
+
+    Generating C source is cheap (tens of ms for ResNet-50) next to compiling it, so fusion asks
+    the generators up front and the report can list every fallback before any compiler runs.
+    """
+    plan = extract(model)
+    declined: dict[str, str] = {}
+    for symbol, spec in plan.specs.items():
+        why = _no_c_type(spec)
+        if why:
+            declined[symbol] = why
+            continue
+        try:
+            generate_once(spec)
+        except CodegenUnsupported as exc:
+            declined[symbol] = str(exc)
+    return [s for s in _with_host_fallbacks(plan.steps, declined) if isinstance(s, HostStep)]
+
+
+def _with_host_fallbacks(
+    steps: Sequence[ViewStep | KernelStep | HostStep], declined: Mapping[str, str]
+) -> list[ViewStep | KernelStep | HostStep]:
+    """Steps with every kernel the generator declined turned into a host op saying why."""
+    out: list[ViewStep | KernelStep | HostStep] = []
+    for step in steps:
+        if isinstance(step, KernelStep) and step.symbol in declined:
+            assert step.node is not None
+            out.append(
+                HostStep(step.node, f"no code generated: {declined[step.symbol]}", "codegen_unsupported")
+            )
+        else:
+            out.append(step)
+    return out
+
+
 class CompiledModel:
     """A model whose kernels are loaded and whose memory is planned: call it with inputs."""
 
@@ -135,6 +223,9 @@ class CompiledModel:
         self.driver_digest = driver_digest
         self._lock = threading.Lock()
         self._libs: dict[Path, ctypes.CDLL] = {}
+        # Debug mode (sanitize.py): redzones, one kernel at a time, live-range poisoning.
+        self.sanitize = sanitize.sanitize_mode()
+        self._runs = 0
         if any(k.uses_blas for k in self.kernels.values()):
             from .blas import load_blas
 
@@ -156,15 +247,12 @@ class CompiledModel:
         return self._libs[path]
 
     def _resolve_steps(self) -> list[ViewStep | KernelStep | HostStep]:
-        steps: list[ViewStep | KernelStep | HostStep] = []
-        for step in self.plan.steps:
-            if isinstance(step, KernelStep) and step.symbol not in self.kernels:
-                reason = self.unsupported.get(step.symbol, "kernel not available")
-                assert step.node is not None
-                steps.append(HostStep(step.node, f"no code generated: {reason}"))
-            else:
-                steps.append(step)
-        return steps
+        declined = {
+            s.symbol: self.unsupported.get(s.symbol, "kernel not available")
+            for s in self.plan.steps
+            if isinstance(s, KernelStep) and s.symbol not in self.kernels
+        }
+        return _with_host_fallbacks(self.plan.steps, declined)
 
     def _plan_memory(self) -> None:
         plan = self.plan
@@ -191,11 +279,15 @@ class CompiledModel:
         for t in plan.outputs:
             last[root(t.name)] = end
         buffers = []
+        redzone = sanitize.REDZONE_BYTES if self.sanitize else 0
+        self._extents: dict[str, tuple[int, int, int]] = {}  # name -> (bytes, first, last)
         for name, start in first.items():
             if name in self._weights:
                 continue
             info = plan.tensors[name]
-            buffers.append(Buffer(name, info.numel * info.dtype.itemsize, start, last.get(name, start)))
+            nbytes = info.numel * info.dtype.itemsize
+            self._extents[name] = (nbytes, start, last.get(name, start))
+            buffers.append(Buffer(name, nbytes + redzone, start, last.get(name, start)))
         offsets, peak = plan_offsets(buffers)
         self.arena_bytes = peak
         raw = np.zeros(peak + ALIGNMENT, dtype=np.uint8)
@@ -284,11 +376,7 @@ class CompiledModel:
                         "cached": info.cached,
                     }
                 )
-        hosts = [
-            {"node": s.node.name, "op_type": s.node.op_type, "reason": s.reason}
-            for s in self._steps
-            if isinstance(s, HostStep)
-        ]
+        hosts = [host_op_entry(s) for s in self._steps if isinstance(s, HostStep)]
         return {
             "kernels": len(per_kernel),
             "unique_kernels": len({k["symbol"] for k in per_kernel}),
@@ -301,6 +389,36 @@ class CompiledModel:
         }
 
     # -- running -------------------------------------------------------------------------------
+    def poison(self, seed: int = 0) -> None:
+        """Fill the arena and scratch buffers with garbage, so a read of unwritten memory shows.
+
+        Seed 0 writes 0xFF bytes (NaN in every float, -1 in every integer), seed 1 0x7F bytes
+        (~3.4e38, INT_MAX-like), any other seed random bytes. A kernel that reads memory no
+        kernel wrote then gives NaN, or outputs that change with the seed: two runs with
+        different seeds must agree exactly. Inputs are copied in after this, weights untouched.
+        In the sanitizer debug mode every run does this first, with the next seed.
+        """
+        with self._lock:
+            self._fill(seed)
+
+    def _fill(self, seed: int) -> None:
+        for buf in (self._arena, *self._scratch.values()):
+            if seed in (0, 1):
+                buf.fill(0xFF if seed == 0 else 0x7F)
+            else:
+                buf[...] = np.random.default_rng(seed).integers(0, 256, buf.shape, dtype=np.uint8)
+
+    def _guard(self, step: int | None) -> None:
+        """ASan view of the arena at `step`: only buffers live there are addressable (None: all)."""
+        base, size = int(self._arena.ctypes.data), int(self._arena.nbytes)
+        if step is None:
+            sanitize.unpoison(base, size)
+            return
+        sanitize.poison(base, size)
+        for name, (nbytes, first, last) in self._extents.items():
+            if first <= step <= last:
+                sanitize.unpoison(base + self._offsets[name], nbytes)
+
     @property
     def input_names(self) -> list[str]:
         return [t.name for t in self.plan.inputs]
@@ -316,6 +434,10 @@ class CompiledModel:
         """Run the model: inputs by name (dict) or position; outputs by name, in model order."""
         feeds = self._check_inputs(inputs)
         with self._lock:
+            if self.sanitize:
+                self._guard(None)
+                self._fill(self._runs)
+                self._runs += 1
             for name, value in feeds.items():
                 np.copyto(self.array(name), value, casting="no")
             set_omp_threads(self.threads)
@@ -323,6 +445,12 @@ class CompiledModel:
             return {t.name: self.array(t.name).copy() for t in self.plan.outputs}
 
     def _execute(self) -> None:
+        if self.sanitize:
+            try:
+                self._execute_guarded()
+            finally:
+                self._guard(None)
+            return
         if self.dispatch == "ctypes":
             self._execute_per_kernel()
             return
@@ -332,16 +460,19 @@ class CompiledModel:
                 n, fns, args = payload
                 driver(n, fns, args)
             else:
-                op, ins, outs = payload
-                results = op(ins)
-                for out, res in zip(outs, results, strict=True):
-                    if res.shape != out.shape:
-                        raise RuntimeInputError(
-                            f"host op {op.node.op_type} ({op.node.name!r}) produced shape {res.shape}, "
-                            f"but the model declares {out.shape}",
-                            code="dynamic_shape_mismatch",
-                        )
-                    np.copyto(out, res, casting="unsafe")
+                self._run_host(*payload)
+
+    @staticmethod
+    def _run_host(op: HostOp, ins: list[np.ndarray], outs: list[np.ndarray]) -> None:
+        results = op(ins)
+        for out, res in zip(outs, results, strict=True):
+            if res.shape != out.shape:
+                raise RuntimeInputError(
+                    f"host op {op.node.op_type} ({op.node.name!r}) produced shape {res.shape}, "
+                    f"but the model declares {out.shape}",
+                    code="dynamic_shape_mismatch",
+                )
+            np.copyto(out, res, casting="unsafe")
 
     def profile(
         self, inputs: Mapping[str, Any] | Sequence[Any] | np.ndarray, reps: int = 5
@@ -395,6 +526,22 @@ class CompiledModel:
             row["ms"] = round(float(np.median([t[k] for t in times])) * 1e3, 4)
             row["min_ms"] = round(min(t[k] for t in times) * 1e3, 4)
         return rows
+
+    def _execute_guarded(self) -> None:
+        """One kernel or host op at a time, each seeing only the buffers live at its step."""
+        kernels = iter(self._per_kernel)
+        steps = [k for k, s in enumerate(self._steps) if not isinstance(s, ViewStep)]
+        order = iter(steps)
+        for kind, payload in self._segments:
+            if kind == "kernels":
+                for _ in range(payload[0]):
+                    fn, argv = next(kernels)
+                    self._guard(next(order))
+                    fn(argv)
+            else:
+                self._guard(None)  # numpy's copies are not instrumented: no partial view for them
+                next(order)
+                self._run_host(*payload)
 
     def _execute_per_kernel(self) -> None:
         """One ctypes call per kernel (kept to measure what the driver saves)."""

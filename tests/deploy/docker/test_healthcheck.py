@@ -13,13 +13,13 @@ from types import ModuleType
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO / "tests" / "autofusion_service"))
+sys.path.insert(0, str(REPO / "tests" / "service"))
 
 from harness import ThreadedServer, fast_settings, free_port  # noqa: E402
 
+from autofusion_core.settings import Settings  # noqa: E402
+from autofusion_core.store import WorkerInfo, open_store  # noqa: E402
 from autofusion_service.main import create_app  # noqa: E402
-from autofusion_service.settings import Settings  # noqa: E402
-from autofusion_service.store import WorkerInfo, open_store  # noqa: E402
 
 
 def _load() -> ModuleType:

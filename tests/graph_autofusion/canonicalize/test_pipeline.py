@@ -153,7 +153,7 @@ def test_before_ir4_initializers_in_inputs_are_constants():
     result, counts = canonicalize(model, FusionConfig())
     assert [n.op_type for n in result.graph.node] == ["MatMul"]
     assert [i.name for i in result.graph.input] == ["x"]
-    assert result.ir_version == 4
+    assert result.ir_version == 8  # at least 4 for the weights; 8 because opset 8 is raised to 18
     assert counts["constant_folding"] == 1
     feeds = random_feeds(result)
     assert_same_outputs(model, result, {**feeds})

@@ -97,3 +97,15 @@ def test_folds_carry_their_range_and_type() -> None:
     assert str(back) == "sum(r from 7 to sub(i, 1) step -1: x@[i, r])"
     with pytest.raises(ValueError, match="unknown fold"):
         ir.fold("mean", r, 0, 8, x)
+
+
+def test_printed_text_stays_linear_in_a_shared_dag() -> None:
+    """x, x*x, (x*x)*(x*x), ... : 40 squarings are a 2^40-leaf tree but 40 lines of text."""
+    x = ir.load(Buffer("in0", DType.F32, 1), 0)
+    e = x
+    for _ in range(40):
+        e = e * e
+    text = format_kernel(
+        Kernel("sq", (Buffer("in0", DType.F32, 1),), (Store(Buffer("out0", DType.F32, 1), 0, e),))
+    )
+    assert len(text) < 4000 and "%40 = mul(%39, %39)" in text

@@ -1,11 +1,12 @@
-"""C generators, one module per template family; `generate(spec)` picks the right one.
+"""C source per kernel; `generate(spec)` picks the generator for `spec.template`.
 
-    pointwise.py   elementwise / broadcast / injective ops in one loop nest
-    reduction.py   the row template: reductions with fused prologue and epilogue
-    pool.py        MaxPool / AveragePool windows with an elementwise epilogue
-    single.py      other single ops that still compile to a loop (ArgMax, CumSum)
-    anchor.py      Conv / MatMul / Gemm with their epilogues (BLAS)
-    common.py      the shared expression engine
+    pointwise.py   pointwise, pool and single kernels: lower/pointwise.py's IR, rendered
+    reduction.py   the row template: lower/reduction.py's IR, rendered
+    pool.py        MaxPool / AveragePool / LpPool windows (an index rule of lower/values.py)
+    single.py      other single ops whose rule folds an axis (ArgMax, CumSum)
+    anchor.py      Conv / MatMul / Gemm with their epilogues (BLAS), still written as C text
+                   (gemm.py, conv.py, epilogue.py); epilogue formulas come from the IR registry
+    common.py      what the anchor generators share
 
 A generator that meets something it cannot compile raises `CodegenUnsupported`; the runtime then
 runs that kernel's nodes as host ops and lists them, so nothing is dropped silently.
@@ -42,7 +43,7 @@ def anchor_module():
         return None
 
 
-_IR_TEMPLATES = frozenset({"pointwise", "pool", "single"})  # lowered whole through the kernel IR
+_IR_TEMPLATES = frozenset({"pointwise", "reduction", "pool", "single"})  # lowered through the kernel IR
 _IR_ONLY_TYPES = frozenset({onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16})
 
 

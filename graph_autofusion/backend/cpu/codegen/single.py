@@ -8,11 +8,12 @@ op (see hostops.py).
 
 from __future__ import annotations
 
+from ....ops.registry import ops_tagged
 from ..kernel_spec import KernelSpec
 from .common import CodegenUnsupported
 from .pointwise import emit_pointwise
 
-SINGLE_OPS = frozenset({"ArgMax", "ArgMin", "CumSum"})
+SINGLE_OPS = ops_tagged("scan")
 
 
 def emit_single(spec: KernelSpec) -> str:

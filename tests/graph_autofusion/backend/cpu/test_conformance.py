@@ -4,6 +4,8 @@ The cases come from `onnx.backend.test.case.node` (built in memory by the instal
 case's model is compiled by the real runtime into one shared session cache: all unique kernels
 are built first in a few combined compiler runs, so the whole module costs a few seconds.
 
+Each case runs twice, on an arena poisoned with a different byte pattern before each run, and the
+two runs must agree bit for bit (a read of memory no kernel wrote fails the case).
 A claimed op must pass 100% of its fp32 cases at rtol 1e-5 / atol 1e-6, as compiled kernels (a
 case that silently fell back to the onnx.reference host path does not count), unless the case is
 listed in KNOWN_GAPS with the reason. A listed case that starts passing fails the test too, so

@@ -15,7 +15,7 @@ import pytest
 
 from graph_autofusion.backend.cpu.compiler import KernelSource, compile_kernels
 from graph_autofusion.backend.cpu.render_c import render_kernel
-from graph_autofusion.kernel_ir import Buffer, DType, Kernel, Loop, Store
+from graph_autofusion.kernel_ir import Assign, Buffer, Call, Declare, DType, If, Kernel, Loop, Store
 from graph_autofusion.kernel_ir import nodes as ir
 
 
@@ -93,35 +93,51 @@ def test_narrowing_rounds_to_nearest_even(kernel_cache, dtype, reference) -> Non
     assert np.isnan(out[nan].view(reference).astype(np.float32)).all()
 
 
-def test_a_constant_table_does_not_replace_the_body(kernel_cache) -> None:
-    """The table's initializer text once overwrote the body block (AttributeError at render).
+def test_branches_calls_and_accumulators_render_as_c() -> None:
+    i, n = ir.var("i"), ir.var("n", DType.F64)
+    a, b = Buffer("in0", DType.F32, 8), Buffer("out0", DType.F64, 1, "output")
+    x = ir.cast(ir.load(a, i), DType.F64)
+    body = (
+        Declare(n, ir.const(0, DType.F64)),
+        Loop(
+            i,
+            8,
+            (If(ir.gt(x, 0.0), (Assign(n, n + x),), (Call("af_note", (i,)),)),),
+            reductions=(("sum", n),),
+        ),
+        Store(b, 0, n),
+    )
+    text = render_kernel(Kernel("k", (a, b), body)).split("void k")[1]
+    assert "double n = 0.0;" in text and "#pragma omp simd" not in text  # not marked vector
+    assert "if ((t2 > 0.0)) {" in text and "= (n + t2);" in text and "} else {" in text
+    assert "af_note(i);" in text and "out0[0] = n;" in text
 
-    Found by the differential test: every kernel with an inlined constant array crashed.
-    """
-    i = ir.var("i")
-    a, b = Buffer("in0", DType.F32, 4), Buffer("out0", DType.F32, 4, "output")
-    table = Buffer("tab", DType.F32, 4, "const")
-    body = (Loop(i, 4, (Store(b, i, ir.binary("add", ir.load(a, i), ir.load(table, i))),)),)
-    kernel = Kernel("add_table", (a, b), body, constants=((table, np.float32([1, 2, 3, 4])),))
-    x, out = np.float32([10, 20, 30, 40]), np.zeros(4, np.float32)
-    _run(kernel, kernel_cache, x, out)
-    np.testing.assert_array_equal(out, [11, 22, 33, 44])
 
+@pytest.mark.parametrize("elem", ["float16", "bfloat16"])
+def test_16_bit_constant_tables_hold_bit_patterns(kernel_cache, elem: str) -> None:
+    """A folded fp16/bf16 causal mask (0 and -inf) feeding a Softmax: the uint16_t table must hold
+    the bits (0xfc00 / 0xff80), not float literals converted as integers (-inf became 0 and the
+    mask vanished: attention off by ~0.7)."""
+    import onnx
+    from cpu_backend_helpers import fuse_all, make_model
+    from onnx import helper, numpy_helper
+    from onnx.reference import ReferenceEvaluator
 
-@pytest.mark.parametrize(("dtype", "np_type"), [(DType.F16, np.float16), (DType.BF16, ml_dtypes.bfloat16)])
-def test_a_16_bit_float_table_holds_bit_patterns(kernel_cache, dtype, np_type) -> None:
-    """A fp16/bf16 table is uint16_t storage: float literals there became 0 (or garbage).
+    from graph_autofusion.backend.cpu.runtime import compile_model
 
-    Found by the differential test (seed 91: Expand > PRelu on fp16, a constant slope).
-    """
-    i = ir.var("i")
-    a, b = Buffer("in0", dtype, 4), Buffer("out0", dtype, 4, "output")
-    table = Buffer("tab", dtype, 4, "const")
-    body = (Loop(i, 4, (Store(b, i, ir.binary("mul", ir.load(a, i), ir.load(table, i))),)),)
-    values = np.array([0.4536, -0.8423, 3.0, -0.5], dtype=np_type)
-    kernel = Kernel("mul_table", (a, b), body, constants=((table, values),))
-    x = np.array([1.0, 2.0, -1.0, 0.25], dtype=np_type)
-    out = np.zeros(4, np_type)
-    _run(kernel, kernel_cache, x.view(np.uint16), out.view(np.uint16))
-    want = (x.astype(np.float32) * values.astype(np.float32)).astype(np_type)
-    np.testing.assert_array_equal(out.view(np.uint16), want.view(np.uint16))
+    dtype = np.dtype(ml_dtypes.bfloat16) if elem == "bfloat16" else np.dtype(np.float16)
+    elem_type = onnx.TensorProto.BFLOAT16 if elem == "bfloat16" else onnx.TensorProto.FLOAT16
+    mask = np.triu(np.full((4, 6), -np.inf, np.float32), 1).astype(dtype)
+    nodes = [
+        helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(mask, "c")),
+        helper.make_node("Add", ["x", "c"], ["a"]),
+        helper.make_node("Softmax", ["a"], ["y"]),
+    ]
+    model = make_model(nodes, {"x": ([2, 4, 6], elem_type)}, ["y"])
+    x = np.random.default_rng(0).standard_normal((2, 4, 6)).astype(dtype)
+    (want,) = ReferenceEvaluator(model).run(None, {"x": x})
+    compiled = compile_model(fuse_all(model, "reduction"), cache=kernel_cache, threads=1)
+    assert compiled.stats["host_ops"] == []
+    got = compiled({"x": x})["y"].astype(np.float32)
+    np.testing.assert_allclose(got, want.astype(np.float32), rtol=4 * 2.0**-7, atol=1e-6)
+    assert (got[:, 0, 1:] == 0).all()  # the masked positions of the first row

@@ -16,6 +16,7 @@ import graph_autofusion as gaf
 from graph_autofusion import FusionConfig, zoo
 from graph_autofusion.backend.cpu.arena import Buffer, plan_offsets
 from graph_autofusion.backend.cpu.codegen import anchor_module
+from graph_autofusion.backend.cpu.hostops import reference_evaluator
 from graph_autofusion.backend.cpu.runtime import compile_model
 from graph_autofusion.errors import RuntimeInputError
 
@@ -191,15 +192,63 @@ def fused_kernels(model: onnx.ModelProto) -> int:
     return sum(1 for n in model.graph.node if n.op_type not in views)
 
 
+# -- poisoning, element types the generators lack -----------------------------------------------
+
+
+def test_poison_fills_the_arena_and_outputs_do_not_depend_on_it(two_input_model) -> None:
+    """Seed 0 writes NaN bytes, 1 a large value, others random bytes; every output is written by
+    a kernel, so the results are bit-identical whatever the arena held before the run."""
+    model, compiled = two_input_model
+    feeds = random_feeds(model)
+    results = []
+    for seed in (0, 1, 7):
+        compiled.poison(seed)
+        if seed == 0:
+            assert np.isnan(compiled.array("s")).all()
+        results.append(compiled(feeds))
+    for other in results[1:]:
+        for name, value in results[0].items():
+            np.testing.assert_array_equal(other[name], value)
+    assert_close(results[0], ort_run(model, feeds))
+
+
+def test_an_element_type_without_a_c_type_runs_on_the_host(kernel_cache) -> None:
+    """fp8 has no C type in the generators: its kernels become host ops (onnx.reference), and the
+    round trip through fp8 rounds exactly as the reference does."""
+    from onnx.reference import ReferenceEvaluator
+
+    fp8 = onnx.TensorProto.FLOAT8E4M3FN
+    nodes = [
+        helper.make_node("Cast", ["x"], ["q"], to=fp8),
+        helper.make_node("Cast", ["q"], ["y"], to=onnx.TensorProto.FLOAT),
+    ]
+    model = make_model(nodes, {"x": [2, 3]}, ["y"], opset=19)  # fp8 types arrive in opset 19
+    compiled = compile_model(model, cache=kernel_cache, threads=1)
+    reasons = {h["reason"] for h in compiled.stats["host_ops"]}
+    assert reasons == {"no code generated: the kernel IR has no element type for ONNX FLOAT8E4M3FN"}
+    x = np.array([[0.1, -1.3, 7.0], [300.0, 0.0, -0.02]], np.float32)
+    (want,) = ReferenceEvaluator(model).run(None, {"x": x})
+    np.testing.assert_array_equal(compiled({"x": x})["y"], want)
+
+
+def test_string_tensors_are_refused_with_a_code(kernel_cache) -> None:
+    nodes = [helper.make_node("Cast", ["s"], ["y"], to=onnx.TensorProto.FLOAT)]
+    model = make_model(nodes, {"s": ([3], onnx.TensorProto.STRING)}, ["y"])
+    with pytest.raises(gaf.FusionError) as err:
+        compile_model(model, cache=kernel_cache, threads=1)
+    assert err.value.code == "unsupported_dtype"
+
+
 @pytest.mark.parametrize("p", [1, 2])
 def test_a_host_lp_normalization_takes_absolute_values(kernel_cache, p) -> None:
-    """fp16 LpNormalization runs on the host, where onnx.reference's own summed x**p without
-    abs: p=1 flipped signs and divided by a signed sum. Found by the differential test (seeds
-    1958, 1745: LpNormalization on fp16, max error 73)."""
+    """Host ops evaluate with hostops.reference_evaluator: onnx.reference's own LpNormalization
+    sums x**p without abs (p=1 flips signs, divides by a signed sum). Found by the differential
+    test (seeds 1958, 1745: fp16 LpNormalization on the host path, max error 73)."""
     nodes = [helper.make_node("LpNormalization", ["x"], ["y"], axis=1, p=p)]
     model = make_model(nodes, {"x": ([3, 4], onnx.TensorProto.FLOAT16)}, ["y"])
     x = np.array([[0.5, -1.5, 2.0, -0.25], [-1, -2, -3, 0.5], [1, 2, 3, 4]], dtype=np.float16)
+    want = ort_run(model, {"x": x})["y"].astype(np.float32)
+    host = reference_evaluator(model).run(None, {"x": x})[0]
+    np.testing.assert_allclose(host.astype(np.float32), want, atol=2e-3)
     compiled = compile_model(model, cache=kernel_cache, threads=1)
-    assert [h["op_type"] for h in compiled.stats["host_ops"]] == ["LpNormalization"]
-    want = ort_run(model, {"x": x})["y"]
-    np.testing.assert_allclose(compiled({"x": x})["y"].astype(np.float32), want.astype(np.float32), atol=2e-3)
+    np.testing.assert_allclose(compiled({"x": x})["y"].astype(np.float32), want, atol=2e-3)

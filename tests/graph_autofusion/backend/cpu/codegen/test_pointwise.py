@@ -172,3 +172,35 @@ def test_outputs_of_several_shapes_each_get_their_own_nest(kernel_cache) -> None
     inits = {"shape": i64(1, 5, 3, 2, 16), "sizes": i64(1, 1, 1), "zero": i64(0), "scale": np.float32(0.25)}
     model = make_model(nodes, {"x": [1, 5, 96]}, ["v", "k2", "qs"], inits)
     check(model, kernel_cache, "pointwise")
+
+
+def test_broadcast_across_a_size_one_dim_is_not_coalesced_away(kernel_cache) -> None:
+    """(2, 6) + (3, 1, 2, 6): the size-1 dim must not let the broadcast batch dim merge with the
+    full ones (it did: the kernel read b[i] for i < 36 out of a 12-element array)."""
+    nodes = [helper.make_node("Add", ["b", "x"], ["y"])]
+    b = np.arange(12, dtype=np.float32).reshape(2, 6)
+    compiled = check(make_model(nodes, {"x": [3, 1, 2, 6]}, ["y"], {"b": b}), kernel_cache)
+    compiled.poison(0)  # the old read past b would now give NaN
+    x = np.ones((3, 1, 2, 6), np.float32)
+    np.testing.assert_array_equal(compiled({"x": x})["y"], x + b)
+
+
+@pytest.mark.parametrize("fmod", [0, 1])
+def test_integer_mod_follows_fmod(kernel_cache, fmod) -> None:
+    """fmod=1 on integers is C's truncating remainder (sign of the dividend), fmod=0 Python's."""
+    a = np.array([-4, 7, 5, 4, -7, 8, -9], dtype=np.int64)
+    d = np.array([2, -3, 8, -2, 3, 5, 4], dtype=np.int64)
+    nodes = [helper.make_node("Mod", ["a", "d"], ["y"], fmod=fmod)]
+    model = make_model(nodes, {"a": ([7], I64), "d": ([7], I64)}, ["y"])
+    compiled = check(model, kernel_cache, feeds={"a": a, "d": d})
+    want = np.fmod(a, d) if fmod else np.mod(a, d)
+    np.testing.assert_array_equal(compiled({"a": a, "d": d})["y"], want)
+
+
+def test_pad_value_given_as_a_one_element_tensor(kernel_cache) -> None:
+    """Attention's expansion passes Pad's constant_value as float[1], not a scalar, computed at
+    run time (a kernel parameter, not a folded constant)."""
+    nodes = [helper.make_node("Pad", ["x", "p", "v"], ["y"])]
+    check(
+        make_model(nodes, {"x": [2, 3], "v": [1]}, ["y"], {"p": i64(0, 1, 0, 2)}), kernel_cache, "pointwise"
+    )

@@ -108,14 +108,44 @@ def test_integer_mod_follows_fmod(kernel_cache, fmod, elem) -> None:
     np.testing.assert_array_equal(compiled(feeds)["r"], ort_run(model, feeds)["r"])
 
 
-def test_fp16_outside_the_pointwise_template_runs_on_the_host_with_its_reason(kernel_cache) -> None:
-    """Reductions are not lowered through the IR yet: fp16 there is a listed host op, never raw bits."""
-    model = make_model([helper.make_node("ReduceSum", ["x", "axes"], ["s"], keepdims=0)],
-                       {"x": ([4, 8], T.FLOAT16)}, ["s"], {"axes": np.array([1], np.int64)})  # fmt: skip
+@pytest.mark.parametrize("elem", [T.FLOAT16, T.BFLOAT16], ids=lambda e: T.DataType.Name(e))
+def test_16_bit_row_reductions_accumulate_wide(kernel_cache, elem) -> None:
+    """Sums run in fp32 blocks and a double total, then round once: within one unit in the last
+    place of the fp32 result rounded to 16 bits."""
+    nodes = [
+        helper.make_node("ReduceSum", ["x", "axes"], ["s"], keepdims=0),
+        helper.make_node("Softmax", ["x"], ["p"], axis=-1),
+    ]
+    model = make_model(nodes, {"x": ([4, 64], elem)}, ["s", "p"], {"axes": np.array([1], np.int64)})
+    np_type = FLOATS[elem]
+    x = np.random.default_rng(4).standard_normal((4, 64)).astype(np_type)
+    compiled = compile_model(fuse_all(model, "reduction"), cache=kernel_cache)
+    assert compiled.stats["host_ops"] == []
+    got = compiled({"x": x})
+    wide = x.astype(np.float64)
+    e = np.exp(wide - wide.max(1, keepdims=True))
+    ulp = 2.0**-10 if elem == T.FLOAT16 else 2.0**-7
+    for name, want in (("s", wide.sum(1)), ("p", e / e.sum(1, keepdims=True))):
+        err = np.abs(got[name].astype(np.float64) - want)
+        assert (err <= ulp * np.abs(want) + 1e-7).all(), (name, err.max())
+
+
+def test_16_bit_anchors_run_on_the_host_with_their_reason(kernel_cache) -> None:
+    """Contractions are not lowered through the IR yet: fp16 there is a listed host op, never
+    arithmetic on raw bits."""
+    model = make_model(
+        [helper.make_node("MatMul", ["a", "b"], ["c"])],
+        {"a": ([4, 8], T.FLOAT16), "b": ([8, 3], T.FLOAT16)},
+        ["c"],
+    )
     compiled = compile_model(model, cache=kernel_cache)
     (host,) = compiled.stats["host_ops"]
     assert "FLOAT16" in host["reason"]
-    x = np.random.default_rng(4).standard_normal((4, 8)).astype(np.float16)
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((4, 8)).astype(np.float16), rng.standard_normal((8, 3)).astype(np.float16)
     np.testing.assert_allclose(
-        compiled({"x": x})["s"].astype(np.float32), x.astype(np.float32).sum(1), rtol=2e-3, atol=2e-3
+        compiled({"a": a, "b": b})["c"].astype(np.float32),
+        a.astype(np.float32) @ b.astype(np.float32),
+        rtol=5e-3,
+        atol=5e-3,
     )
