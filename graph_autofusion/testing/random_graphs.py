@@ -491,8 +491,18 @@ def _thresholded(b: _Builder, x: _Tensor) -> None:
     b.emit("ThresholdedRelu", [x.name], alpha=alpha)
 
 
+# On fp16 data these amplify one rounding step of their input (an fp16 ulp of 32 is 0.03) far
+# past fp16's tolerance, and references differ in where they round (onnxruntime's CPU computes
+# fp16 chains in fp32): their inputs stay small.
+_FP16_ILL_CONDITIONED = {"Sin": 4.0, "Cos": 4.0, "Exp": 3.0, "Sinh": 3.0, "Cosh": 3.0}
+
+
 def _unary(b: _Builder, x: _Tensor) -> None:
-    fits = [u for u in _UNARY if x.elem in u[2] and b.opset >= u[1] and u[3](x.truth)]
+    def fits_fp16(op: str) -> bool:
+        bound = _FP16_ILL_CONDITIONED.get(op)
+        return x.rtol <= _RTOL[FLOAT] or bound is None or float(np.abs(x.truth).max()) < bound
+
+    fits = [u for u in _UNARY if x.elem in u[2] and b.opset >= u[1] and u[3](x.truth) and fits_fp16(u[0])]
     if not fits:
         raise Rejected("no unary op fits")
     op, _, _, _, attrs = b.rng.choice(fits)
