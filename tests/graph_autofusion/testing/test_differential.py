@@ -39,7 +39,7 @@ from graph_autofusion.testing.differential import (
 )
 from graph_autofusion.testing.random_graphs import RandomGraph, generate
 
-SLICE_SEEDS = range(120)
+SLICE_SEEDS = range(200)
 
 pytestmark = pytest.mark.timeout(300)
 
