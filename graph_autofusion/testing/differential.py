@@ -37,6 +37,7 @@ import contextlib
 import io
 import math
 import platform
+import re
 import time
 import warnings
 from collections import Counter
@@ -77,6 +78,7 @@ class Verdict:
     code: str = ""  # the FusionError code of a refusal
     repro: str = ""  # path of the minimal repro model, for wrong and crash
     seconds: float = 0.0
+    host_reasons: tuple[str, ...] = ()  # why nodes ran on the host (as the runtime says)
 
     def line(self) -> str:
         where = f" repro={self.repro}" if self.repro else ""
@@ -256,6 +258,7 @@ def check(
     problems: list[str] = []
     disputed: list[str] = []
     hosts: list[str] = []
+    reasons: set[str] = set()
     worst = 0.0
     for variant in VARIANTS:
         try:
@@ -269,6 +272,7 @@ def check(
         except Exception as exc:  # a bug of ours
             return _base(graph, CRASH, f"{variant}: {_why(exc)}", seconds=time.perf_counter() - started)
         hosts += [f"{h['op_type']} ({h['reason']})" for h in compiled.stats["host_ops"]]
+        reasons.update(h["reason"] for h in compiled.stats["host_ops"])
         for name, ref in refs.items():
             truth = graph.truth[name]
             acc, base = graph.accumulation.get(name, 0), graph.rtol.get(name, RTOL)
@@ -286,7 +290,14 @@ def check(
     if disputed:
         return _base(graph, DISPUTED, "; ".join(disputed), ratio=worst, seconds=seconds)
     if hosts:
-        return _base(graph, HOST, "; ".join(sorted(set(hosts))), ratio=worst, seconds=seconds)
+        return _base(
+            graph,
+            HOST,
+            "; ".join(sorted(set(hosts))),
+            ratio=worst,
+            seconds=seconds,
+            host_reasons=tuple(sorted(reasons)),
+        )
     return _base(graph, PASS, ratio=worst, seconds=seconds)
 
 
@@ -398,6 +409,11 @@ def host_header() -> str:
     return f"host: {model} | isa: {getattr(isa, 'name', isa)} | python {platform.python_version()}"
 
 
+def _host_reason(reason: str) -> str:
+    """A host reason without node, kernel or tensor names, so that reasons group."""
+    return re.sub(r"'[^']*'|\b(?:fused|af)_\w+", "…", reason)[:100]
+
+
 def format_summary(verdicts: Sequence[Verdict], *, ops: bool = True) -> str:
     """Counts per outcome, then per op (graphs containing the op), then every failure's line."""
     c = counts(verdicts)
@@ -405,6 +421,12 @@ def format_summary(verdicts: Sequence[Verdict], *, ops: bool = True) -> str:
     refused = Counter(v.code for v in verdicts if v.status == REFUSED)
     if refused:
         lines.append("refused by code: " + ", ".join(f"{k}={n}" for k, n in refused.most_common()))
+    hosts = Counter(
+        r for v in verdicts if v.status == HOST for r in {_host_reason(x) for x in v.host_reasons}
+    )
+    if hosts:
+        lines.append("host ops by reason (graphs):")
+        lines.extend(f"  {n:>5}  {reason}" for reason, n in hosts.most_common(12))
     if ops:
         lines.append(f"{'op':<28}" + "".join(f"{s:>9}" for s in STATUSES))
         for op, row in per_op(verdicts).items():
