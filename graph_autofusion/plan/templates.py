@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from collections.abc import Collection
 
+import onnx
+
 from ..ir import Graph, Node
 from ..layout import reshape_strides, slice_window, split_sizes
 from ..ops import OpKind
@@ -382,6 +384,33 @@ def _anchor(
     prologue = _ancestors_within(graph, anchor, members)
     _prologue_ok(graph, anchor, prologue, members, private)
     _epilogue_only(graph, set(members) - prologue, anchor, views=True, transpose=True)
+    _fp32_boundary(graph, members)
+
+
+# Integer/bool constants up to this size are inlined into a kernel (extract.CONST_MAX_INT_ELEMENTS),
+# so they never become a kernel parameter.
+_INLINED_INT_CONSTANT = 4096
+
+
+def _fp32_boundary(graph: Graph, members: Collection[int]) -> None:
+    """Anchor kernels take and give fp32 only: a bool/int tensor crossing the group's boundary
+    (a runtime Where mask, a Cast to int64 after a MatMul) made the generator decline the whole
+    group, so the contraction ran on the onnx.reference host path. Such a group is a misfit."""
+    inside = set(members)
+    crossing = set(_external_outputs(graph, members))
+    for i in inside:
+        for x in graph.nodes[i].inputs:
+            v = graph.values.get(x) if x else None
+            if v is None or (v.producer is not None and v.producer in inside):
+                continue
+            if v.is_const and _numel(graph, x) <= _INLINED_INT_CONSTANT:
+                continue
+            crossing.add(x)
+    for x in sorted(crossing):
+        elem = graph.values[x].elem_type
+        if elem != onnx.TensorProto.FLOAT:
+            name = onnx.TensorProto.DataType.Name(elem)
+            raise Misfit(f"{x!r} crosses an anchor kernel's boundary as {name}; anchor kernels are fp32")
 
 
 def _anchor_chain(graph: Graph, members: Collection[int], anchors: list[Node]) -> None:
