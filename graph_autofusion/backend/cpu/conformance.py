@@ -131,7 +131,7 @@ def _is_float_case(inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) 
     return inputs[0].dtype == _FLOAT or any(a.dtype == _FLOAT for a in outputs)
 
 
-def _arrays(values: Sequence[object]) -> list[np.ndarray] | None:
+def as_arrays(values: Sequence[object]) -> list[np.ndarray] | None:
     """The case's values as arrays (numpy scalars included); None for sequences or protos."""
     out = []
     for v in values:
@@ -175,7 +175,7 @@ def collect_cases(ops: Iterable[str] | None = None) -> list[Case]:
         node = model.graph.node[0]
         if node.domain not in ("", "ai.onnx") or node.op_type not in wanted:
             continue
-        ins, outs = _arrays(tc.data_sets[0][0]), _arrays(tc.data_sets[0][1])
+        ins, outs = as_arrays(tc.data_sets[0][0]), as_arrays(tc.data_sets[0][1])
         if ins is None or outs is None or not _is_float_case(ins, outs):
             continue
         feeds = dict(zip([i.name for i in model.graph.input], ins, strict=True))

@@ -98,6 +98,12 @@ def c_literal(value: object, dtype: DType) -> str:
     return str(iv) if iv >= 0 else f"({iv})"
 
 
+def c_comment(text: str) -> str:
+    """A block comment of several lines (a `*/` inside the text cannot end it early)."""
+    body = text.replace("*/", "* /").replace("/*", "/ *")
+    return "/* " + body.replace("\n", "\n * ") + "\n */"
+
+
 def _table_literals(values: object, dtype: DType) -> list[str]:
     """Initializers of a constant table stored as `c_type(dtype)`.
 
@@ -587,8 +593,7 @@ class KernelRenderer:
         for buf, values in k.constants:
             data = ", ".join(_table_literals(values, buf.dtype))
             parts.append(f"static const {c_type(buf.dtype)} {buf.name}[{buf.size}] = {{{data}}};")
-        comment = (k.description or k.name).replace("*/", "* /").replace("/*", "/ *")
-        parts.append("\n/* " + comment.replace("\n", "\n * ") + "\n */")
+        parts.append("\n" + c_comment(k.description or k.name))
         parts.append(f"void {k.name}(void *const *args) {{")
         for j, b in enumerate(k.params):
             qual = "const " if b.role == "input" else ""

@@ -39,7 +39,7 @@ from ...errors import FusionError
 from .cache import KernelCache
 from .codegen import generate
 from .compiler import KernelSource, compile_kernels
-from .conformance import _all_node_cases, compare
+from .conformance import _all_node_cases, as_arrays, compare
 from .extract import extract
 from .runtime import DRIVER_SOURCE, DRIVER_SYMBOL, compile_model
 
@@ -86,15 +86,6 @@ class SuiteOutcome:
     max_abs_error: float = 0.0
 
 
-def _as_arrays(values: Sequence[object]) -> list[np.ndarray] | None:
-    out = []
-    for v in values:
-        if not isinstance(v, np.ndarray | np.generic):
-            return None
-        out.append(np.asarray(v))
-    return out
-
-
 def suite_cases(names: Iterable[str] | None = None) -> list[SuiteCase]:
     """Every node case onnx generates (or those whose op or case name is in `names`), in order."""
     raw = _all_node_cases()
@@ -111,7 +102,7 @@ def suite_cases(names: Iterable[str] | None = None) -> list[SuiteCase]:
         if wanted is not None and not ({op_type, tc.name} & wanted):
             continue
         ins, outs = tc.data_sets[0]
-        in_arrays, out_arrays = _as_arrays(ins), _as_arrays(outs)
+        in_arrays, out_arrays = as_arrays(ins), as_arrays(outs)
         if in_arrays is None or out_arrays is None:
             cases.append(
                 SuiteCase(tc.name, op_type, model, {}, {}, tc.rtol, tc.atol, "sequence or optional values")

@@ -20,6 +20,7 @@ import onnx
 
 from ..blas import BLAS_PREAMBLE
 from ..kernel_spec import KernelSpec
+from ..render_c import c_comment
 from .common import PRELUDE, CodegenUnsupported, attrs_of
 from .conv import bias_shape, conv_geometry, emit_conv_body, emit_conv_transpose_body
 from .epilogue import (
@@ -131,22 +132,11 @@ class _Kernel:
 
     def assemble(self, body: list[str], method: str, uses_blas: bool, description: str) -> AnchorKernel:
         spec = self.spec
-        members = ", ".join(spec.members) or ", ".join(n.name or n.op_type for n in spec.nodes)
-        header = [
-            f"/* kernel {spec.symbol}: template {spec.template}"
-            + (f", pattern {spec.pattern}" if spec.pattern else ""),
-            f" * members: {members}",
-            f" * ops: {' -> '.join(n.op_type for n in spec.nodes)}",
-            f" * method: {method}; {description}",
-            *(f" * in  {t.name}: {t.ctype}{list(t.shape)}" for t in spec.inputs),
-            *(f" * out {t.name}: {t.ctype}{list(t.shape)}" for t in spec.outputs),
-            " */",
-        ]
-        header = [header[0]] + [line.replace("*/", "* /") for line in header[1:-1]] + [header[-1]]
+        header = c_comment(spec.describe(f"method: {method}; {description}"))
         parts = [PRELUDE, ERF_PRELUDE]
         if uses_blas:
             parts.append(BLAS_PREAMBLE)
-        parts += [*self.ops.decls, "", *self.helpers, "\n".join(header)]
+        parts += [*self.ops.decls, "", *self.helpers, header]
         parts.append(f"void {spec.symbol}(void *const *args) {{")
         parts += body
         parts.append("}")
