@@ -22,7 +22,6 @@ import platform
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 from graph_autofusion.backend.cpu import sanitize
 from graph_autofusion.backend.cpu.cache import KernelCache
@@ -38,18 +37,7 @@ from graph_autofusion.backend.cpu.suite import (
     run_suite,
     suite_cases,
 )
-
-
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (the platform's processor string elsewhere)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                return value.strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+from graph_autofusion.hardware import cpu_model
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -53,17 +53,21 @@ def _cache_file() -> Path:
     return Path(root) / "hardware-cpu.json"
 
 
-def _host_key() -> str:
-    model = platform.processor() or platform.machine()
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (the platform's processor string elsewhere): every
+    benchmark prints it, since a figure means nothing without its host."""
     try:
-        with open("/proc/cpuinfo") as f:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
                 if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return f"{model}|{os.cpu_count()}"
+    return platform.processor() or platform.machine()
+
+
+def _host_key() -> str:
+    return f"{cpu_model()}|{os.cpu_count()}"
 
 
 def _median_seconds(fn, repeat: int) -> float:

@@ -398,15 +398,10 @@ def per_op(verdicts: Iterable[Verdict]) -> dict[str, Counter[str]]:
 def host_header() -> str:
     """CPU model and the ISA kernels are compiled for: results differ between hosts."""
     from ..backend.cpu.isa import target_isa
+    from ..hardware import cpu_model
 
-    model = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
     isa = target_isa()
-    return f"host: {model} | isa: {getattr(isa, 'name', isa)} | python {platform.python_version()}"
+    return f"host: {cpu_model()} | isa: {getattr(isa, 'name', isa)} | python {platform.python_version()}"
 
 
 def _host_reason(reason: str) -> str:
