@@ -43,7 +43,9 @@ def anchor_module():
         return None
 
 
-_IR_TEMPLATES = frozenset({"pointwise", "reduction", "pool", "single"})  # lowered through the kernel IR
+_IR_TEMPLATES = frozenset(
+    {"pointwise", "view", "reduction", "pool", "single"}
+)  # lowered through the kernel IR
 _IR_ONLY_TYPES = frozenset({onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16})
 
 
@@ -57,7 +59,7 @@ def generate(spec: KernelSpec) -> GeneratedKernel:
                          if t.elem_type in _IR_ONLY_TYPES})  # fmt: skip
         if narrow:
             raise CodegenUnsupported(f"{'/'.join(narrow)} tensors in the {template} template")
-    if template == "pointwise":
+    if template in ("pointwise", "view"):  # a group of views only: a copy in the new shape
         return GeneratedKernel(emit_pointwise(spec), method="loop")
     if template == "reduction":
         return GeneratedKernel(emit_reduction(spec), method="row")

@@ -204,3 +204,15 @@ def test_pad_value_given_as_a_one_element_tensor(kernel_cache) -> None:
     check(
         make_model(nodes, {"x": [2, 3], "v": [1]}, ["y"], {"p": i64(0, 1, 0, 2)}), kernel_cache, "pointwise"
     )
+
+
+def test_a_group_of_views_alone_compiles_as_a_copy(kernel_cache) -> None:
+    """The planner may hand over a group of views only (template `view`): it is a copy in the new
+    shape, compiled like a pointwise kernel, never a host op."""
+    nodes = [
+        helper.make_node("Reshape", ["x", "shape"], ["r"]),
+        helper.make_node("Squeeze", ["r", "axes"], ["y"]),
+    ]
+    model = make_model(nodes, {"x": [2, 3, 4]}, ["y"], {"shape": i64(1, 6, 4), "axes": i64(0)})
+    compiled = check(model, kernel_cache, "view")
+    assert compiled.stats["kernels"] == 1
