@@ -13,7 +13,7 @@ unit-stride outputs.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -29,17 +29,12 @@ PARALLEL_MIN_ELEMENTS = 32 * 1024
 
 
 class KernelValues(Values):
-    """Values of one kernel spec, resolved down to loads of its parameters and constants.
+    """Values of one kernel spec, resolved down to loads of its parameters and constants."""
 
-    `opaque(op_type)` names ops that lowering must leave as `TensorAt` leaves (their generator
-    still writes C itself); everything else is substituted until only loads remain.
-    """
-
-    def __init__(self, spec: KernelSpec, opaque: Callable[[str], bool] = lambda op: False) -> None:
+    def __init__(self, spec: KernelSpec) -> None:
         tensors: dict[str, TensorInfo] = dict(spec.tensors)
         super().__init__(tensors, {k: np.asarray(v) for k, v in spec.constants.items()})
         self.spec = spec
-        self.opaque = opaque
         self.producer = {o: (n, k) for n in spec.nodes for k, o in enumerate(n.output) if o}
         self.params: list[Buffer] = []
         self.buffers: dict[str, Buffer] = {}
@@ -123,8 +118,6 @@ class KernelValues(Values):
         name, idx = at.tensor, list(at.index)
         if name in self.producer:
             node, k = self.producer[name]
-            if self.opaque(node.op_type):
-                return None
             return self._substitute(self.produce(node, k, idx))
         if name in self.buffers:
             return ir.load(self.buffers[name], self.lin(idx, self.shape(name)))

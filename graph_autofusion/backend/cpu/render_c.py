@@ -21,7 +21,6 @@ from __future__ import annotations
 import ctypes
 import math
 import platform
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -275,16 +274,11 @@ _INFIX = {
     "eq": "==", "ne": "!=", "and": "&&", "or": "||",
 }  # fmt: skip
 
-TensorResolver = Callable[[TensorAt, Block], str]
-
 
 class ExprRenderer:
     """Renders expressions into blocks, naming each computed value once per scope."""
 
-    def __init__(
-        self, resolve: TensorResolver | None = None, prefix: str = "t", inline: bool = False
-    ) -> None:
-        self.resolve = resolve
+    def __init__(self, prefix: str = "t", inline: bool = False) -> None:
         self.prefix = prefix
         self.inline = inline  # one C expression, no locals (for text spliced into older generators)
         self._counter = 0
@@ -304,10 +298,8 @@ class ExprRenderer:
         if found is not None:
             return found
         if isinstance(e, TensorAt):
-            if self.resolve is None:
-                raise ValueError(f"unresolved tensor read {e} reached the C renderer")
-            text = self.resolve(e, block)
-        elif isinstance(e, Select) and e.guarded and not self.inline:
+            raise ValueError(f"unresolved tensor read {e} reached the C renderer")
+        if isinstance(e, Select) and e.guarded and not self.inline:
             text = self._guarded(e, block)
         elif isinstance(e, Fold):
             if self.inline:
@@ -503,9 +495,9 @@ def render_inline(e: Expr) -> str:
 class KernelRenderer:
     """Renders one IR kernel as a C function `void name(void *const *args)`."""
 
-    def __init__(self, kernel: Kernel, exprs: ExprRenderer | None = None) -> None:
+    def __init__(self, kernel: Kernel) -> None:
         self.kernel = kernel
-        self.exprs = exprs or ExprRenderer()
+        self.exprs = ExprRenderer()
 
     def stmts(self, body: tuple[Stmt, ...], block: Block) -> None:
         for s in body:
@@ -584,12 +576,12 @@ class KernelRenderer:
         block.extend(inner)
         block.emit("}")
 
-    def render(self, decls: list[str] | None = None) -> str:
-        """The translation unit; `decls` (filled while the body renders) go before the function."""
+    def render(self) -> str:
+        """The translation unit: prelude, constant tables, the function."""
         k = self.kernel
         body = Block(indent=1)
         self.stmts(k.body, body)
-        parts = [prelude(), *(decls or ())]
+        parts = [prelude()]
         for buf, values in k.constants:
             data = ", ".join(_table_literals(values, buf.dtype))
             parts.append(f"static const {c_type(buf.dtype)} {buf.name}[{buf.size}] = {{{data}}};")
@@ -605,14 +597,6 @@ class KernelRenderer:
         return "\n".join(parts) + "\n"
 
 
-def render_kernel(kernel: Kernel, exprs: ExprRenderer | None = None, decls: list[str] | None = None) -> str:
-    """The C translation unit of one kernel. `exprs` resolves reads the IR left as `TensorAt`
-    (ops whose C is still written by a generator); `decls` are that generator's static data."""
-    return KernelRenderer(kernel, exprs).render(decls)
-
-
-def render_stmts(body: tuple[Stmt, ...], exprs: ExprRenderer, indent: int = 1) -> list[str]:
-    """Statements as C lines, for generators that assemble the function themselves."""
-    block = Block(indent=indent)
-    KernelRenderer(Kernel("", (), ()), exprs).stmts(body, block)
-    return block.lines
+def render_kernel(kernel: Kernel) -> str:
+    """The C translation unit of one kernel."""
+    return KernelRenderer(kernel).render()
