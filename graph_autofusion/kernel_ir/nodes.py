@@ -349,8 +349,10 @@ def select(cond: Expr, a: ExprLike, b: ExprLike, guarded: bool = False) -> Expr:
         b = _lift(b, a)
     elif isinstance(b, Expr):
         a = _lift(a, b)
-    else:
+    elif isinstance(a, int) and isinstance(b, int):
         a, b = index(a), index(b)
+    else:  # two Python floats say nothing of the type: 0.0 would silently become int64
+        raise TypeError("select of two Python numbers other than ints: give one arm as an IR constant")
     if isinstance(cond, Const):
         return a if cond.value else b  # type: ignore[return-value]
     if a is b:

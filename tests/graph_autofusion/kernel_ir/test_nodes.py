@@ -109,3 +109,10 @@ def test_printed_text_stays_linear_in_a_shared_dag() -> None:
         Kernel("sq", (Buffer("in0", DType.F32, 1),), (Store(Buffer("out0", DType.F32, 1), 0, e),))
     )
     assert len(text) < 4000 and "%40 = mul(%39, %39)" in text
+
+
+def test_select_of_two_python_floats_is_refused_not_made_int64() -> None:
+    x = ir.var("x", DType.F32)
+    assert ir.select(ir.gt(x, 0.0), 1, 0).dtype is DType.I64  # ints: index constants
+    with pytest.raises(TypeError, match="IR constant"):
+        ir.select(ir.gt(x, 0.0), 0.0, 1.0)
