@@ -52,6 +52,7 @@ def summary_table(report: dict) -> str:
             f"latency ({est['profile']})",
             f"{est['latency_us']['before']:.1f} µs → {est['latency_us']['after']:.1f} µs",
         ),
+        ("hardware", _hardware_cell(report.get("hardware") or {})),
         ("strategy", report["strategy"]),
         ("refused", ", ".join(f"{k}×{v}" for k, v in report["refused_by_code"].items()) or "none"),
         ("host ops", _host_ops_cell(report.get("host_ops") or [])),
@@ -64,6 +65,13 @@ def summary_table(report: dict) -> str:
         for h in report.get("host_ops") or []
     ]
     return "\n".join(lines)
+
+
+def _hardware_cell(hw: dict) -> str:
+    parts = [f"ISA {hw['isa']}"] if hw.get("isa") else []
+    if hw.get("kernel_isa") and hw.get("kernel_isa") != hw.get("isa"):
+        parts.append(f"kernels built for {hw['kernel_isa']}")
+    return f"{hw.get('name', '?')}" + (f" ({', '.join(parts)})" if parts else "")
 
 
 def _host_ops_cell(hosts: list[dict]) -> str:

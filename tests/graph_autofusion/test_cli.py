@@ -10,6 +10,7 @@ from pathlib import Path
 import onnx
 
 import graph_autofusion as gaf
+from graph_autofusion.backend.cpu.isa import host_isa
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -47,11 +48,14 @@ def test_fuse_writes_model_and_report(tmp_path: Path) -> None:
         "bytes moved",
         "peak memory",
         "latency",
+        "hardware",
         "verification  passed",
     ):
         assert row in done.stdout
     report = json.loads(rep.read_text())
     assert report["strategy"] == "latency" and report["verification"]["passed"]
+    assert report["hardware"]["isa"] == host_isa().name and report["hardware"]["kernel_isa"]
+    assert f"ISA {host_isa().name}" in done.stdout
     onnx.checker.check_model(onnx.load(out), full_check=True)
 
 
@@ -142,8 +146,6 @@ def test_control_flow_runs_as_a_listed_host_op_or_is_refused(tmp_path: Path) -> 
 
 
 def test_hardware_names_the_host_isa_and_the_kernel_isa() -> None:
-    from graph_autofusion.backend.cpu.isa import host_isa
-
     done = run("hardware", "--json")
     assert done.returncode == 0, done.stderr
     info = json.loads(done.stdout)
