@@ -32,7 +32,7 @@ Usage (what the code generators and the runtime call)::
   `static` helpers must either live in the shared `prelude` or carry a kernel-unique name; a
   unit that fails for any reason falls back to one build per member, so a clash only costs time
   and an error still names the broken kernel.
-* `Artifact(digest, path, name, cached, uses_blas)`: `cached` is True for a cache hit (including
+* `Artifact(digest, path, name, cached, uses_blas, isa)`: `cached` is True for a cache hit (including
   one another process produced while this one waited). Several artifacts may share a path
   (combined units; identical kernels); `dlopen` loads a shared object once per process. `path`
   is always the real shared object (`<its digest>.so`): anything that copies artifacts (a bundle)
@@ -98,9 +98,9 @@ from pathlib import Path
 
 from graph_autofusion.backend.cpu import blas, sanitize
 from graph_autofusion.backend.cpu.cache import KernelCache, default_cache
-from graph_autofusion.backend.cpu.isa import IsaTarget, target_isa
+from graph_autofusion.backend.cpu.isa import IsaTarget, host_isa, target_isa
 from graph_autofusion.backend.cpu.threads import available_cpus
-from graph_autofusion.errors import CompilationError
+from graph_autofusion.errors import CompilationError, IsaMismatchError
 
 log = logging.getLogger(__name__)
 
@@ -159,9 +159,21 @@ class Artifact:
     name: str
     cached: bool
     uses_blas: bool = False
+    isa: IsaTarget | None = None  # what it was built for
 
     def load(self) -> ctypes.CDLL:
-        """`dlopen` the shared object; a BLAS kernel gets the BLAS loaded (single-threaded) first."""
+        """`dlopen` the shared object; a BLAS kernel gets the BLAS loaded (single-threaded) first.
+
+        A kernel built for an ISA this host lacks is refused (`isa_mismatch`): whoever loads it
+        means to call it, and the call would die of SIGILL.
+        """
+        missing = self.isa.missing_on(host_isa()) if self.isa is not None else []
+        if missing:
+            raise IsaMismatchError(
+                f"kernel {self.name} was built for {self.isa}; this host lacks {', '.join(missing)}",
+                kernel=self.name,
+                isa=str(self.isa),
+            )
         if self.uses_blas:
             blas.load_blas()
         return ctypes.CDLL(str(self.path))
@@ -524,6 +536,7 @@ def compile_kernels(
             name=src.name,
             cached=results[digest][1],
             uses_blas=src.uses_blas,
+            isa=isa,
         )
         for digest, src in zip(digests, sources, strict=True)
     ]

@@ -19,8 +19,8 @@ from graph_autofusion.backend.cpu.compiler import (
     kernel_flags,
     simd_math_preamble,
 )
-from graph_autofusion.backend.cpu.isa import target_isa
-from graph_autofusion.errors import CompilationError
+from graph_autofusion.backend.cpu.isa import host_isa, target_isa
+from graph_autofusion.errors import CompilationError, IsaMismatchError
 
 AXPB_RELU = """
 #include <stdint.h>
@@ -282,6 +282,9 @@ void vexp(float *restrict y, const float *restrict x, long n) {
         [KernelSource("vexp", src, prelude=v3_preamble or "#include <math.h>\n")], cache=cache
     )
     assert v4.digest != v3.digest and v4.path != v3.path and not v4.cached
+    if not v4.isa.runs_on(host_isa()):  # loading it to call it is refused, not a SIGILL later
+        with pytest.raises(IsaMismatchError):
+            v4.load()
     assert sorted(cache.digests()) == sorted([v3.digest, v4.digest])
     if v4_preamble:  # glibc's libmvec: 16 lanes in zmm registers
         assert "simdlen(16)" in v4_preamble and b"_ZGVeN16v_expf" in v4.path.read_bytes()
