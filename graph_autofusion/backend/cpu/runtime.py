@@ -38,7 +38,7 @@ from .codegen import CodegenUnsupported, GeneratedKernel, generate
 from .compiler import Artifact, KernelSource, compile_kernels
 from .extract import ExecutionPlan, HostStep, KernelStep, ViewStep, extract
 from .hostops import HostOp, host_op_entry
-from .isa import IsaTarget, host_isa, target_isa
+from .isa import ISA_ENV, IsaTarget, host_isa, target_isa
 from .kernel_spec import KernelSpec
 from .threads import available_cpus, set_omp_threads
 
@@ -470,9 +470,9 @@ class CompiledModel:
         missing = self.isa.missing_on(host)
         if missing:
             raise IsaMismatchError(
-                f"the kernels were built for {self.isa.name}, this host ({host.name}) lacks "
-                f"{', '.join(missing)}; recompile here (`compile_model`, or load the bundle with "
-                "recompilation allowed)",
+                f"the kernels were built for {self.isa.name} and this host ({host.name}) lacks "
+                f"{', '.join(missing)}: they can be saved as a bundle for a host that has it, not run "
+                f"here (to run here, build for this host: unset {ISA_ENV} or set it to `host`)",
                 isa=self.isa.name,
                 host_isa=host.name,
             )
