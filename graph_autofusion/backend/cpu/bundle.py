@@ -189,7 +189,7 @@ def _load_dir(root: Path, threads: int | None, recompile: bool) -> CompiledModel
     model_file = checked(manifest["model"], "model")
     model = onnx.load_model_from_string(model_file.read_bytes())
     host = host_isa()
-    missing = built_for.missing_on(host) if isinstance(built_for, IsaTarget) else [built_for]
+    missing = built_for.missing_on(host) if isinstance(built_for, IsaTarget) else ["what it needs"]
     if missing:
         if not recompile:
             raise IsaMismatchError(
