@@ -1,8 +1,8 @@
 """The canonicalization driver: runs the passes in order, to a fixed point where it matters.
 
     normalize_opset → bind_shapes → remove_identity → (constant_folding ⇄ shape_inference)*
-    → fold_batchnorm → remove_identity → eliminate_dead_code → split_to_slices
-    → shape_inference (+ onnxruntime fallback) → sort, name, check
+    → fold_batchnorm → remove_identity → eliminate_dead_code → split_to_slices → hoist_slices
+    → scale_after_matmul → eliminate_dead_code → shape_inference (+ onnxruntime fallback) → sort, name, check
 
 Folding and inference feed each other: inference makes `Shape` outputs static so they fold, and
 folding hands inference constant Reshape targets, so the pair repeats until nothing folds.  The
@@ -25,8 +25,10 @@ from .constant_folding import ConstantFolder
 from .eliminate_dead_code import eliminate_dead_code
 from .finalize import build, check, sort_and_name
 from .fold_batchnorm import fold_batchnorm
+from .hoist_slices import hoist_slices
 from .normalize_opset import normalize_opset
 from .remove_identity import remove_identity
+from .scale_after_matmul import scale_after_matmul
 from .shape_inference import infer_shapes, shapes_from_onnxruntime, unknown_tensors
 from .split_to_slices import split_to_slices
 
@@ -41,6 +43,8 @@ PASS_NAMES = (
     "remove_identity",
     "eliminate_dead_code",
     "split_to_slices",
+    "hoist_slices",
+    "scale_after_matmul",
     "unused_initializers",
     "shape_fallback",
     "named_nodes",
@@ -81,6 +85,12 @@ def canonicalize(model: ModelProto, config: FusionConfig) -> tuple[ModelProto, d
     counts["remove_identity"] += remove_identity(work)  # Dropouts whose mode folded to False
     counts["eliminate_dead_code"], counts["unused_initializers"] = eliminate_dead_code(work)
     counts["split_to_slices"] = split_to_slices(work)
+    counts["hoist_slices"] = hoist_slices(work)
+    counts["scale_after_matmul"] = scale_after_matmul(work)
+    if counts["hoist_slices"] or counts["scale_after_matmul"]:  # the layout nodes' shape constants
+        dead, unused = eliminate_dead_code(work)
+        counts["eliminate_dead_code"] += dead
+        counts["unused_initializers"] += unused
 
     if counts["fold_batchnorm"] or counts["remove_identity"]:  # renamed tensors: re-check the types
         infer_shapes(work)
