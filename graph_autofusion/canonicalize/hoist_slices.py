@@ -24,15 +24,14 @@ chains.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from onnx import NodeProto, helper
 
-from ..layout import slice_window, split_sizes
+from ..layout import axis_groups, slice_window, split_sizes
 from ..onnx_utils import static_shape
-from ._graph import WorkGraph
+from ._graph import WorkGraph, transpose_perm
 
 _DEFAULT = ("", "ai.onnx")
 _VIEWS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
@@ -146,10 +145,10 @@ def _reader(
 def _through(layout: NodeProto, src: tuple[int, ...], dst: tuple[int, ...], window: Window) -> Window | None:
     """`window` of the layout node's output as a window of its input, or None when it is not one."""
     if layout.op_type == "Transpose":
-        perm = _perm(layout, len(src))
+        perm = transpose_perm(layout, len(src))
         return {perm[a]: span for a, span in window.items()}
     mapped: Window = {}
-    for src_axes, dst_axes in _groups(src, dst):
+    for src_axes, dst_axes in axis_groups(src, dst):
         inside = [a for a in dst_axes if a in window]
         if not inside:
             continue
@@ -161,37 +160,6 @@ def _through(layout: NodeProto, src: tuple[int, ...], dst: tuple[int, ...], wind
         start, end = window[axis]
         mapped[src_axes[0]] = (start * rest, end * rest)
     return mapped
-
-
-def _groups(src: Sequence[int], dst: Sequence[int]) -> list[tuple[list[int], list[int]]]:
-    """Pair runs of input axes with runs of output axes holding the same elements (a reshape keeps
-    the element order, so both shapes split the flat index at the same places)."""
-    groups: list[tuple[list[int], list[int]]] = []
-    i = j = 0
-    while i < len(src) or j < len(dst):
-        si, dj = [], []
-        ps = pd = 1
-        if i < len(src):
-            ps *= src[i]
-            si.append(i)
-            i += 1
-        if j < len(dst):
-            pd *= dst[j]
-            dj.append(j)
-            j += 1
-        while ps != pd:
-            if ps < pd and i < len(src):
-                ps *= src[i]
-                si.append(i)
-                i += 1
-            elif pd < ps and j < len(dst):
-                pd *= dst[j]
-                dj.append(j)
-                j += 1
-            else:
-                return []  # sizes do not match: not a reshape of static shapes
-        groups.append((si, dj))
-    return groups
 
 
 def _rewrite(
@@ -239,17 +207,9 @@ def _layout_copy(work: WorkGraph, layout: NodeProto, data: str, out: str, name: 
     """`layout` applied to `data`, writing `out` (whose type, the window's, is known)."""
     if layout.op_type == "Transpose":
         rank = len(work.types[data].tensor_type.shape.dim)
-        return helper.make_node("Transpose", [data], [out], name=name, perm=_perm(layout, rank))
+        return helper.make_node("Transpose", [data], [out], name=name, perm=transpose_perm(layout, rank))
     target = work.fresh_name(f"{out}_shape")
     shape = static_shape(work.types[out])
     assert shape is not None
     work.set_constant(target, np.array(shape, dtype=np.int64))
     return helper.make_node("Reshape", [data, target], [out], name=name)
-
-
-def _perm(layout: NodeProto, rank: int) -> list[int]:
-    """A Transpose's permutation; without `perm` it reverses the axes."""
-    for attr in layout.attribute:
-        if attr.name == "perm":
-            return [int(p) for p in attr.ints]
-    return list(reversed(range(rank)))

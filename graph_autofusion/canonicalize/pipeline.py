@@ -2,7 +2,8 @@
 
     normalize_opset → bind_shapes → remove_identity → (constant_folding ⇄ shape_inference)*
     → fold_batchnorm → remove_identity → eliminate_dead_code → split_to_slices → hoist_slices
-    → scale_after_matmul → eliminate_dead_code → shape_inference (+ onnxruntime fallback) → sort, name, check
+    → simplify_views → scale_after_matmul → eliminate_dead_code
+    → shape_inference (+ onnxruntime fallback) → sort, name, check
 
 Folding and inference feed each other: inference makes `Shape` outputs static so they fold, and
 folding hands inference constant Reshape targets, so the pair repeats until nothing folds.  The
@@ -30,6 +31,7 @@ from .normalize_opset import normalize_opset
 from .remove_identity import remove_identity
 from .scale_after_matmul import scale_after_matmul
 from .shape_inference import infer_shapes, shapes_from_onnxruntime, unknown_tensors
+from .simplify_views import simplify_views
 from .split_to_slices import split_to_slices
 
 #: The keys of the counts canonicalize returns, in the order the passes run (stable: reports print them).
@@ -44,6 +46,7 @@ PASS_NAMES = (
     "eliminate_dead_code",
     "split_to_slices",
     "hoist_slices",
+    "simplify_views",
     "scale_after_matmul",
     "unused_initializers",
     "shape_fallback",
@@ -86,8 +89,10 @@ def canonicalize(model: ModelProto, config: FusionConfig) -> tuple[ModelProto, d
     counts["eliminate_dead_code"], counts["unused_initializers"] = eliminate_dead_code(work)
     counts["split_to_slices"] = split_to_slices(work)
     counts["hoist_slices"] = hoist_slices(work)
+    counts["simplify_views"] = simplify_views(work)
     counts["scale_after_matmul"] = scale_after_matmul(work)
-    if counts["hoist_slices"] or counts["scale_after_matmul"]:  # the layout nodes' shape constants
+    if counts["hoist_slices"] or counts["simplify_views"] or counts["scale_after_matmul"]:
+        # The layout nodes these passes replaced leave their shape constants behind.
         dead, unused = eliminate_dead_code(work)
         counts["eliminate_dead_code"] += dead
         counts["unused_initializers"] += unused
