@@ -1,8 +1,8 @@
 """The canonicalization driver: runs the passes in order, to a fixed point where it matters.
 
     normalize_opset → bind_shapes → remove_identity → (constant_folding ⇄ shape_inference)*
-    → fold_batchnorm → remove_identity → eliminate_dead_code → split_to_slices → hoist_slices
-    → simplify_views → scale_after_matmul → eliminate_dead_code
+    → fold_batchnorm → remove_identity → eliminate_dead_code → constant_gather_nd
+    → split_to_slices → hoist_slices → simplify_views → scale_after_matmul → eliminate_dead_code
     → shape_inference (+ onnxruntime fallback) → sort, name, check
 
 Folding and inference feed each other: inference makes `Shape` outputs static so they fold, and
@@ -23,6 +23,7 @@ from ..onnx_utils import topological_order
 from ._graph import WorkGraph
 from .bind_shapes import bind_shapes
 from .constant_folding import ConstantFolder
+from .constant_gather_nd import constant_gather_nd
 from .eliminate_dead_code import eliminate_dead_code
 from .finalize import build, check, sort_and_name
 from .fold_batchnorm import fold_batchnorm
@@ -44,6 +45,7 @@ PASS_NAMES = (
     "fold_batchnorm",
     "remove_identity",
     "eliminate_dead_code",
+    "constant_gather_nd",
     "split_to_slices",
     "hoist_slices",
     "simplify_views",
@@ -87,11 +89,12 @@ def canonicalize(model: ModelProto, config: FusionConfig) -> tuple[ModelProto, d
     counts["fold_batchnorm"] = fold_batchnorm(work)
     counts["remove_identity"] += remove_identity(work)  # Dropouts whose mode folded to False
     counts["eliminate_dead_code"], counts["unused_initializers"] = eliminate_dead_code(work)
+    counts["constant_gather_nd"] = constant_gather_nd(work)
     counts["split_to_slices"] = split_to_slices(work)
     counts["hoist_slices"] = hoist_slices(work)
     counts["simplify_views"] = simplify_views(work)
     counts["scale_after_matmul"] = scale_after_matmul(work)
-    if counts["hoist_slices"] or counts["simplify_views"] or counts["scale_after_matmul"]:
+    if any(counts[p] for p in ("constant_gather_nd", "hoist_slices", "simplify_views", "scale_after_matmul")):
         # The layout nodes these passes replaced leave their shape constants behind.
         dead, unused = eliminate_dead_code(work)
         counts["eliminate_dead_code"] += dead
