@@ -2,7 +2,8 @@
 
     normalize_opset → bind_shapes → remove_identity → (constant_folding ⇄ shape_inference)*
     → fold_batchnorm → remove_identity → eliminate_dead_code → constant_gather_nd
-    → split_to_slices → hoist_slices → simplify_views → scale_after_matmul → eliminate_dead_code
+    → gather_to_slice → split_to_slices → hoist_slices → simplify_views → windowed_gemm
+    → scale_after_matmul → eliminate_dead_code
     → shape_inference (+ onnxruntime fallback) → sort, name, check
 
 Folding and inference feed each other: inference makes `Shape` outputs static so they fold, and
@@ -27,6 +28,7 @@ from .constant_gather_nd import constant_gather_nd
 from .eliminate_dead_code import eliminate_dead_code
 from .finalize import build, check, sort_and_name
 from .fold_batchnorm import fold_batchnorm
+from .gather_to_slice import gather_to_slice
 from .hoist_slices import hoist_slices
 from .normalize_opset import normalize_opset
 from .remove_identity import remove_identity
@@ -34,6 +36,7 @@ from .scale_after_matmul import scale_after_matmul
 from .shape_inference import infer_shapes, shapes_from_onnxruntime, unknown_tensors
 from .simplify_views import simplify_views
 from .split_to_slices import split_to_slices
+from .windowed_gemm import windowed_gemm
 
 #: The keys of the counts canonicalize returns, in the order the passes run (stable: reports print them).
 PASS_NAMES = (
@@ -46,13 +49,26 @@ PASS_NAMES = (
     "remove_identity",
     "eliminate_dead_code",
     "constant_gather_nd",
+    "gather_to_slice",
     "split_to_slices",
     "hoist_slices",
     "simplify_views",
+    "windowed_gemm",
     "scale_after_matmul",
     "unused_initializers",
     "shape_fallback",
     "named_nodes",
+)
+
+#: The graph rewrites after folding; each can leave constants of the nodes it replaced unread.
+REWRITES = (
+    "constant_gather_nd",
+    "gather_to_slice",
+    "split_to_slices",
+    "hoist_slices",
+    "simplify_views",
+    "windowed_gemm",
+    "scale_after_matmul",
 )
 
 
@@ -63,6 +79,7 @@ def canonicalize(model: ModelProto, config: FusionConfig) -> tuple[ModelProto, d
 
     Counts: nodes rewritten to the target opset's forms, dims bound, inference runs, nodes folded,
     folds skipped as too large, BNs folded, Identity/Dropout nodes removed, dead nodes removed,
+    nodes each rewrite of `REWRITES` replaced (layout nodes hoisted over, view rewrites),
     unused initializers removed, tensors whose shape came from onnxruntime, nodes given a name.
     """
     work = WorkGraph(model)
@@ -90,12 +107,13 @@ def canonicalize(model: ModelProto, config: FusionConfig) -> tuple[ModelProto, d
     counts["remove_identity"] += remove_identity(work)  # Dropouts whose mode folded to False
     counts["eliminate_dead_code"], counts["unused_initializers"] = eliminate_dead_code(work)
     counts["constant_gather_nd"] = constant_gather_nd(work)
+    counts["gather_to_slice"] = gather_to_slice(work)
     counts["split_to_slices"] = split_to_slices(work)
     counts["hoist_slices"] = hoist_slices(work)
     counts["simplify_views"] = simplify_views(work)
+    counts["windowed_gemm"] = windowed_gemm(work)
     counts["scale_after_matmul"] = scale_after_matmul(work)
-    if any(counts[p] for p in ("constant_gather_nd", "hoist_slices", "simplify_views", "scale_after_matmul")):
-        # The layout nodes these passes replaced leave their shape constants behind.
+    if any(counts[p] for p in REWRITES):
         dead, unused = eliminate_dead_code(work)
         counts["eliminate_dead_code"] += dead
         counts["unused_initializers"] += unused
