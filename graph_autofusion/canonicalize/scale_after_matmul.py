@@ -31,7 +31,7 @@ def scale_after_matmul(work: WorkGraph) -> int:
     removed: set[int] = set()
     after: dict[int, NodeProto] = {}  # id(MatMul) -> the scaling node that now follows it
     for matmul in work.nodes:
-        if matmul.op_type != "MatMul" or matmul.domain not in _DEFAULT:
+        if matmul.op_type != "MatMul" or matmul.domain not in _DEFAULT or matmul.output[0] not in work.types:
             continue
         factors: list[tuple[NodeProto, NodeProto, int, float, bool]] = []
         for slot in (0, 1):
