@@ -46,6 +46,37 @@ def reshape_strides(
     return tuple(out)
 
 
+def axis_groups(src: Sequence[int], dst: Sequence[int]) -> list[tuple[list[int], list[int]]]:
+    """Pair runs of input axes with runs of output axes holding the same elements (a reshape keeps
+    the element order, so both shapes split the flat index at the same places)."""
+    groups: list[tuple[list[int], list[int]]] = []
+    i = j = 0
+    while i < len(src) or j < len(dst):
+        si, dj = [], []
+        ps = pd = 1
+        if i < len(src):
+            ps *= src[i]
+            si.append(i)
+            i += 1
+        if j < len(dst):
+            pd *= dst[j]
+            dj.append(j)
+            j += 1
+        while ps != pd:
+            if ps < pd and i < len(src):
+                ps *= src[i]
+                si.append(i)
+                i += 1
+            elif pd < ps and j < len(dst):
+                pd *= dst[j]
+                dj.append(j)
+                j += 1
+            else:
+                return []  # sizes do not match: not a reshape of static shapes
+        groups.append((si, dj))
+    return groups
+
+
 def split_sizes(dim: int, outputs: int, given: Sequence[int] | None) -> list[int] | None:
     """Sizes of a Split's outputs along its axis (ONNX rules), or None when they do not cover it.
 

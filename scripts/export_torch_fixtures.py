@@ -11,9 +11,11 @@ PyTorch is *not* a dependency of the project.  Run this script from a separate e
     /tmp/torchvenv/bin/pip install torch==2.13.0 onnx==1.23.2 onnxscript==0.7.2
     /tmp/torchvenv/bin/python scripts/export_torch_fixtures.py [--out tests/data/torch_exports]
 
-It writes ``<model>_tiny_<style>_opset<N>.onnx`` (each well under 1 MB, about 2.3 MB in all),
+It writes ``<model>_tiny_<style>_opset<N>.onnx`` (each well under 1 MB, about 2.9 MB in all),
 plus ``<model>_tiny_<style>_dynamic_opset<N>.onnx`` for BERT and GPT-2 exported with symbolic
-batch and sequence axes, and prints each file's op-type histogram.  The export is deterministic
+batch and sequence axes, ``<model>_sdpa_tiny_dynamo_opset18.onnx`` for BERT, GPT-2 and ViT with
+torch's fused ``scaled_dot_product_attention`` (the default of transformers and timm, so what a
+user's export holds), and prints each file's op-type histogram.  The export is deterministic
 (``torch.manual_seed(0)``); tests/graph_autofusion/zoo/test_zoo_fidelity.py compares the zoo's
 graphs with these files.  The modules mirror the layer structure of the architectures the zoo
 imitates (Hugging Face BERT and GPT-2, torchvision ResNet and MobileNetV2, a timm-style ViT) at
@@ -173,6 +175,7 @@ class BertSelfAttention(nn.Module):
         self.query = nn.Linear(hidden, hidden)
         self.key = nn.Linear(hidden, hidden)
         self.value = nn.Linear(hidden, hidden)
+        self.sdpa = False
 
     def split(self, x: torch.Tensor) -> torch.Tensor:
         new_shape = (*x.size()[:-1], self.heads, self.head_dim)
@@ -180,6 +183,9 @@ class BertSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         q, k, v = self.split(self.query(x)), self.split(self.key(x)), self.split(self.value(x))
+        if self.sdpa:
+            ctx = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask).permute(0, 2, 1, 3)
+            return ctx.reshape((*ctx.size()[:-2], self.heads * self.head_dim))
         scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_dim)
         probs = nn.functional.softmax(scores + mask, dim=-1)
         ctx = torch.matmul(probs, v).permute(0, 2, 1, 3).contiguous()
@@ -258,6 +264,7 @@ class Gpt2Block(nn.Module):
         self.mlp_proj = Conv1D(hidden, 4 * hidden)
         bias = torch.tril(torch.ones(max_pos, max_pos, dtype=torch.bool)).view(1, 1, max_pos, max_pos)
         self.register_buffer("bias", bias, persistent=False)
+        self.sdpa = False
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
         new_shape = (*x.size()[:-1], self.heads, self.hidden // self.heads)
@@ -266,6 +273,9 @@ class Gpt2Block(nn.Module):
     def attn(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self.c_attn(x).split(self.hidden, dim=2)
         q, k, v = self.split_heads(q), self.split_heads(k), self.split_heads(v)
+        if self.sdpa:
+            out = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).permute(0, 2, 1, 3)
+            return self.c_proj(out.reshape((*out.size()[:-2], self.hidden)))
         w = torch.matmul(q, k.transpose(-1, -2))
         w = w / torch.full([], v.size(-1) ** 0.5, dtype=w.dtype)
         qlen, klen = q.size(-2), k.size(-2)
@@ -313,11 +323,15 @@ class VitAttention(nn.Module):
         self.scale = self.head_dim**-0.5
         self.qkv = nn.Linear(hidden, 3 * hidden)
         self.proj = nn.Linear(hidden, hidden)
+        self.sdpa = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, n, c = x.shape
         qkv = self.qkv(x).reshape(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
+        if self.sdpa:
+            x = nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, c)
+            return self.proj(x)
         attn = (q * self.scale) @ k.transpose(-2, -1)
         attn = attn.softmax(dim=-1)
         x = (attn @ v).transpose(1, 2).reshape(b, n, c)
@@ -361,6 +375,15 @@ class Vit(nn.Module):
 # ---------------------------------------------------------------------------------------------
 
 
+def _sdpa(module: nn.Module) -> nn.Module:
+    """The module with torch's fused scaled_dot_product_attention in every attention layer: what
+    Hugging Face transformers and timm run (and so export) by default."""
+    for layer in module.modules():
+        if hasattr(layer, "sdpa"):
+            layer.sdpa = True
+    return module
+
+
 def _cases() -> dict[str, tuple[nn.Module, tuple[torch.Tensor, ...], list[str], list[str]]]:
     ids = torch.randint(0, 64, (2, 16))
     mask = torch.ones(2, 16, dtype=torch.long)
@@ -377,6 +400,14 @@ def _cases() -> dict[str, tuple[nn.Module, tuple[torch.Tensor, ...], list[str], 
         ),
         "gpt2": (Gpt2(), (ids,), ["input_ids"], ["logits"]),
         "vit": (Vit(), (img,), ["input"], ["logits"]),
+        "bert_sdpa": (
+            _sdpa(Bert()),
+            (ids, mask),
+            ["input_ids", "attention_mask"],
+            ["last_hidden_state", "pooler_output"],
+        ),
+        "gpt2_sdpa": (_sdpa(Gpt2()), (ids,), ["input_ids"], ["logits"]),
+        "vit_sdpa": (_sdpa(Vit()), (img,), ["input"], ["logits"]),
     }
 
 
@@ -417,6 +448,8 @@ def main() -> None:
         # Sequence models are usually exported with dynamic axes, which keeps the shape arithmetic
         # (Shape/Gather/Unsqueeze/Concat) in the graph; static exports fold it into constants.
         variants = [("torchscript", 17, False), ("dynamo", 18, False)]
+        if name.endswith("_sdpa"):  # the fused attention's export, as dynamo writes it
+            variants = [("dynamo", 18, False)]
         if name in ("bert", "gpt2"):
             variants += [("torchscript", 17, True), ("dynamo", 18, True)]
         for style, opset, dynamic in variants:

@@ -216,3 +216,11 @@ def rename_in_graph(graph: GraphProto, old: str, new: str) -> None:
     for output in graph.output:
         if output.name == old:
             output.name = new
+
+
+def transpose_perm(layout: NodeProto, rank: int) -> list[int]:
+    """A Transpose's permutation; without `perm` it reverses the axes."""
+    for attr in layout.attribute:
+        if attr.name == "perm":
+            return [int(p) for p in attr.ints]
+    return list(reversed(range(rank)))

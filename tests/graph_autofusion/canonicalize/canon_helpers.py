@@ -64,3 +64,20 @@ def ops(model: onnx.ModelProto) -> list[str]:
 def tensor(name: str, shape: Sequence[int | str | None] | None, elem: int = TensorProto.FLOAT):
     """`tensor("x", [1, 3])` → a float ValueInfo; `tensor("ids", ["batch", 8], TensorProto.INT64)`."""
     return helper.make_tensor_value_info(name, elem, shape)
+
+
+def fuse_and_check(model: onnx.ModelProto, tmp_path) -> tuple[int, int]:
+    """Fuse `model`, run the compiled kernels against onnxruntime, and return (kernels planned,
+    the plan's lower bound: one kernel per contraction or reduction of the canonical graph)."""
+    import graph_autofusion as gaf
+    from graph_autofusion.backend.cpu.cache import KernelCache
+    from graph_autofusion.backend.cpu.runtime import compile_model
+    from graph_autofusion.ops import OpKind
+
+    fused = gaf.fuse(model)
+    compiled = compile_model(fused.model, cache=KernelCache(tmp_path), threads=1)
+    assert compiled.stats["host_ops"] == []
+    assert fused.verify(runner="onnxruntime").passed
+    assert fused.verify().passed
+    bound = sum(1 for n in fused.plan.graph.nodes if n.kind in (OpKind.ANCHOR, OpKind.REDUCE))
+    return fused.get_kernel_count(), bound
