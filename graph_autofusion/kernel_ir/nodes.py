@@ -500,8 +500,8 @@ class Loop:
     `parallel`: the iterations are split across the thread team; `vector`: they are independent
     (up to `reductions`) and unit-stride where it matters, so SIMD them. `reductions` names the
     accumulators the body updates associatively, as (op, var) with op in sum/prod/max/min.
-    `scratch` buffers are private to each thread running the loop (a row buffer), allocated
-    before its first iteration and freed after its last."""
+    `scratch` buffers are private to each thread running the loop (a row buffer): each thread's
+    slice of a workspace the caller allocates once and passes in, never allocated by the kernel."""
 
     var: Var
     stop: int | Expr

@@ -13,7 +13,7 @@ unit-stride outputs.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -156,15 +156,56 @@ def loop_nest(
         stride = math.prod(shape[a + 1 : -1])
         expr = o // stride if a == 0 else (o // stride) % shape[a]
         lets.append(Let(names[a], expr if shape[a] != 1 else ir.index(0)))
-    stores: list[Stmt] = [
-        Store(buf, values.lin(list(names), shape), values.resolve(name, list(names))) for name, buf in outputs
-    ]
+    values.clean, values.assume = {}, {}
+
+    def row_stores() -> tuple[Stmt, ...]:
+        values.new_scope()
+        return tuple(
+            Store(buf, values.lin(list(names), shape), values.resolve(name, list(names)))
+            for name, buf in outputs
+        )
+
+    stores = row_stores()
     if outer > 1 or not parallel:
-        row = Loop(names[-1], inner, tuple(stores), vector=True)
-        return [Loop(o, outer, (*lets, row), parallel=parallel)]
+        return [
+            Loop(
+                o,
+                outer,
+                (*lets, *_split_row(values, names[-1], inner, stores, row_stores)),
+                parallel=parallel,
+            )
+        ]
     # one long row: split the row itself across the team
     row = Loop(names[-1], inner, tuple(stores), parallel=True, vector=True)
     return [Let(o, ir.index(0)), *lets, row]
+
+
+def _split_row(
+    values: KernelValues,
+    var: ir.Var,
+    stop: int,
+    stores: tuple[Stmt, ...],
+    again: Callable[[], tuple[Stmt, ...]],
+) -> list[Stmt]:
+    """The row loop over `var`; split into head, interior and tail when an index rule said its
+    value simplifies while `var` stays in a range (a pooling window inside the input: constant
+    bounds, no clamps, a loop the compiler unrolls and vectorizes)."""
+    lo, hi = values.clean.get(var, (0, stop))
+    lo, hi = max(lo, 0), min(hi, stop)
+    if hi - lo < 2 or (lo, hi) == (0, stop):
+        if (lo, hi) == (0, stop) and var in values.clean:
+            values.assume = {var: (0, stop)}
+            stores = again()
+            values.assume = {}
+        return [Loop(var, stop, stores, vector=True)]
+    values.assume = {var: (lo, hi)}
+    interior = again()
+    values.assume = {}
+    parts = [Loop(var, lo, stores, vector=True)] if lo > 0 else []
+    parts.append(Loop(var, hi, interior, vector=True, start=lo))
+    if hi < stop:
+        parts.append(Loop(var, stop, stores, vector=True, start=hi))
+    return parts
 
 
 def lower_pointwise(spec: KernelSpec, description: str = "") -> Kernel:

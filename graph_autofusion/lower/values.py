@@ -101,6 +101,21 @@ class Values:
         self.tensors = tensors
         self.constants = constants
         self.groups: list[IndexGroup] = []
+        # Loop splitting (lower/pointwise.py): a rule whose expression simplifies when a loop
+        # variable stays in [lo, hi) (a pooling window that needs no clamping) reports the range
+        # in `clean`; a loop nest that then runs that range separately puts it in `assume`.
+        self.clean: dict[Expr, tuple[int, int]] = {}
+        self.assume: dict[Expr, tuple[int, int]] = {}
+
+    def is_clean(self, var: Expr, lo: int, hi: int) -> bool:
+        """Whether `var` is assumed inside [lo, hi); if not, report [lo, hi) as worth a split."""
+        known = self.assume.get(var)
+        if known is not None:
+            return lo <= known[0] and known[1] <= hi
+        if isinstance(var, ir.Var) and lo < hi:
+            prev = self.clean.get(var, (lo, hi))
+            self.clean[var] = (max(prev[0], lo), min(prev[1], hi))
+        return False
 
     def shape(self, name: str) -> tuple[int, ...]:
         try:
@@ -524,6 +539,14 @@ def _pool(v: Values, node: onnx.NodeProto, k: int, idx: Index) -> Expr:
     # negative numerator clamps to 0 through the max/min
     lo = [ir.maximum(0, (dil[d] - 1 - first[d]) // dil[d]) for d in range(nd)]
     hi = [ir.minimum(kernel[d], (in_sp[d] - first[d] + dil[d] - 1) // dil[d]) for d in range(nd)]
+    for d in range(nd):
+        # Outputs whose whole window lies inside the input: no clamping, a constant trip count.
+        inside = (
+            -(-head[d] // strides[d]),
+            (in_sp[d] - 1 - (kernel[d] - 1) * dil[d] + head[d]) // strides[d] + 1,
+        )
+        if v.is_clean(idx[2 + d], *inside):
+            lo[d], hi[d] = ir.index(0), ir.index(kernel[d])
     dtype = v.dtype(node.input[0])
     x = v.at(node.input[0], [idx[0], idx[1], *(first[d] + ws[d] * dil[d] for d in range(nd))])
     if node.op_type == "MaxPool":

@@ -13,7 +13,9 @@ import onnx
 
 from ..ir import Graph, Node
 from ..layout import reshape_strides, slice_window, split_sizes
+from ..lower.values import Unsupported
 from ..ops import OpKind
+from .reduction_match import group_spec, match_reduction
 
 POINTWISE_KINDS = {OpKind.VIEW, OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.INJECTIVE}
 EPILOGUE_KINDS = {OpKind.ELEMENTWISE, OpKind.BROADCAST}
@@ -26,11 +28,6 @@ WINDOW_PROLOGUE_OPS = {"Split", "Slice"}
 EPILOGUE_VIEW_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
 # Anchors whose stores can absorb an output Transpose (as the ldc and batch offsets of a GEMM).
 TRANSPOSED_STORE_ANCHORS = {"MatMul", "Gemm"}
-# Prologue kinds a row-reduction kernel accepts on its full domain.
-REDUCTION_PROLOGUE_KINDS = {OpKind.VIEW, OpKind.ELEMENTWISE, OpKind.BROADCAST}
-# Injective ops that may follow a reduction in a row kernel: they broadcast a per-row value over
-# its own row (a kept-dims reduction's result expanded back to the full domain).
-ROW_PRESERVING_EPILOGUE_OPS = {"Expand"}
 
 
 class Misfit(Exception):
@@ -80,47 +77,6 @@ def _descendants_within(graph: Graph, node: Node, members: Collection[int]) -> s
                 seen.add(s.index)
                 stack.append(s)
     return seen
-
-
-def reduced_axes(graph: Graph, node: Node) -> tuple[tuple[int, ...], int] | None:
-    """(input shape, first reduced axis) for a reduction over trailing axes; None otherwise."""
-    shape = graph.shape(node.inputs[0])
-    if shape is None:
-        return None
-    rank = len(shape)
-    op = node.op_type
-    if op in ("Softmax", "LogSoftmax"):
-        axis = int(node.attrs.get("axis", -1 if graph.model.opset_import and _opset(graph) >= 13 else 1))
-        axis %= max(rank, 1)
-        if _opset(graph) >= 13:
-            return (shape, axis) if axis == rank - 1 else None
-        return shape, axis
-    if op == "LayerNormalization":
-        axis = int(node.attrs.get("axis", -1)) % max(rank, 1)
-        return shape, axis
-    if op in ("GlobalAveragePool", "GlobalMaxPool"):
-        return shape, 2
-    if op.startswith("Reduce"):
-        axes = node.attrs.get("axes")
-        if axes is None and len(node.inputs) > 1 and node.inputs[1]:
-            const = graph.const_value(node.inputs[1])
-            axes = None if const is None else [int(a) for a in const.reshape(-1)]
-        if axes is None or len(axes) == 0:
-            if node.attrs.get("noop_with_empty_axes"):
-                return None
-            axes = list(range(rank))
-        norm = sorted(int(a) % rank for a in axes)
-        if norm != list(range(norm[0], rank)):
-            return None  # not a trailing block of axes
-        return shape, norm[0]
-    return None
-
-
-def _opset(graph: Graph) -> int:
-    for imp in graph.model.opset_import:
-        if imp.domain in ("", "ai.onnx"):
-            return imp.version
-    return 0
 
 
 def _const_ints(graph: Graph, node: Node, slot: int) -> list[int] | None:
@@ -230,7 +186,7 @@ def _classify(graph: Graph, members: Collection[int], private: frozenset[int] = 
         _epilogue_only(graph, members, pools[0])
         return "pool"
     if reductions:
-        _reduction(graph, members, reductions, private)
+        _reduction(graph, members, private)
         return "reduction"
     _pointwise(graph, members)
     return "pointwise"
@@ -446,94 +402,9 @@ def _anchor_chain(graph: Graph, members: Collection[int], anchors: list[Node]) -
     _epilogue_only(graph, rest, second, views=True)
 
 
-def _reduction(
-    graph: Graph, members: Collection[int], reductions: list[Node], private: frozenset[int]
-) -> None:
-    outer = inner = None
-    for r in reductions:
-        found = reduced_axes(graph, r)
-        if found is None:
-            raise Misfit(f"{r.op_type} '{r.name}' does not reduce trailing axes")
-        shape, axis = found
-        o, i = math.prod(shape[:axis]), math.prod(shape[axis:])
-        if outer is None:
-            outer, inner = o, i
-        elif (o, i) != (outer, inner):
-            raise Misfit(f"{r.op_type} '{r.name}' reduces a different row shape ({o}x{i} vs {outer}x{inner})")
-    assert outer is not None and inner is not None
-    full, reduced = outer * inner, outer
-    after: set[int] = set()
-    for r in reductions:
-        after |= _descendants_within(graph, r, members)
-    for i in members:
-        n = graph.nodes[i]
-        if n.kind == OpKind.REDUCE:
-            continue
-        if n.kind not in REDUCTION_PROLOGUE_KINDS | {OpKind.INJECTIVE}:
-            raise Misfit(f"{n.op_type} '{n.name}' cannot join a row reduction")
-        if n.kind == OpKind.INJECTIVE and i in after and n.op_type not in ROW_PRESERVING_EPILOGUE_OPS:
-            # The kernel computes one row at a time: an epilogue that moves elements (Transpose
-            # back, Slice, Gather) would need values of other rows, which it does not hold.
-            raise Misfit(f"{n.op_type} '{n.name}' reorders a reduction's results across rows")
-        size = _numel(graph, _out(n))
-        if size not in (full, reduced) and i not in private and _leaves(graph, n, members):
-            raise Misfit(f"{n.op_type} '{n.name}' works on {size} elements, rows are {outer}x{inner}")
-    _check_row_broadcasts(graph, members, reductions, outer, inner)
-
-
-def _check_row_broadcasts(
-    graph: Graph, members: Collection[int], reductions: list[Node], outer: int, inner: int
-) -> None:
-    """An op after a reduction works on one value per row or on the row domain, and a per-row
-    value (a reduction's result) must broadcast along its own row.
-
-    The row kernel hands each epilogue op the value of the row it is computing: right only when
-    the op's output holds that row's elements at flat offsets [row*inner, (row+1)*inner), i.e.
-    when the per-row value has the output's leading dims and ones after them. `r[18] + x[4,18]`
-    broadcasts r along the last axis instead (each output row mixes 18 reductions): a misfit.
-    """
-    per_row = {o for r in reductions for o in r.outputs if o and _numel(graph, o) == outer}
-    after: set[int] = set()
-    for r in reductions:
-        after |= _descendants_within(graph, r, members)
-    for i in sorted(after):
-        n = graph.nodes[i]
-        out = graph.shape(_out(n))
-        if out is None or n.kind == OpKind.REDUCE:
-            continue
-        size = math.prod(out)
-        if size not in (outer, outer * inner):
-            # Neither one value per row nor the row domain: the row loop cannot produce it.
-            raise Misfit(
-                f"{n.op_type} '{n.name}' after a reduction works on {size} elements, rows are {outer}x{inner}"
-            )
-        for v in n.inputs:
-            if v not in per_row:
-                continue
-            shape = graph.shape(v)
-            if size == outer and n.kind != OpKind.INJECTIVE:
-                per_row.update(o for o in n.outputs if o)  # still one value per row
-            elif shape is None or not _row_aligned(tuple(shape), tuple(out), outer):
-                raise Misfit(
-                    f"{n.op_type} '{n.name}' broadcasts a per-row value {list(shape or [])} across rows "
-                    f"of its output {list(out)}"
-                )
-
-
-def _row_aligned(shape: tuple[int, ...], out: tuple[int, ...], outer: int) -> bool:
-    """Whether `shape` broadcast to `out` is constant over each run of out's last axes covering
-    `numel(out) / outer` elements (the leading dims equal out's, product `outer`, then ones)."""
-    padded = (1,) * (len(out) - len(shape)) + shape
-    return any(
-        math.prod(out[:k]) == outer and padded[:k] == out[:k] and all(d == 1 for d in padded[k:])
-        for k in range(len(out) + 1)
-    )
-
-
-def _leaves(graph: Graph, node: Node, members: Collection[int]) -> bool:
-    """Whether a value of `node` is read outside the kernel (it must then be on a row domain)."""
-    for o in node.outputs:
-        v = graph.values[o] if o else None
-        if v is not None and (v.is_output or any(c not in members for c in v.consumers)):
-            return True
-    return False
+def _reduction(graph: Graph, members: Collection[int], private: frozenset[int]) -> None:
+    """A row kernel: the group is one exactly when the lowering's match succeeds on it."""
+    try:
+        match_reduction(group_spec(graph, members, private))
+    except Unsupported as why:
+        raise Misfit(str(why)) from None

@@ -149,10 +149,18 @@ static inline float af_clamp_low(float x, float f) {
   memcpy(&r, &rb, 4);
   return r;
 }
-/* A kernel's scratch buffer could not be allocated: stop loudly, never compute on NULL. */
+/* Per-thread scratch lives in the caller's workspace, one slice per thread: a team wider than
+ * the slices the caller passed is a caller bug; stop loudly, never write past the workspace. */
 #include <stdio.h>
-static inline void af_out_of_memory(const char *kernel, long long bytes) {
-  fprintf(stderr, "graph-autofusion: kernel %s could not allocate %lld bytes of scratch\\n", kernel, bytes);
+#ifdef _OPENMP
+#include <omp.h>
+#define AF_THREAD_NUM() ((int64_t)omp_get_thread_num())
+#else
+#define AF_THREAD_NUM() ((int64_t)0)
+#endif
+static inline void af_workspace_short(const char *kernel, long long thread, long long slices) {
+  fprintf(stderr, "graph-autofusion: kernel %s runs thread %lld but got %lld workspace slices\\n",
+          kernel, thread, slices);
   abort();
 }
 /* 16-bit floats are stored as their bits and computed in fp32. */
@@ -492,12 +500,43 @@ def render_inline(e: Expr) -> str:
 # -- statements and kernels ------------------------------------------------------------------------
 
 
+WORKSPACE_SUFFIX = "_workspace"  # `const int64_t <kernel>_workspace`: bytes of one thread's slice
+
+
+def workspace_layout(kernel: Kernel) -> tuple[dict[str, int], int]:
+    """Offsets of the kernel's scratch buffers in one thread's workspace slice, and the slice's
+    size in bytes (0: the kernel takes no workspace), each buffer on a 64-byte boundary.
+
+    A kernel with scratch takes two more arguments after its parameters: the workspace (the
+    caller allocates it once, `threads` slices of this size) and the number of slices. Kernels
+    never allocate memory themselves."""
+    offsets: dict[str, int] = {}
+    size = 0
+
+    def visit(body: tuple[Stmt, ...]) -> None:
+        nonlocal size
+        for s in body:
+            if isinstance(s, Loop):
+                for b in s.scratch:
+                    if b.name not in offsets:
+                        offsets[b.name] = size
+                        size += -(-b.size * b.dtype.itemsize // 64) * 64
+                visit(s.body)
+            elif isinstance(s, If):
+                visit(s.then)
+                visit(s.otherwise)
+
+    visit(kernel.body)
+    return offsets, size
+
+
 class KernelRenderer:
     """Renders one IR kernel as a C function `void name(void *const *args)`."""
 
     def __init__(self, kernel: Kernel) -> None:
         self.kernel = kernel
         self.exprs = ExprRenderer()
+        self.scratch_offsets, self.workspace_bytes = workspace_layout(kernel)
 
     def stmts(self, body: tuple[Stmt, ...], block: Block) -> None:
         for s in body:
@@ -543,18 +582,18 @@ class KernelRenderer:
                 block.emit("#pragma omp parallel")
             block.emit("{")
             region = block.child()
+            region.emit("const int64_t af_tid = AF_THREAD_NUM();")
+            short = f'af_workspace_short("{self.kernel.name}", af_tid, af_ws_slices)'
+            region.emit(f"if (af_tid >= af_ws_slices) {short};")
             for b in s.scratch:
                 t = c_type(b.dtype)
-                region.emit(f"{t} *{b.name} = ({t} *)malloc(sizeof({t}) * {b.size});")
-                nbytes = b.size * b.dtype.itemsize
-                region.emit(f'if (!{b.name}) af_out_of_memory("{self.kernel.name}", {nbytes});')
+                at = f"af_ws + af_tid * {self.workspace_bytes} + {self.scratch_offsets[b.name]}"
+                region.emit(f"{t} *restrict {b.name} = ({t} *)({at});")
             if s.parallel:
                 region.emit(f"#pragma omp for schedule(static){clauses}")
             elif s.vector:
                 region.emit(f"#pragma omp simd{clauses}")
             self._for(s, region)
-            for b in s.scratch:
-                region.emit(f"free({b.name});")
             block.extend(region)
             block.emit("}")
             return
@@ -586,12 +625,18 @@ class KernelRenderer:
             data = ", ".join(_table_literals(values, buf.dtype))
             parts.append(f"static const {c_type(buf.dtype)} {buf.name}[{buf.size}] = {{{data}}};")
         parts.append("\n" + c_comment(k.description or k.name))
+        if self.workspace_bytes:
+            parts.append(f"const int64_t {k.name}{WORKSPACE_SUFFIX} = {self.workspace_bytes};")
         parts.append(f"void {k.name}(void *const *args) {{")
         for j, b in enumerate(k.params):
             qual = "const " if b.role == "input" else ""
             parts.append(
                 f"  {qual}{c_type(b.dtype)} *restrict {b.name} = ({qual}{c_type(b.dtype)} *)args[{j}];"
             )
+        if self.workspace_bytes:
+            n = len(k.params)
+            parts.append(f"  char *const af_ws = (char *)args[{n}];")
+            parts.append(f"  const int64_t af_ws_slices = (int64_t)(intptr_t)args[{n + 1}];")
         parts.extend(body.lines)
         parts.append("}")
         return "\n".join(parts) + "\n"

@@ -40,6 +40,7 @@ from .extract import ExecutionPlan, HostStep, KernelStep, ViewStep, extract
 from .hostops import HostOp, host_op_entry
 from .isa import ISA_ENV, IsaTarget, host_isa, target_isa
 from .kernel_spec import KernelSpec
+from .render_c import WORKSPACE_SUFFIX
 from .threads import available_cpus, set_omp_threads
 
 DRIVER_SYMBOL = "af_run_sequence"
@@ -306,12 +307,35 @@ class CompiledModel:
             self._extents[name] = (nbytes, start, last.get(name, start))
             buffers.append(Buffer(name, nbytes + redzone, start, last.get(name, start)))
         offsets, peak = plan_offsets(buffers)
-        self.arena_bytes = peak
-        raw = np.zeros(peak + ALIGNMENT, dtype=np.uint8)
+        # Kernels run one at a time, so one workspace (a slice per thread) serves them all; it
+        # sits after the tensors, in the same allocation.
+        self.workspace_slice = max(self._workspace_slices().values(), default=0)
+        self.workspace_bytes = self.workspace_slice * self.threads
+        self._workspace_offset = peak
+        self.arena_bytes = peak + self.workspace_bytes
+        try:
+            raw = np.zeros(self.arena_bytes + ALIGNMENT, dtype=np.uint8)
+        except MemoryError:
+            raise MemoryError(
+                f"cannot allocate the runtime arena: {self.arena_bytes} bytes ({peak} for tensors, "
+                f"{self.workspace_bytes} of kernel workspace for {self.threads} threads)"
+            ) from None
         shift = (-raw.ctypes.data) % ALIGNMENT
-        self._arena = raw[shift : shift + peak]
+        self._arena = raw[shift : shift + self.arena_bytes]
         self._offsets = offsets
         self._scratch: dict[str, np.ndarray] = {}
+
+    def _workspace_slices(self) -> dict[str, int]:
+        """Bytes of one thread's workspace slice per kernel that takes one (render_c.py)."""
+        found = {}
+        for step in self._steps:
+            if isinstance(step, KernelStep) and step.symbol not in found:
+                lib = self._lib(self.kernels[step.symbol].path)
+                try:
+                    found[step.symbol] = int(ctypes.c_int64.in_dll(lib, step.symbol + WORKSPACE_SUFFIX).value)
+                except ValueError:  # no such symbol: the kernel takes no workspace
+                    found[step.symbol] = 0
+        return found
 
     def array(self, name: str) -> np.ndarray:
         """The live storage of a tensor (a view into the arena or a weight array)."""
@@ -348,6 +372,7 @@ class CompiledModel:
                 run_fns.clear()
                 run_args.clear()
 
+        workspace = self._workspace_slices()
         for step in self._steps:
             if isinstance(step, ViewStep):
                 continue
@@ -369,6 +394,8 @@ class CompiledModel:
             params = [*spec.inputs, *spec.outputs]
             names = [*step.inputs, *step.outputs]
             ptrs = [self._pointer(n, p.numel * p.dtype.itemsize) for n, p in zip(names, params, strict=True)]
+            if workspace.get(step.symbol):
+                ptrs += [int(self._arena.ctypes.data) + self._workspace_offset, self.threads]
             argv = (ctypes.c_void_p * max(len(ptrs), 1))(*ptrs)
             self._argvs.append(argv)
             run_fns.append(ctypes.cast(fn, ctypes.c_void_p).value or 0)
@@ -400,6 +427,7 @@ class CompiledModel:
             "host_ops": hosts,
             "views": sum(1 for s in self._steps if isinstance(s, ViewStep)),
             "arena_bytes": self.arena_bytes,
+            "workspace_bytes": self.workspace_bytes,
             "weights_bytes": int(sum(w.nbytes for w in self._weights.values())),
             "threads": self.threads,
             "isa": self.isa.name,
@@ -433,6 +461,7 @@ class CompiledModel:
             sanitize.unpoison(base, size)
             return
         sanitize.poison(base, size)
+        sanitize.unpoison(base + self._workspace_offset, self.workspace_bytes)
         for name, (nbytes, first, last) in self._extents.items():
             if first <= step <= last:
                 sanitize.unpoison(base + self._offsets[name], nbytes)

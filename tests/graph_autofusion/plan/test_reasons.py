@@ -85,11 +85,16 @@ def test_nf005_input_cap() -> None:
 
 
 def test_nf006_loop_domains_differ() -> None:
+    """Rows of 8 summed, then the 4 sums reduced across rows: two domains, two kernels."""
     m = model(
-        [node("Relu", ["x"], ["r"], "relu"), node("ReduceSum", ["r", "axes"], ["s"], "sum", keepdims=0)],
+        [
+            node("Relu", ["x"], ["r"], "relu"),
+            node("ReduceSum", ["r", "axes"], ["s"], "sum", keepdims=1),
+            node("ReduceMax", ["s"], ["t"], "max", axes=[0], keepdims=1),
+        ],
         [("x", [4, 8])],
-        ["s"],
-        inits=[("axes", np.array([0], dtype=np.int64))],
+        ["t"],
+        inits=[("axes", np.array([1], dtype=np.int64))],
     )
     fused = gaf.fuse(m)
     assert "NF006" in refused(fused)

@@ -252,3 +252,29 @@ def test_a_host_lp_normalization_takes_absolute_values(kernel_cache, p) -> None:
     np.testing.assert_allclose(host.astype(np.float32), want, atol=2e-3)
     compiled = compile_model(model, cache=kernel_cache, threads=1)
     np.testing.assert_allclose(compiled({"x": x})["y"].astype(np.float32), want, atol=2e-3)
+
+
+def test_row_buffers_live_in_the_arena_workspace_one_slice_per_thread(kernel_cache) -> None:
+    """Softmax keeps exp(x - max) in a per-thread row buffer: the kernel takes it from the
+    runtime's arena (no malloc in generated code), and the arena counts it once per thread."""
+    from graph_autofusion.backend.cpu.codegen import generate
+
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [256, 300])
+    z = helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [256, 300])
+    graph = helper.make_graph(
+        [helper.make_node("Softmax", ["x"], ["y"], axis=-1), helper.make_node("Erf", ["y"], ["z"])],
+        "g",
+        [x],
+        [z],
+    )
+    fused = gaf.fuse(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    feeds = {"x": np.random.default_rng(0).standard_normal((256, 300)).astype(np.float32)}
+    expected = ort_run(fused.model, feeds)
+    compiled = {t: compile_model(fused.model, cache=kernel_cache, threads=t) for t in (1, 2)}
+    for c in compiled.values():
+        assert_close(c(feeds), expected)
+        for symbol, spec in c.plan.specs.items():
+            assert "malloc" not in generate(spec).source.split(f"void {symbol}")[1]
+    one, two = compiled[1].stats, compiled[2].stats
+    assert one["workspace_bytes"] >= 300 * 4 and two["workspace_bytes"] == 2 * one["workspace_bytes"]
+    assert two["arena_bytes"] - one["arena_bytes"] == one["workspace_bytes"]

@@ -39,3 +39,40 @@ def test_average_pool(kernel_cache, attrs, include_pad) -> None:
 def test_maxpool_dilations_1d(kernel_cache) -> None:
     nodes = [helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3], dilations=[2], pads=[2, 2])]
     check(make_model(nodes, {"x": [1, 2, 11]}, ["y"]), kernel_cache)
+
+
+WIDE = [
+    {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
+    {"kernel_shape": [3, 3], "strides": [3, 3], "ceil_mode": 1},
+    {"kernel_shape": [5, 5], "strides": [1, 1], "pads": [2, 2, 2, 2], "dilations": [1, 2]},
+    {"kernel_shape": [7, 7], "strides": [2, 2]},
+]
+
+
+@pytest.mark.parametrize("attrs", WIDE)
+def test_rows_split_into_border_and_interior_match_onnxruntime(kernel_cache, attrs) -> None:
+    """Rows long enough for an interior (windows inside the input) run it as its own loop."""
+    nodes = [helper.make_node("MaxPool", ["x"], ["y"], **attrs)]
+    check(make_model(nodes, {"x": [1, 2, 13, 40]}, ["y"]), kernel_cache, "pool")
+    if "dilations" not in attrs:  # AveragePool takes dilations from opset 19 only
+        nodes = [helper.make_node("AveragePool", ["x"], ["y"], count_include_pad=1, **attrs)]
+        check(make_model(nodes, {"x": [1, 2, 13, 40]}, ["y"]), kernel_cache, "pool")
+
+
+def test_the_interior_loop_has_constant_window_bounds() -> None:
+    """ResNet-50's first MaxPool: row 0 clamps its window, rows 1..55 read 3 taps unclamped."""
+    import onnx
+
+    from graph_autofusion.backend.cpu.extract import extract
+    from graph_autofusion.kernel_ir import Loop, format_kernel
+    from graph_autofusion.lower.pointwise import lower_pointwise
+
+    nodes = [helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4)]
+    model = onnx.shape_inference.infer_shapes(make_model(nodes, {"x": [1, 64, 112, 112]}, ["y"]))
+    (spec,) = extract(model).specs.values()
+    kernel = lower_pointwise(spec)
+    (outer,) = kernel.body
+    assert isinstance(outer, Loop)
+    rows = [s for s in outer.body if isinstance(s, Loop)]
+    assert [(r.start, r.stop) for r in rows] == [(0, 1), (1, 56)]
+    assert "max(w1_2615 from 0 to 3:" in format_kernel(kernel).split("1 <= i3 < 56")[1]
