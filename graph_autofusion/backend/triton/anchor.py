@@ -41,7 +41,8 @@ from .blocks import is_ascend
 from .render import Block, FunctionRenderer, KernelRenderer, Launch, RenderedKernel
 
 CONTRACTIONS = ("MatMul", "Gemm", "Conv")
-TAIL_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Transpose"})
+VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+TAIL_OPS = VIEW_OPS | {"Transpose"}
 Index = list[Expr]
 
 
@@ -60,24 +61,47 @@ class Contraction:
     y_index: Callable[[Index, Expr, Expr], Index]  # (batch index, m, n) -> Y's index
     finish: Callable[[Expr, Index, Expr, Expr], Expr]  # fp32 accumulator -> Y's value
     operand_type: DType
+    # A direct contraction's A also depends on the column (grouped convolution: the group of an
+    # output channel picks the input channels): it runs as K multiply-adds on the [BM, BN] tile
+    # instead of tl.dot, and `a` is then called as a(batch, m, k, n).
+    direct: bool = False
 
 
 class AnchorValues(KernelValues):
-    """Kernel values where Y, at the tile's own element, is the accumulator's finished value."""
+    """Kernel values where Y, at the tile's own element, is the accumulator's finished value.
+
+    Views of Y (Reshape, Flatten, ...) are Y too: each is expected at the index that holds the
+    same element (`index_in`), so `Gemm -> Reshape -> Add` reads the accumulator tile as well.
+    """
 
     def __init__(self, spec: KernelSpec) -> None:
         super().__init__(spec)
         self.y = ""
         self.y_at: tuple[Expr, ...] | None = None
         self.y_value: Expr | None = None
+        self.aliases: dict[str, tuple[Expr, ...]] = {}  # Y and its views -> the tile's index there
+
+    def bind(self, y: str, at: Sequence[Expr], value: Expr) -> None:
+        """Y at index `at` is `value`; so are Y's views at the same element."""
+        # A size-1 dim is read at 0 by every broadcasting rule: say so, so the indices agree.
+        at = [ir.index(0) if d == 1 else e for e, d in zip(at, self.shape(y), strict=True)]
+        self.y, self.y_at, self.y_value = y, tuple(at), value
+        self.aliases = {y: self.y_at}
+        for node in self.spec.nodes:
+            if node.op_type in VIEW_OPS and node.input and node.input[0] in self.aliases:
+                self.aliases[node.output[0]] = tuple(self.index_in(self.shape(node.output[0])))
+
+    def index_in(self, shape: Sequence[int]) -> Index:
+        """The index of the tile's element in a tensor of `shape` holding Y's elements in order."""
+        assert self.y_at is not None
+        return self.reshape_index(list(self.y_at), self.shape(self.y), shape)
 
     def _leaf(self, at: TensorAt) -> Expr | None:
-        if at.tensor == self.y:
+        if at.tensor in self.aliases or at.tensor == self.y:
             if self.y_at is None or self.y_value is None:
                 raise Unsupported("the contraction's operands read its own result")
-            same = len(at.index) == len(self.y_at) and all(
-                a is b for a, b in zip(at.index, self.y_at, strict=True)
-            )
+            want = self.aliases[at.tensor]
+            same = len(at.index) == len(want) and all(a is b for a, b in zip(at.index, want, strict=True))
             if not same:
                 raise Unsupported("the epilogue reads the contraction's result at another element")
             return self._substitute(self.y_value)
@@ -174,32 +198,38 @@ def _conv(v: AnchorValues, node: onnx.NodeProto) -> Contraction:
     def window(k: Expr) -> tuple[Expr, Expr, Expr]:
         return k // (kh * kw), (k // kw) % kh, k % kw
 
-    def a(b: Index, m: Expr, k: Expr) -> Expr:
+    direct = groups > 1
+
+    def a(b: Index, m: Expr, k: Expr, n: Expr | None = None) -> Expr:
         img, y0, x0 = pixel(m)
         c, i, j = window(k)
+        group = n // fg if direct else b[0]  # type: ignore[operator]
         hh = y0 * int(sh) - ph + i * int(dh)
         ww = x0 * int(sw_) - pw + j * int(dw)
         inside = ir.logical_and(
             ir.logical_and(ir.ge(hh, 0), ir.lt(hh, h)), ir.logical_and(ir.ge(ww, 0), ir.lt(ww, w))
         )
-        value = v.at(x_name, [img, b[0] * cg + c, ir.clamp(hh, 0, h - 1), ir.clamp(ww, 0, w - 1)])
+        value = v.at(x_name, [img, group * cg + c, ir.clamp(hh, 0, h - 1), ir.clamp(ww, 0, w - 1)])
         return ir.select(inside, value, ir.const(0.0, value.dtype), guarded=True)
+
+    def channel(b: Index, n: Expr) -> Expr:
+        return n if direct else b[0] * fg + n
 
     def bw(b: Index, k: Expr, n: Expr) -> Expr:
         c, i, j = window(k)
-        return v.at(w_name, [b[0] * fg + n, c, i, j])
+        return v.at(w_name, [channel(b, n), c, i, j])
 
     def y_index(b: Index, m: Expr, n: Expr) -> Index:
         img, y0, x0 = pixel(m)
-        return [img, b[0] * fg + n, y0, x0]
+        return [img, channel(b, n), y0, x0]
 
     def finish(acc: Expr, b: Index, m: Expr, n: Expr) -> Expr:
-        return acc + ir.cast(v.at(bias, [b[0] * fg + n]), DType.F32) if bias else acc
+        return acc + ir.cast(v.at(bias, [channel(b, n)]), DType.F32) if bias else acc
 
     del c_in
     return Contraction(
-        node, node.output[0], (groups,), n_img * oh * ow, fg, cg * kh * kw, a, bw, y_index, finish,
-        _operand_type(v, [x_name, w_name]),
+        node, node.output[0], () if direct else (groups,), n_img * oh * ow, f_out if direct else fg,
+        cg * kh * kw, a, bw, y_index, finish, _operand_type(v, [x_name, w_name]), direct,
     )  # fmt: skip
 
 
@@ -266,42 +296,24 @@ def render_anchor(spec: KernelSpec, profile: HardwareProfile) -> RenderedKernel:
         bvars.append(ir.var(f"b{d}"))
         body.emit(f"v_b{d} = (v_bl // {stride}) % {size}" if d else f"v_b{d} = v_bl // {stride}")
     body.emit("v_acc = tl.zeros([BM, BN], tl.float32)")
-    body.emit(f"for v_k0 in range(0, {c.k}, BK):")
-    loop = body.child()
-    loop.emit("v_gka = v_k0 + tl.arange(0, BK)[None, :]")
-    loop.emit("v_gkb = v_k0 + tl.arange(0, BK)[:, None]")
-    dot_type = {DType.F32: "tl.float32", DType.F16: "tl.float16", DType.BF16: "tl.bfloat16"}[c.operand_type]
-    operands = []
-    for what, expr, mask, shape in (
-        ("a", c.a(bvars, gm, gka), f"(v_gm < {c.m}) & (v_gka < {c.k})", "[BM, BK]"),
-        ("b", c.b(bvars, gkb, gn), f"(v_gkb < {c.k}) & (v_gn < {c.n})", "[BK, BN]"),
-    ):
-        v.new_scope()
-        resolved = ir.cast(v._substitute(expr), DType.F32)
-        fn.lane_shape = shape
-        block = Block(loop.indent, loop, mask)
-        block.lines = loop.lines
-        value = fn.expr(resolved, block)
-        loop.emit(f"op_{what} = tl.where({mask}, {value}, 0.0).to({dot_type})")
-        operands.append(f"op_{what}")
-    precision = ', input_precision="ieee"' if c.operand_type is DType.F32 and not is_ascend(profile) else ""
-    loop.emit(f"v_acc = tl.dot({operands[0]}, {operands[1]}, v_acc{precision})")
+    if c.direct:
+        loop = _direct_loop(c, v, fn, body, bvars, gm, gn)
+    else:
+        loop = _dot_loop(c, v, fn, body, bvars, gm, gn, gka, gkb, profile)
     body.lines.extend(loop.lines)
     # epilogue: every output at the tile's element
     fn.lane_shape = "[BM, BN]"
     tile = Block(body.indent, body, f"(v_gm < {c.m}) & (v_gn < {c.n})")
     tile.lines = body.lines
-    v.y = c.y
-    v.y_at = tuple(c.y_index(bvars, gm, gn))
-    v.y_value = c.finish(acc, bvars, gm, gn)
+    v.bind(c.y, c.y_index(bvars, gm, gn), c.finish(acc, bvars, gm, gn))
     v.new_scope()
     y_shape = v.shape(c.y)
     outputs = list(zip(spec.outputs, v.params[len(spec.inputs) :], strict=True))
     for t, buf in outputs:
         base, ops = _tail(v, t.name)
-        if v.shape(base) != y_shape:
+        if math.prod(v.shape(base)) != math.prod(y_shape):
             raise Unsupported(f"output {t.name} is not the contraction's result up to data movement")
-        idx = list(v.y_at)
+        idx = list(v.aliases[base]) if base in v.aliases else v.index_in(v.shape(base))
         value = v._substitute(v.at(base, idx))
         out_idx = _forward(v, idx, ops)
         fn.stmt(ir_store(buf, v.lin(out_idx, v.shape(t.name)), value), tile)
@@ -322,6 +334,46 @@ def render_anchor(spec: KernelSpec, profile: HardwareProfile) -> RenderedKernel:
     values = {buf.name: array for buf, array in v.const_buffers.values()}
     tables = tuple((buf, values[buf.name]) for buf in owner.tables)
     return RenderedKernel(spec.symbol, source, (launch,), kernel.params, tables, ())
+
+
+def _operand(v: AnchorValues, fn: FunctionRenderer, loop: Block, expr: Expr, mask: str, shape: str) -> str:
+    """One operand element (resolved through the prologue), rendered into `loop` under `mask`."""
+    v.new_scope()
+    resolved = ir.cast(v._substitute(expr), DType.F32)
+    fn.lane_shape = shape
+    block = Block(loop.indent, loop, mask)
+    block.lines = loop.lines
+    return fn.expr(resolved, block)
+
+
+def _dot_loop(c: Contraction, v: AnchorValues, fn: FunctionRenderer, body: Block, bvars: Index,
+              gm: Expr, gn: Expr, gka: Expr, gkb: Expr, profile: HardwareProfile) -> Block:  # fmt: skip
+    body.emit(f"for v_k0 in range(0, {c.k}, BK):")
+    loop = body.child()
+    loop.emit("v_gka = v_k0 + tl.arange(0, BK)[None, :]")
+    loop.emit("v_gkb = v_k0 + tl.arange(0, BK)[:, None]")
+    dot_type = {DType.F32: "tl.float32", DType.F16: "tl.float16", DType.BF16: "tl.bfloat16"}[c.operand_type]
+    amask, bmask = f"(v_gm < {c.m}) & (v_gka < {c.k})", f"(v_gkb < {c.k}) & (v_gn < {c.n})"
+    a = _operand(v, fn, loop, c.a(bvars, gm, gka), amask, "[BM, BK]")
+    loop.emit(f"op_a = tl.where({amask}, {a}, 0.0).to({dot_type})")
+    b = _operand(v, fn, loop, c.b(bvars, gkb, gn), bmask, "[BK, BN]")
+    loop.emit(f"op_b = tl.where({bmask}, {b}, 0.0).to({dot_type})")
+    precision = ', input_precision="ieee"' if c.operand_type is DType.F32 and not is_ascend(profile) else ""
+    loop.emit(f"v_acc = tl.dot(op_a, op_b, v_acc{precision})")
+    return loop
+
+
+def _direct_loop(c: Contraction, v: AnchorValues, fn: FunctionRenderer, body: Block, bvars: Index,
+                 gm: Expr, gn: Expr) -> Block:  # fmt: skip
+    """K multiply-adds on the [BM, BN] tile, in k order (a grouped convolution)."""
+    kd = ir.var("kd")
+    body.emit(f"for v_kd in range(0, {c.k}):")
+    loop = body.child()
+    mask = f"(v_gm < {c.m}) & (v_gn < {c.n})"
+    a = _operand(v, fn, loop, c.a(bvars, gm, kd, gn), mask, "[BM, BN]")  # type: ignore[call-arg]
+    b = _operand(v, fn, loop, c.b(bvars, kd, gn), mask, "[BM, BN]")
+    loop.emit(f"v_acc = v_acc + tl.where({mask}, {a} * {b}, 0.0)")
+    return loop
 
 
 def ir_store(buf, index, value):  # type: ignore[no-untyped-def]

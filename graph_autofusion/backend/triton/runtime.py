@@ -42,6 +42,7 @@ from ..cpu.hostops import HostOp, host_op_entry
 from ..cpu.kernel_spec import KernelSpec
 from ..cpu.runtime import check_inputs, refuse_object_tensors, with_host_fallbacks
 from .blocks import LaunchConfig, check_ascend, configure, is_ascend
+from .chains import expand_steps, split_chain
 from .kernels import render_spec
 from .render import RenderedKernel
 
@@ -112,8 +113,9 @@ def load_module(source: str, root: Path) -> tuple[str, ModuleType, Path]:
     """Write `source` under `root` by its digest (once) and import it (once per process)."""
     digest = hashlib.sha256(source.encode()).hexdigest()
     path = root / f"{digest}.py"
+    key = f"{digest}:{int(interpreting())}"  # @triton.jit decides at import whether it interprets
     with _MODULES_LOCK:
-        found = _MODULES.get(digest)
+        found = _MODULES.get(key)
         if found is not None:
             return digest, found, path
         root.mkdir(parents=True, exist_ok=True)
@@ -121,13 +123,13 @@ def load_module(source: str, root: Path) -> tuple[str, ModuleType, Path]:
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(source, encoding="utf-8")
             os.replace(tmp, path)
-        name = f"af_triton_{digest[:24]}"
+        name = f"af_triton_{digest[:24]}_{int(interpreting())}"
         spec = importlib.util.spec_from_file_location(name, path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
-        _MODULES[digest] = module
+        _MODULES[key] = module
         return digest, module, path
 
 
@@ -181,14 +183,38 @@ def compile_triton(
     root = cache_root(cache_dir)
     kernels: dict[str, TritonKernel] = {}
     declined: dict[str, str] = {}
-    for symbol, spec in plan.specs.items():
+    parts: dict[str, list[KernelSpec]] = {}
+    for symbol, spec in list(plan.specs.items()):
         try:
             kernels[symbol] = build_kernel(spec, profile, root)
         except Unsupported as exc:
             declined[symbol] = str(exc)
+            if spec.template == "anchor_chain":
+                _build_chain(spec, profile, root, kernels, parts, declined)
+    expand_steps(plan, parts)
     compiled = TritonCompiledModel(plan, kernels, declined, target=target, profile=profile, device=device)
     compiled.stats["compile_seconds"] = round(time.perf_counter() - started, 4)
     return compiled
+
+
+def _build_chain(
+    spec: KernelSpec,
+    profile: HardwareProfile,
+    root: Path,
+    kernels: dict[str, TritonKernel],
+    parts: dict[str, list[KernelSpec]],
+    declined: dict[str, str],
+) -> None:
+    """An anchor chain as one kernel per contraction (chains.py), when every part renders."""
+    try:
+        split = split_chain(spec)
+        built = {part.symbol: build_kernel(part, profile, root) for part in split}
+    except Unsupported as exc:
+        declined[spec.symbol] = f"{declined[spec.symbol]}; split per contraction: {exc}"
+        return
+    kernels.update(built)
+    parts[spec.symbol] = split
+    del declined[spec.symbol]
 
 
 def triton_host_steps(model: onnx.ModelProto, target: str) -> list[HostStep]:
