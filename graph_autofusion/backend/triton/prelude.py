@@ -70,6 +70,16 @@ def _af_round(x):
 
 
 @triton.jit
+def _af_to_bf16(x):
+    # fp32 -> bf16 rounding to nearest even, by bits (Triton's interpreter converts otherwise);
+    # a NaN stays a quiet NaN.
+    bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
+    r = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    r = tl.where(x != x, 0x7FC0, r)
+    return r.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
 def _af_mul(a, b):
     return a * b
 """

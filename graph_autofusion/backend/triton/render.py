@@ -494,6 +494,8 @@ class FunctionRenderer:
             value = f"({value} != 0)"
         elif buf.dtype is DType.F64 and self.owner.narrow_f64:
             raise Unsupported("fp64 tensors on a target without fp64")
+        elif buf.dtype is DType.BF16:
+            value = f"_af_to_bf16({value})"  # round to nearest even on every backend
         else:
             value = f"{value}.to({TL_TYPES[buf.dtype]})"
         index = self.expr(s.index, block)

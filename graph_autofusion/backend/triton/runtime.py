@@ -41,6 +41,7 @@ from ..cpu.extract import ExecutionPlan, HostStep, KernelStep, ViewStep, extract
 from ..cpu.hostops import HostOp, host_op_entry
 from ..cpu.kernel_spec import KernelSpec
 from ..cpu.runtime import check_inputs, refuse_object_tensors, with_host_fallbacks
+from .ahead import compile_ahead
 from .blocks import LaunchConfig, check_ascend, configure, is_ascend
 from .chains import expand_steps, split_chain
 from .kernels import render_spec
@@ -144,6 +145,7 @@ class TritonKernel:
     path: Path
     module: ModuleType
     configs: list[LaunchConfig]
+    binaries: list[dict[str, Any]] | None = None  # compiled ahead of time, on first request
 
 
 def _element_type_reason(spec: KernelSpec) -> str:
@@ -393,30 +395,21 @@ class TritonCompiledModel:
                         }
                         for launch, config in zip(k.rendered.launches, k.configs, strict=True)
                     ],
-                    "binaries": self._binaries(k) if self.mode == "device" else [],
+                    "binaries": self._binaries(k),
                 }
             )
         return out
 
     def _binaries(self, kernel: TritonKernel) -> list[dict[str, Any]]:
-        """What Triton compiled for each function of `kernel` (after a run), with its metadata."""
-        found = []
-        for launch in kernel.rendered.launches:
-            fn = getattr(kernel.module, launch.function)
-            for compiled in _compiled_kernels(fn):
-                asm = getattr(compiled, "asm", {}) or {}
-                kind = "cubin" if "cubin" in asm else next(iter(asm), "")
-                metadata = getattr(compiled, "metadata", None)
-                meta = metadata._asdict() if hasattr(metadata, "_asdict") else dict(vars(metadata or {}))
-                found.append(
-                    {
-                        "function": launch.function,
-                        "kind": kind,
-                        "binary": asm.get(kind) if kind else None,
-                        "metadata": {k: v for k, v in meta.items() if _jsonable(v)},
-                    }
-                )
-        return found
+        """The compiled binary of each launch with its metadata: for CUDA compiled ahead of time
+        for the profile's compute capability (no device needed, ahead.py); none while the
+        process interprets (Triton's library is then bound to the interpreter) or on Ascend,
+        whose compiler only exists on CANN hosts."""
+        if self.target != "cuda" or interpreting():
+            return []
+        if kernel.binaries is None:
+            kernel.binaries = compile_ahead(kernel.rendered, kernel.module, kernel.configs, self.profile)
+        return kernel.binaries
 
     def save_artifacts(self, directory: str | os.PathLike[str]) -> Path:
         """manifest.json and kernels/<digest>.py (+ binaries on a device) under `directory`."""
@@ -456,24 +449,6 @@ class TritonCompiledModel:
     @property
     def output_names(self) -> list[str]:
         return [t.name for t in self.plan.outputs]
-
-
-def _compiled_kernels(fn: Any) -> list[Any]:
-    cache = getattr(fn, "device_caches", None) or getattr(fn, "cache", None) or {}
-    found = []
-    for per_device in cache.values():
-        kernels = per_device[0] if isinstance(per_device, tuple) else per_device
-        if isinstance(kernels, dict):
-            found.extend(kernels.values())
-    return found
-
-
-def _jsonable(value: Any) -> bool:
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError):
-        return False
-    return True
 
 
 _TORCH_DTYPES = {
