@@ -70,3 +70,19 @@ def compile_ahead(
             }
         )
     return records
+
+
+def compile_model_ahead(
+    model: Any, *, capability: tuple[int, int] | None = None, cache_dir: Any = None
+) -> dict[str, Any]:
+    """Render every kernel of a fused model for `cuda` and compile it for `capability` (sm80 by
+    default) on a host without a GPU: `{"kernels": {symbol: [launch records]}, "host_ops": {symbol:
+    reason}}`. Needs a process that does not interpret (TRITON_INTERPRET unset)."""
+    from ...hardware import cuda_profile
+    from ..cpu.extract import extract
+    from .runtime import build_kernels, cache_root
+
+    profile = cuda_profile(capability)
+    built, declined = build_kernels(extract(model), profile, cache_root(cache_dir))
+    kernels = {s: compile_ahead(k.rendered, k.module, k.configs, profile) for s, k in built.items()}
+    return {"profile": profile.name, "kernels": kernels, "host_ops": declined}

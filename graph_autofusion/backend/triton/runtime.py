@@ -182,7 +182,17 @@ def compile_triton(
     device = _device(target)
     plan = extract(model)
     refuse_object_tensors(plan)
-    root = cache_root(cache_dir)
+    kernels, declined = build_kernels(plan, profile, cache_root(cache_dir))
+    compiled = TritonCompiledModel(plan, kernels, declined, target=target, profile=profile, device=device)
+    compiled.stats["compile_seconds"] = round(time.perf_counter() - started, 4)
+    return compiled
+
+
+def build_kernels(
+    plan: ExecutionPlan, profile: HardwareProfile, root: Path
+) -> tuple[dict[str, TritonKernel], dict[str, str]]:
+    """Every kernel of `plan` for `profile`, and why each one that is not rendered is not. Anchor
+    chains are split into one kernel per contraction (chains.py); `plan.steps` then call the parts."""
     kernels: dict[str, TritonKernel] = {}
     declined: dict[str, str] = {}
     parts: dict[str, list[KernelSpec]] = {}
@@ -194,9 +204,7 @@ def compile_triton(
             if spec.template == "anchor_chain":
                 _build_chain(spec, profile, root, kernels, parts, declined)
     expand_steps(plan, parts)
-    compiled = TritonCompiledModel(plan, kernels, declined, target=target, profile=profile, device=device)
-    compiled.stats["compile_seconds"] = round(time.perf_counter() - started, 4)
-    return compiled
+    return kernels, declined
 
 
 def _build_chain(
@@ -221,15 +229,8 @@ def _build_chain(
 
 def triton_host_steps(model: onnx.ModelProto, target: str) -> list[HostStep]:
     """The ops of `model` that would run on the host for `target`, without a device."""
-    profile = target_profile(target)
     plan = extract(model)
-    declined: dict[str, str] = {}
-    root = cache_root()
-    for symbol, spec in plan.specs.items():
-        try:
-            build_kernel(spec, profile, root)
-        except Unsupported as exc:
-            declined[symbol] = str(exc)
+    _, declined = build_kernels(plan, target_profile(target), cache_root())
     return [s for s in with_host_fallbacks(plan.steps, declined) if isinstance(s, HostStep)]
 
 
