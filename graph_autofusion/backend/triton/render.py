@@ -730,7 +730,7 @@ class KernelRenderer:
         flat = _flat_shape(loop, head)
         if flat is not None:
             self.flat(fn, loop, head, body, *flat)
-            return "flat", flat[0] * flat[1]
+            return "flat", flat[0]
         if head:
             raise Unsupported("statements before a row loop")
         if not (isinstance(loop.stop, int) and loop.start == 0 and loop.step == 1):

@@ -24,7 +24,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -45,7 +45,8 @@ from .ahead import compile_ahead
 from .blocks import LaunchConfig, check_ascend, configure, is_ascend
 from .chains import expand_steps, split_chain
 from .kernels import render_spec
-from .render import RenderedKernel
+from .render import Launch, RenderedKernel
+from .tune import autotune, load_tuned
 
 TARGETS = ("cuda", "ascend910")
 _DEVICES = {"cuda": "cuda", "ascend910": "npu"}
@@ -146,6 +147,7 @@ class TritonKernel:
     module: ModuleType
     configs: list[LaunchConfig]
     binaries: list[dict[str, Any]] | None = None  # compiled ahead of time, on first request
+    tuned: bool = False  # block sizes searched on the device (tune.py)
 
 
 def _element_type_reason(spec: KernelSpec) -> str:
@@ -342,9 +344,26 @@ class TritonCompiledModel:
         for buf, copies in kernel.rendered.scratch:
             dtype = _TORCH_DTYPES[buf.dtype.onnx](torch)
             args.append(torch.empty(max(buf.size * copies, 1), dtype=dtype, device=self.device))
-        for launch, config in zip(kernel.rendered.launches, kernel.configs, strict=True):
+
+        def run(launch: Launch, config: LaunchConfig) -> None:
             fn = getattr(kernel.module, launch.function)
             fn[(config.grid,)](*args, config.nblocks, config.grid, **config.meta, **config.options)
+
+        if self.mode == "device" and not kernel.tuned:
+            self._tune(kernel, run)
+        for launch, config in zip(kernel.rendered.launches, kernel.configs, strict=True):
+            run(launch, config)
+
+    def _tune(self, kernel: TritonKernel, run: Callable[[Launch, LaunchConfig], None]) -> None:
+        """Stored winners for this profile, else a search on the device (tune.py)."""
+        launches = kernel.rendered.launches
+        found = load_tuned(kernel.path, self.profile, launches)
+        if found is None:
+            sync = getattr(self._torch, self.device).synchronize
+            found = autotune(launches, kernel.configs, self.profile, run, sync, kernel.path)
+        kernel.configs = found
+        kernel.binaries = None  # block sizes changed: binaries are made again on request
+        kernel.tuned = True
 
     # -- reports ------------------------------------------------------------------------------
     def _stats(self) -> dict[str, Any]:

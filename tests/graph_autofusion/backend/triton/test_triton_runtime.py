@@ -166,3 +166,34 @@ def test_ascend_blocks_shrink_to_the_unified_buffer() -> None:
         configure(Launch("k", "flat", 1 << 20, (), lane_bytes=profile.unified_buffer_bytes), profile)
     cuda = configure(Launch("k", "flat", 1 << 20, (), lane_bytes=400), get_profile("cuda"))
     assert cuda.grid == cuda.nblocks and cuda.options == {"num_warps": 4}
+
+
+def test_autotune_keeps_a_candidate_and_stores_it(triton_cache) -> None:  # type: ignore[no-untyped-def]
+    """The search itself (times under the interpreter mean nothing, so the runtime only tunes on a
+    device): every candidate runs and gives the same result, the winner is stored and read back."""
+    import torch
+
+    from graph_autofusion.backend.triton.tune import autotune, load_tuned, tune_file
+
+    nodes = [helper.make_node("Mul", ["x", "x"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
+    compiled = gaf.fuse(_model(nodes, {"x": [64, 100]}, ["y"])).compile(target="cuda", cache_dir=triton_cache)
+    kernel = next(iter(compiled.kernels.values()))
+    x = torch.randn(64, 100)
+    y = torch.empty(64, 100)
+    seen = []
+
+    def run(launch, config):  # type: ignore[no-untyped-def]
+        y.fill_(float("nan"))
+        getattr(kernel.module, launch.function)[(config.grid,)](
+            x, y, config.nblocks, config.grid, **config.meta, **config.options
+        )
+        seen.append(config.meta["BLOCK"])
+        assert torch.equal(y, torch.relu(x * x))
+
+    profile = get_profile("cuda")
+    chosen = autotune(kernel.rendered.launches, kernel.configs, profile, run, lambda: None, kernel.path)
+    assert {256, 512, 1024, 2048} <= set(seen)
+    assert chosen[0].meta["BLOCK"] in seen
+    assert tune_file(kernel.path).exists()
+    assert load_tuned(kernel.path, profile, kernel.rendered.launches) == chosen
+    assert load_tuned(kernel.path, get_profile("cuda_sm90"), kernel.rendered.launches) is None

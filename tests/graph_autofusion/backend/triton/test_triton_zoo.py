@@ -43,6 +43,12 @@ def test_zoo_model_matches_onnxruntime(name: str, target: str, fused_models, tri
     # Every group of the zoo renders: nothing falls back to the host.
     assert hosts == [], hosts
     assert fused.report()["targets"][target]["host_ops"] == []
+    for kernel in compiled.kernels.values():
+        largest = max(b.size for b in kernel.rendered.params)
+        for launch, config in zip(kernel.rendered.launches, kernel.configs, strict=True):
+            if launch.kind == "flat":  # one lane per point of the output, no program without work
+                assert launch.extent <= largest, (kernel.symbol, launch.extent)
+                assert (config.nblocks - 1) * config.meta["BLOCK"] < launch.extent
     if target == "ascend910":
         profile = get_profile("ascend910")
         for kernel in compiled.kernels.values():
