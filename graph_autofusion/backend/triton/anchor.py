@@ -32,12 +32,13 @@ from dataclasses import dataclass
 import onnx
 
 from ...hardware import HardwareProfile
-from ...kernel_ir import DType, Expr, Kernel, TensorAt
+from ...kernel_ir import DType, Expr, Kernel, Store, TensorAt
 from ...kernel_ir import nodes as ir
 from ...lower.pointwise import KernelValues
 from ...lower.values import Unsupported, attrs_of, broadcast_index
 from ..cpu.kernel_spec import KernelSpec
 from .blocks import is_ascend
+from .prelude import PRELUDE
 from .render import Block, FunctionRenderer, KernelRenderer, Launch, RenderedKernel
 
 CONTRACTIONS = ("MatMul", "Gemm", "Conv")
@@ -106,10 +107,6 @@ class AnchorValues(KernelValues):
                 raise Unsupported("the epilogue reads the contraction's result at another element")
             return self._substitute(self.y_value)
         return super()._leaf(at)
-
-
-def _i(value: int) -> Expr:
-    return ir.index(value)
 
 
 def _operand_type(values: KernelValues, names: Sequence[str]) -> DType:
@@ -316,7 +313,7 @@ def render_anchor(spec: KernelSpec, profile: HardwareProfile) -> RenderedKernel:
         idx = list(v.aliases[base]) if base in v.aliases else v.index_in(v.shape(base))
         value = v._substitute(v.at(base, idx))
         out_idx = _forward(v, idx, ops)
-        fn.stmt(ir_store(buf, v.lin(out_idx, v.shape(t.name)), value), tile)
+        fn.stmt(Store(buf, v.lin(out_idx, v.shape(t.name)), value), tile)
     args = owner.arg_names()
     lines = [
         "\n@triton.jit",
@@ -325,8 +322,6 @@ def render_anchor(spec: KernelSpec, profile: HardwareProfile) -> RenderedKernel:
         "    for bid in range(pid, NBLOCKS, NPROG):" if owner.persistent else "    bid = pid",
         *body.lines,
     ]
-    from .prelude import PRELUDE
-
     header = "# " + kernel.description.replace("\n", "\n# ")
     source = header + "\n" + PRELUDE + "\n".join(lines) + "\n"
     nb = math.prod(c.batch)
@@ -374,9 +369,3 @@ def _direct_loop(c: Contraction, v: AnchorValues, fn: FunctionRenderer, body: Bl
     b = _operand(v, fn, loop, c.b(bvars, kd, gn), mask, "[BM, BN]")
     loop.emit(f"v_acc = v_acc + tl.where({mask}, {a} * {b}, 0.0)")
     return loop
-
-
-def ir_store(buf, index, value):  # type: ignore[no-untyped-def]
-    from ...kernel_ir import Store
-
-    return Store(buf, index, value)

@@ -33,6 +33,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ...kernel_ir import (
     Assign,
     Binary,
@@ -57,6 +59,7 @@ from ...kernel_ir import (
     Unary,
     Var,
 )
+from ...kernel_ir.nodes import index as ir_index
 from ...lower.values import Unsupported
 from .prelude import PRELUDE, UNARY
 
@@ -594,9 +597,7 @@ class FunctionRenderer:
 
 
 def _as_expr(value: int | Expr) -> Expr:
-    from ...kernel_ir.nodes import index
-
-    return index(value)
+    return ir_index(value)
 
 
 def _chunk_of(s: Loop) -> Let | None:
@@ -623,8 +624,6 @@ def _fold_identity(op: str, dtype: DType) -> float | int:
         return -math.inf if op == "max" else math.inf
     if dtype is DType.BOOL:
         return 0 if op == "max" else 1
-    import numpy as np
-
     info = np.iinfo(dtype.numpy)
     return int(info.min if op == "max" else info.max)
 
