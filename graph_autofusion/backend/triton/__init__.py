@@ -8,6 +8,6 @@ blocks.py    block sizes and grids from the target's hardware profile; Ascend co
 runtime.py   compile a fused model and run it on numpy inputs (device or interpreter)
 """
 
-from .runtime import TARGETS, TritonCompiledModel, compile_triton, interpreting, triton_host_steps
+from .runtime import TARGETS, TritonCompiledModel, compile_triton, interpreting
 
-__all__ = ["TARGETS", "TritonCompiledModel", "compile_triton", "interpreting", "triton_host_steps"]
+__all__ = ["TARGETS", "TritonCompiledModel", "compile_triton", "interpreting"]

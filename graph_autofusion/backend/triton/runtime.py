@@ -229,13 +229,6 @@ def _build_chain(
     del declined[spec.symbol]
 
 
-def triton_host_steps(model: onnx.ModelProto, target: str) -> list[HostStep]:
-    """The ops of `model` that would run on the host for `target`, without a device."""
-    plan = extract(model)
-    _, declined = build_kernels(plan, target_profile(target), cache_root())
-    return [s for s in with_host_fallbacks(plan.steps, declined) if isinstance(s, HostStep)]
-
-
 class TritonCompiledModel:
     """A model whose kernels are Triton functions: call it with numpy inputs (docs/targets.md)."""
 
