@@ -37,6 +37,7 @@ import ctypes
 import ctypes.util
 import json
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -54,6 +55,7 @@ from graph_autofusion.backend.cpu.codegen.anchor import emit_anchor
 from graph_autofusion.backend.cpu.compiler import KernelSource, compile_kernels
 from graph_autofusion.backend.cpu.kernel_spec import KernelSpec, TensorInfo
 from graph_autofusion.backend.cpu.threads import set_omp_threads
+from graph_autofusion.hardware import describe_host
 
 
 @dataclass(frozen=True)
@@ -320,6 +322,7 @@ def main() -> None:
         gomp = ctypes.CDLL(ctypes.util.find_library("gomp") or "libgomp.so.1", mode=ctypes.RTLD_GLOBAL)
         gomp.omp_set_dynamic(1)
     shapes = [s for s in SHAPES if args.only in (None, s.family)]
+    print(describe_host(), file=sys.stderr if args.json else sys.stdout, flush=True)
     with tempfile.TemporaryDirectory(prefix="af-bench-anchors-") as tmp:
         rows = run(shapes, threads, args.reps, KernelCache(tmp), ort_spin=not args.no_ort_spin)
     if args.json:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -26,7 +25,6 @@ import time
 from graph_autofusion.backend.cpu import sanitize
 from graph_autofusion.backend.cpu.cache import KernelCache
 from graph_autofusion.backend.cpu.compiler import compiler_identity
-from graph_autofusion.backend.cpu.isa import target_isa
 from graph_autofusion.backend.cpu.suite import (
     ERROR,
     HOST,
@@ -37,7 +35,7 @@ from graph_autofusion.backend.cpu.suite import (
     run_suite,
     suite_cases,
 )
-from graph_autofusion.hardware import cpu_model
+from graph_autofusion.hardware import describe_host
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,8 +58,7 @@ def main(argv: list[str] | None = None) -> int:
             env = sanitize.subprocess_env(mode=mode)
             os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
-    isa = target_isa()
-    print(f"host: {cpu_model()} ({platform.machine()}), kernels built for {isa.name}")
+    print(describe_host())
     mode = sanitize.sanitize_mode()
     print(f"compiler: {compiler_identity().version}" + (f", -fsanitize={mode}" if mode else ""))
     started = time.perf_counter()

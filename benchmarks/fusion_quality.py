@@ -19,6 +19,7 @@ import onnx
 import onnxruntime as ort
 
 import graph_autofusion as gaf
+from graph_autofusion.hardware import describe_host
 from graph_autofusion.ir import Graph
 from graph_autofusion.ops import OpKind
 
@@ -52,6 +53,7 @@ def main() -> None:
         f"{'model':<14}{'nodes':>7}{'canon':>7}{'k.before':>9}{'k.after':>8}{'lower':>7}"
         f"{'ort.ext':>8}{'ort.all':>8}{'plan s':>8}{'fuse s':>8}"
     )
+    print(describe_host())
     print(f"style={args.style} cost_model={args.cost_model}")
     print(header)
     print("-" * len(header))

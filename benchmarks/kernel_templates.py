@@ -16,9 +16,8 @@ import collections
 
 import graph_autofusion as gaf
 from graph_autofusion import FusionConfig, zoo
-from graph_autofusion.backend.cpu.isa import target_isa
 from graph_autofusion.backend.cpu.runtime import compile_model
-from graph_autofusion.hardware import cpu_model
+from graph_autofusion.hardware import describe_host
 
 
 def main() -> int:
@@ -28,7 +27,7 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    print(f"host: {cpu_model()}, kernels built for {target_isa().name}, {args.threads} threads")
+    print(f"{describe_host()}, {args.threads} threads")
     templates = ("pointwise", "reduction", "pool", "single", "anchor", "anchor_chain", "host")
     print(f"{'model':<14}" + "".join(f"{t:>14}" for t in templates) + "   (ms, sum of per-kernel minima)")
     config = FusionConfig(max_fusion_size=0) if args.unfused else None

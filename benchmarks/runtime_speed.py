@@ -1,21 +1,32 @@
-"""Runtime speed on every zoo model: our compiled kernels, unfused and fused, against onnxruntime.
+"""Runtime speed on every zoo model: our compiled kernels, unfused and fused, against onnxruntime
+and OpenVINO.
 
-For each model (full size unless `--small`), one line with the median latency (ms) of
+The header names the host (CPU model, the ISA it offers and the ISA kernels are built for:
+`hardware.describe_host`) and the peers' versions. For each model (full size unless `--small`),
+one line with the median latency (ms) of
 
 - ours unfused (every op its own kernel: `fuse(model, FusionConfig(max_fusion_size=0)).model`),
 - ours fused (`fuse(model).model`),
 - onnxruntime with ORT_DISABLE_ALL and with ORT_ENABLE_ALL (same thread count),
+- OpenVINO's CPU plugin (`pip install -e '.[bench]'`; the column is `-` without it) on the same
+  canonical model and inputs: INFERENCE_NUM_THREADS = the thread count, INFERENCE_PRECISION_HINT
+  f32 (no bf16 on hosts that have it), PERFORMANCE_HINT LATENCY, dynamic quantization and CPU
+  pinning off (see `OPENVINO_CONFIG`),
 
-the ratios fused/unfused and fused/ORT_ENABLE_ALL (below 1.0: we are faster), the share of the
+the ratios fused/unfused, fused/ORT_ENABLE_ALL and fused/OpenVINO (below 1.0: we are faster),
+OpenVINO's largest error against onnxruntime relative to the output's largest magnitude (`ov err`;
+a row whose OpenVINO outputs disagree beyond 1e-3 is marked `!`, its timing then compares
+different computations), the share of the
 unfused run spent in anchor kernels (Conv, MatMul, Gemm: `anchor%`, from `CompiledModel.profile`),
 which bounds what fusion can gain (fused/unfused cannot go below it while the anchors run at the
 same speed in both plans), the arena peak fused vs unfused, the cold compile time of the fused
-model (an empty kernel cache) and the warm load time (every kernel already cached). The four
-contenders run in alternating rounds of consecutive calls (see `block_medians`) so a noisy
-neighbour hurts all of them alike.
+model (an empty kernel cache) and the warm load time (every kernel already cached). All
+contenders run in one process, in alternating rounds of consecutive calls (see `block_medians`),
+so a noisy neighbour hurts all of them alike and every ratio comes from the same run.
 
 Run: `.venv/bin/python benchmarks/runtime_speed.py [--models resnet50,bert_base] [--threads 2]
-[--reps 20] [--small] [--json]`
+[--reps 20] [--small] [--json]` (with `--json` the header goes to stderr and every row carries
+the host line).
 """
 
 from __future__ import annotations
@@ -23,9 +34,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,6 +49,7 @@ import graph_autofusion as gaf
 from graph_autofusion import FusionConfig, zoo
 from graph_autofusion.backend.cpu.cache import KernelCache
 from graph_autofusion.backend.cpu.runtime import compile_model
+from graph_autofusion.hardware import describe_host
 
 MODELS = ["resnet50", "mobilenet_v2", "bert_base", "gpt2", "vit_b16", "mlp"]
 # Variants small enough for a smoke run of the script itself (`--small`).
@@ -59,6 +73,59 @@ def ort_session(
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
+# OpenVINO CPU settings: the same thread budget as everyone else, fp32 arithmetic (no bf16 or
+# dynamically quantized int8 on hosts that have AMX/VNNI), one stream tuned for latency, and
+# threads left unpinned like ours and onnxruntime's: on a shared 2-vCPU machine a pinned thread
+# waits for its busy core (small BERT, interleaved: median 4.6 ms pinned, 0.85 ms unpinned).
+OPENVINO_CONFIG = {
+    "INFERENCE_PRECISION_HINT": "f32",
+    "PERFORMANCE_HINT": "LATENCY",
+    "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0,
+    "ENABLE_CPU_PINNING": False,
+}
+OV_AGREEMENT = 1e-3  # OpenVINO vs onnxruntime, relative to the output's largest magnitude
+
+
+def openvino_version() -> str | None:
+    """OpenVINO's version, or None when it is not installed (the column is then left out)."""
+    try:
+        import openvino
+    except ImportError:
+        return None
+    return openvino.__version__.split("-")[0]
+
+
+def openvino_runner(model: onnx.ModelProto, threads: int, workdir: Path) -> Callable[[Mapping], list]:
+    """OpenVINO's CPU plugin compiled for `model`: a callable from feeds to outputs in graph order."""
+    import openvino as ov
+
+    path = workdir / "openvino-input.onnx"
+    onnx.save(model, path, save_as_external_data=model.ByteSize() > 1 << 30)
+    core = ov.Core()
+    compiled = core.compile_model(
+        core.read_model(str(path)), "CPU", {**OPENVINO_CONFIG, "INFERENCE_NUM_THREADS": threads}
+    )
+    request = compiled.create_infer_request()
+    names = [o.name for o in model.graph.output]
+    ports = {name: next(p for p in compiled.outputs if name in p.get_names()) for name in names}
+
+    def run(feeds: Mapping) -> list:
+        result = request.infer(dict(feeds))
+        return [result[ports[name]] for name in names]
+
+    return run
+
+
+def relative_error(got: Sequence[np.ndarray], expected: Sequence[np.ndarray]) -> float:
+    """Largest |got - expected| per output over that output's largest |expected|, worst output."""
+    worst = 0.0
+    for g, e in zip(got, expected, strict=True):
+        e64, g64 = np.asarray(e, np.float64), np.asarray(g, np.float64)
+        scale = max(float(np.max(np.abs(e64))), 1e-30) if e64.size else 1.0
+        worst = max(worst, float(np.max(np.abs(g64 - e64))) / scale if e64.size else 0.0)
+    return worst
+
+
 def block_medians(runners: dict[str, Callable[[], Any]], reps: int, rounds: int = 3) -> dict[str, float]:
     """Median wall time (ms) of each runner over `rounds` rounds of consecutive calls.
 
@@ -79,7 +146,7 @@ def block_medians(runners: dict[str, Callable[[], Any]], reps: int, rounds: int 
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def measure(name: str, *, threads: int, reps: int, small: bool) -> dict[str, Any]:
+def measure(name: str, *, threads: int, reps: int, small: bool, openvino: bool) -> dict[str, Any]:
     source = zoo.build(name, **(SMALL[name] if small else {}))
     feeds = zoo.example_inputs(source)
     unfused = gaf.fuse(source, config=FusionConfig(max_fusion_size=0))
@@ -99,21 +166,25 @@ def measure(name: str, *, threads: int, reps: int, small: bool) -> dict[str, Any
         expected = enable_all.run(None, feeds)
         got = ours_fused(feeds)
         max_abs = max(float(np.max(np.abs(g - e))) for g, e in zip(got.values(), expected, strict=True))
+        contenders: dict[str, Callable[[], Any]] = {
+            "unfused": lambda: ours_unfused(feeds),
+            "fused": lambda: ours_fused(feeds),
+            "ort_disable_all": lambda: disable_all.run(None, feeds),
+            "ort_enable_all": lambda: enable_all.run(None, feeds),
+        }
+        ov_err = None
+        if openvino:
+            ov_run = openvino_runner(reference, threads, Path(tmp))
+            ov_err = relative_error(ov_run(feeds), expected)
+            contenders["openvino"] = lambda: ov_run(feeds)
         profile = ours_unfused.profile(feeds, reps=3)
         total_ms = sum(r["min_ms"] for r in profile)
         anchor_ms = sum(r["min_ms"] for r in profile if r["template"] == "anchor")
         anchor_share = anchor_ms / total_ms if total_ms else 0.0
-        medians = block_medians(
-            {
-                "unfused": lambda: ours_unfused(feeds),
-                "fused": lambda: ours_fused(feeds),
-                "ort_disable_all": lambda: disable_all.run(None, feeds),
-                "ort_enable_all": lambda: enable_all.run(None, feeds),
-            },
-            reps,
-        )
+        medians = block_medians(contenders, reps)
     return {
         "model": name,
+        "host": describe_host(),
         "threads": threads,
         "kernels_unfused": ours_unfused.stats["kernels"],
         "kernels_fused": ours_fused.stats["kernels"],
@@ -121,6 +192,8 @@ def measure(name: str, *, threads: int, reps: int, small: bool) -> dict[str, Any
         **{f"{k}_ms": round(v, 3) for k, v in medians.items()},
         "fused_vs_unfused": round(medians["fused"] / medians["unfused"], 3),
         "fused_vs_ort_enable_all": round(medians["fused"] / medians["ort_enable_all"], 3),
+        "fused_vs_openvino": round(medians["fused"] / medians["openvino"], 3) if openvino else None,
+        "openvino_rel_err_vs_ort": ov_err,
         "unfused_anchor_share": round(anchor_share, 3),
         "arena_unfused_bytes": ours_unfused.stats["arena_bytes"],
         "arena_fused_bytes": ours_fused.stats["arena_bytes"],
@@ -138,29 +211,49 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--small", action="store_true", help="small variants (a smoke run of the script)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    ov_version = openvino_version()
+    out = sys.stderr if args.json else sys.stdout
+    print(describe_host(), file=out)
+    print(
+        f"onnxruntime {ort.__version__}, "
+        + (f"OpenVINO {ov_version}" if ov_version else "OpenVINO not installed (pip install -e '.[bench]')")
+        + f"; {args.threads} threads, median of {args.reps} runs in alternating rounds",
+        file=out,
+        flush=True,
+    )
     rows = []
     header = (
-        f"{'model':<13} {'unfused':>9} {'fused':>9} {'ort-dis':>9} {'ort-all':>9} {'f/unf':>6} {'f/ort':>6} "
+        f"{'model':<13} {'unfused':>9} {'fused':>9} {'ort-dis':>9} {'ort-all':>9} {'openvino':>9} "
+        f"{'f/unf':>6} {'f/ort':>6} {'f/ov':>6} {'ov err':>8} "
         f"{'anchor%':>7} {'arena unf→fused MB':>19} {'cold s':>7} {'warm s':>7}"
     )
     if not args.json:
         print(header)
     for name in args.models.split(","):
-        row = measure(name, threads=args.threads, reps=args.reps, small=args.small)
+        row = measure(name, threads=args.threads, reps=args.reps, small=args.small, openvino=bool(ov_version))
         rows.append(row)
         if not args.json:
-            arena = f"{row['arena_unfused_bytes'] / 1e6:.1f}→{row['arena_fused_bytes'] / 1e6:.1f}"
-            print(
-                f"{name:<13} {row['unfused_ms']:>9.2f} {row['fused_ms']:>9.2f} "
-                f"{row['ort_disable_all_ms']:>9.2f} {row['ort_enable_all_ms']:>9.2f} "
-                f"{row['fused_vs_unfused']:>6.2f} "
-                f"{row['fused_vs_ort_enable_all']:>6.2f} {100 * row['unfused_anchor_share']:>7.1f} "
-                f"{arena:>19} {row['cold_compile_s']:>7.2f} "
-                f"{row['warm_load_s']:>7.3f}",
-                flush=True,
-            )
+            print(format_row(row), flush=True)
     if args.json:
         print(json.dumps(rows, indent=2))
+
+
+def format_row(row: dict[str, Any]) -> str:
+    arena = f"{row['arena_unfused_bytes'] / 1e6:.1f}→{row['arena_fused_bytes'] / 1e6:.1f}"
+    if row.get("openvino_ms") is not None:
+        err = row["openvino_rel_err_vs_ort"]
+        ov = f"{row['openvino_ms']:>9.2f}"
+        f_ov = f"{row['fused_vs_openvino']:>6.2f}"
+        ov_err = f"{err:>7.1e}" + ("!" if err > OV_AGREEMENT else " ")
+    else:
+        ov, f_ov, ov_err = f"{'-':>9}", f"{'-':>6}", f"{'-':>8}"
+    return (
+        f"{row['model']:<13} {row['unfused_ms']:>9.2f} {row['fused_ms']:>9.2f} "
+        f"{row['ort_disable_all_ms']:>9.2f} {row['ort_enable_all_ms']:>9.2f} {ov} "
+        f"{row['fused_vs_unfused']:>6.2f} {row['fused_vs_ort_enable_all']:>6.2f} {f_ov} {ov_err} "
+        f"{100 * row['unfused_anchor_share']:>7.1f} {arena:>19} {row['cold_compile_s']:>7.2f} "
+        f"{row['warm_load_s']:>7.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import httpx
 
+from graph_autofusion.hardware import describe_host
+
 REPO = Path(__file__).resolve().parents[1]
 REPEATS = 5
 KEYS = {"bench": "bench-key-0123456789", "other0": "other0-key-0123456789"}
@@ -314,6 +316,7 @@ def main() -> int:
         "--repeats", type=int, default=REPEATS, choices=range(1, REPEATS + 1), help="resubmissions each way"
     )
     args = parser.parse_args()
+    print(describe_host())  # the API and workers run on this host
     tmp = Path(tempfile.mkdtemp(prefix="autofusion-load-"))
     stack = Stack(args.workers, tmp, args.api_workers)
     try:

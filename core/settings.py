@@ -76,8 +76,8 @@ class Settings(BaseSettings):
     )
     isa: str | None = Field(
         default=None,
-        description="x86-64 level kernels are compiled for: `v1`..`v4`, `x86-64-vN` or `generic` (read by "
-        "the engine; default: the host's level, at most v3).",
+        description="Instruction set kernels are compiled for: `host`, `v1`..`v4`, `x86-64-vN` or `generic`, "
+        "optionally with `+extension`s such as `v4+avx512vnni` (read by the engine; default: the host's).",
     )
     cc: str | None = Field(
         default=None,
@@ -111,14 +111,14 @@ class Settings(BaseSettings):
 
     @field_validator("isa")
     @classmethod
-    def _isa_is_a_level(cls, value: str | None) -> str | None:
+    def _isa_is_known(cls, value: str | None) -> str | None:
         if value is None or not value.strip():
             return None
-        from graph_autofusion.backend.cpu.isa import parse_level
+        from graph_autofusion.backend.cpu.isa import parse_isa
         from graph_autofusion.errors import FusionError
 
         try:
-            parse_level(value)  # the engine's own parser, so both accept exactly the same spellings
+            parse_isa(value)  # the engine's own parser, so both accept exactly the same spellings
         except FusionError as exc:
             raise ValueError(exc.message) from None
         return value.strip()

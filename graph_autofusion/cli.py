@@ -1,10 +1,14 @@
 """`autofusion`: the command line.
 
     autofusion fuse MODEL -o OUT.onnx [--cost-model …] [--input-shape name=1,128 …] [--report r.json]
+    autofusion hardware [--json]              this host: CPU, ISA, what kernels are built for
+    autofusion load BUNDLE [--no-recompile]   check that a bundle loads (and runs: --run) here
     autofusion serve | worker                 the service (needs the service extras, installed by default)
     autofusion submit | status | report       the remote client (needs graph-autofusion-client)
 
 Exit codes of `fuse`: 0 fused, 2 bad input (model, config or usage), 3 verification failed.
+`load` exits 2 on a bundle it cannot load (with `--no-recompile`, `isa_mismatch` on a host that
+lacks the bundle's instruction set).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ def summary_table(report: dict) -> str:
             f"latency ({est['profile']})",
             f"{est['latency_us']['before']:.1f} µs → {est['latency_us']['after']:.1f} µs",
         ),
+        ("hardware", _hardware_cell(report.get("hardware") or {})),
         ("strategy", report["strategy"]),
         ("refused", ", ".join(f"{k}×{v}" for k, v in report["refused_by_code"].items()) or "none"),
         ("host ops", _host_ops_cell(report.get("host_ops") or [])),
@@ -60,6 +65,13 @@ def summary_table(report: dict) -> str:
         for h in report.get("host_ops") or []
     ]
     return "\n".join(lines)
+
+
+def _hardware_cell(hw: dict) -> str:
+    parts = [f"ISA {hw['isa']}"] if hw.get("isa") else []
+    if hw.get("kernel_isa") and hw.get("kernel_isa") != hw.get("isa"):
+        parts.append(f"kernels built for {hw['kernel_isa']}")
+    return f"{hw.get('name', '?')}" + (f" ({', '.join(parts)})" if parts else "")
 
 
 def _host_ops_cell(hosts: list[dict]) -> str:
@@ -184,6 +196,92 @@ def verification_lines(verification: dict, runner: str) -> str:
     return "\n".join(lines)
 
 
+def _add_hardware(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "hardware",
+        help="describe this host: CPU, ISA, the ISA kernels are built for, the cost model's figures",
+        description="Describe this host as the compiler and the cost model see it.",
+    )
+    p.add_argument("--json", action="store_true", help="print a JSON object")
+    p.set_defaults(func=_hardware_command)
+
+
+def _hardware_command(args: argparse.Namespace) -> int:
+    from .backend.cpu.compiler import compiler_identity
+    from .backend.cpu.isa import host_isa, target_isa
+    from .hardware import cpu_model, cpu_profile
+
+    profile = cpu_profile()
+    cc = compiler_identity()
+    info = {
+        "cpu": cpu_model(),
+        "cpus": profile.cores,
+        "isa": host_isa().name,
+        "kernel_isa": target_isa().name,
+        "kernel_flags": " ".join(target_isa().march_flags()),
+        "compiler": cc.version,
+        "peak_gflops": round(profile.peak_flops / 1e9, 1),
+        "bandwidth_gbs": round(profile.memory_bandwidth / 1e9, 1),
+    }
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    rows = [
+        ("cpu", f"{info['cpu']} ({info['cpus']} CPUs)"),
+        ("isa", info["isa"]),
+        ("kernels built for", f"{info['kernel_isa']} ({info['kernel_flags'] or 'compiler default'})"),
+        ("compiler", info["compiler"]),
+        ("peak (sgemm)", f"{info['peak_gflops']} GFLOP/s"),
+        ("bandwidth (copy)", f"{info['bandwidth_gbs']} GB/s"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    print("\n".join(f"  {k:<{width}}  {v}" for k, v in rows))
+    return 0
+
+
+def _add_load(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "load",
+        help="load a bundle here (recompiling it if this host lacks its ISA) and say how",
+        description="Load a bundle as `graph_autofusion.load` does and describe the result.",
+    )
+    p.add_argument("bundle", type=Path, help="bundle directory or .tar.gz")
+    p.add_argument(
+        "--no-recompile",
+        action="store_true",
+        help="fail (exit 2, isa_mismatch) instead of recompiling a bundle built for an ISA this host lacks",
+    )
+    p.add_argument("--threads", type=int, help="kernel threads (default: the CPUs available)")
+    p.add_argument("--run", action="store_true", help="also run it once on random inputs")
+    p.set_defaults(func=_load_command)
+
+
+def _load_command(args: argparse.Namespace) -> int:
+    import time
+
+    from .backend.cpu.bundle import load
+    from .backend.cpu.isa import host_isa
+    from .verify import random_inputs
+
+    compiled = load(args.bundle, threads=args.threads, recompile=not args.no_recompile)
+    recompiled = compiled.stats.get("recompiled")
+    how = (
+        f"recompiled from {recompiled['from']} for {recompiled['to']} in {recompiled['seconds']:.1f} s"
+        if recompiled
+        else f"loaded as built ({compiled.isa.name})"
+    )
+    print(f"{args.bundle}: {how}; host ISA {host_isa().name}")
+    print(f"  {compiled.stats['kernels']} kernels, {len(compiled.stats['host_ops'])} host ops")
+    if args.run:
+        feeds = random_inputs(compiled.model)
+        t0 = time.perf_counter()
+        outputs = compiled(feeds)
+        ms = (time.perf_counter() - t0) * 1e3
+        shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in outputs.items())
+        print(f"  ran once in {ms:.1f} ms: {shapes}")
+    return 0
+
+
 _OPTIONAL = {
     "autofusion_service.cli": "the service (serve)",
     "autofusion_worker.cli": "the worker (worker)",
@@ -197,6 +295,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     _add_fuse(sub)
+    _add_hardware(sub)
+    _add_load(sub)
     for module in _OPTIONAL:
         try:
             found = importlib.import_module(module)

@@ -13,6 +13,7 @@ the CLI prints the sentence, so neither needs to know engine internals.
     ├── InvalidConfigError       a config value or a declarative pattern is wrong
     ├── CompilationError         the C compiler rejected a generated kernel
     ├── RuntimeInputError        inputs given to a compiled model have the wrong name/shape/dtype
+    ├── IsaMismatchError         compiled kernels need an instruction set this host lacks
     └── VerificationError        the fused model disagrees with onnxruntime beyond tolerance
 """
 
@@ -69,6 +70,13 @@ class CompilationError(FusionError):
 
 class RuntimeInputError(FusionError):
     code = "invalid_inputs"
+
+
+class IsaMismatchError(FusionError):
+    """Kernels built for an ISA this host lacks (`isa_mismatch`): calling them would kill the
+    process with SIGILL, so they are refused before any of their code runs."""
+
+    code = "isa_mismatch"
 
 
 class VerificationError(FusionError):

@@ -34,6 +34,7 @@ class HardwareProfile(BaseModel):
     anchor_efficiency: float = 0.8  # fraction of peak a generated anchor kernel reaches
     chain_efficiency: float = 0.85  # extra factor when two contractions share a kernel (smaller tiles)
     cores: int = 1
+    isa: str = ""  # the instruction set the host offers (`isa.host_isa()`), for a measured profile
     source: str = ""
     # Accelerator targets (Triton kernels); None/0 on the CPU.
     compute_capability: tuple[int, int] | None = None  # CUDA sm major/minor
@@ -145,8 +146,27 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def host_isa_name() -> str:
+    """The instruction set this host offers, as the kernel compiler names it (`x86-64-v3`)."""
+    from .backend.cpu.isa import host_isa  # late: the backend imports this module's neighbours
+
+    return host_isa().name
+
+
+def describe_host() -> str:
+    """One line naming the host: CPU model, CPU count, the ISA it offers and the one kernels are
+    built for. Every benchmark prints it in its header (a figure means nothing without its host,
+    and our hosts change between AVX2 and AVX-512 machines), and `autofusion hardware` shows it."""
+    from .backend.cpu.isa import target_isa
+
+    host = host_isa_name()
+    target = target_isa().name
+    built = "kernels built for it" if target == host else f"kernels built for {target}"
+    return f"host: {cpu_model()}, {os.cpu_count()} CPUs, ISA {host} ({built})"
+
+
 def _host_key() -> str:
-    return f"{cpu_model()}|{os.cpu_count()}"
+    return f"{cpu_model()}|{os.cpu_count()}|{host_isa_name()}"
 
 
 def _median_seconds(fn, repeat: int) -> float:
@@ -175,6 +195,7 @@ def measure_cpu() -> HardwareProfile:
         memory_bandwidth=bandwidth,
         launch_overhead=3e-6,
         cores=os.cpu_count() or 1,
+        isa=host_isa_name(),
         source=f"measured on this host ({_host_key()})",
     )
 

@@ -58,7 +58,7 @@ def build_report(
     return {
         "engine": {"name": "graph_autofusion", "version": __version__},
         "config": config.model_dump(mode="json"),
-        "hardware": hw.model_dump(),
+        "hardware": _hardware(hw),
         "strategy": plan.strategy.name,
         "operators": {"original": original_nodes, "canonical": len(graph.nodes)},
         "kernels": {"before": len(unfused_kernels), "after": kernels_after},
@@ -88,3 +88,14 @@ def build_report(
         },
         "timings_ms": {k: round(v * 1e3, 3) for k, v in timings.items()},
     }
+
+
+def _hardware(hw: HardwareProfile) -> dict:
+    """The profile, plus for the host CPU the ISA its kernels are compiled for (`isa` is what the
+    host offers; the two differ when `AUTOFUSION_ISA` asks for another)."""
+    out = hw.model_dump()
+    if hw.name == "cpu":
+        from .backend.cpu.isa import target_isa
+
+        out["kernel_isa"] = target_isa().name
+    return out

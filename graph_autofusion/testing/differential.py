@@ -396,12 +396,10 @@ def per_op(verdicts: Iterable[Verdict]) -> dict[str, Counter[str]]:
 
 
 def host_header() -> str:
-    """CPU model and the ISA kernels are compiled for: results differ between hosts."""
-    from ..backend.cpu.isa import target_isa
-    from ..hardware import cpu_model
+    """CPU model and ISA (`hardware.describe_host`) and Python: results differ between hosts."""
+    from ..hardware import describe_host
 
-    isa = target_isa()
-    return f"host: {cpu_model()} | isa: {getattr(isa, 'name', isa)} | python {platform.python_version()}"
+    return f"{describe_host()} | python {platform.python_version()}"
 
 
 def _host_reason(reason: str) -> str:

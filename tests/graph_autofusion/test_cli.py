@@ -10,6 +10,7 @@ from pathlib import Path
 import onnx
 
 import graph_autofusion as gaf
+from graph_autofusion.backend.cpu.isa import host_isa
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -47,11 +48,14 @@ def test_fuse_writes_model_and_report(tmp_path: Path) -> None:
         "bytes moved",
         "peak memory",
         "latency",
+        "hardware",
         "verification  passed",
     ):
         assert row in done.stdout
     report = json.loads(rep.read_text())
     assert report["strategy"] == "latency" and report["verification"]["passed"]
+    assert report["hardware"]["isa"] == host_isa().name and report["hardware"]["kernel_isa"]
+    assert f"ISA {host_isa().name}" in done.stdout
     onnx.checker.check_model(onnx.load(out), full_check=True)
 
 
@@ -139,3 +143,28 @@ def test_control_flow_runs_as_a_listed_host_op_or_is_refused(tmp_path: Path) -> 
     done = run("fuse", str(src), "--no-host-ops")
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "host_op_refused" in done.stderr and "If 'branch' [control_flow]" in done.stderr
+
+
+def test_hardware_names_the_host_isa_and_the_kernel_isa() -> None:
+    done = run("hardware", "--json")
+    assert done.returncode == 0, done.stderr
+    info = json.loads(done.stdout)
+    assert info["isa"] == host_isa().name and info["kernel_isa"] and info["cpu"]
+    table = run("hardware")
+    assert table.returncode == 0 and host_isa().name in table.stdout and "kernels built for" in table.stdout
+
+
+def test_load_recompiles_a_bundle_of_another_isa_or_refuses_with_no_recompile(tmp_path: Path) -> None:
+    model = gaf.zoo.build("mlp", in_features=16, hidden=(32,), num_classes=4)
+    bundle = gaf.fuse(model).save_bundle(tmp_path / "b")
+    done = run("load", str(bundle), "--no-recompile", "--run")
+    assert done.returncode == 0, done.stderr
+    assert "loaded as built" in done.stdout and "ran once" in done.stdout
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest.update(machine="riscv64", isa="riscv64+v")  # a bundle from a host of another kind
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    refused = run("load", str(bundle), "--no-recompile")
+    assert refused.returncode == 2 and "[isa_mismatch]" in refused.stderr
+    recompiled = run("load", str(bundle), "--run")
+    assert recompiled.returncode == 0, recompiled.stderr
+    assert "recompiled from" in recompiled.stdout and "ran once" in recompiled.stdout

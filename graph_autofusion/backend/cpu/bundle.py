@@ -10,35 +10,45 @@ Layout (a directory, or the same tree in a .tar.gz / .tgz)::
 
     {"format": "graph_autofusion.bundle", "version": 1,
      "model": {"file": "model.onnx", "sha256": "..."},
-     "isa": "x86-64-v3", "machine": "x86_64", "compiler": {"version": "...", "target": "..."},
+     "isa": "x86-64-v4+avx512vnni", "machine": "x86_64",
+     "compiler": {"version": "...", "target": "..."},
      "driver": {"digest": "...", "file": "kernels/<digest>.so", "sha256": "..."},
      "kernels": {"<symbol>": {"digest": "...", "file": "...", "sha256": "...",
                               "template": "...", "method": "...", "uses_blas": false}},
      "host_ops": {"<symbol>": "<why it runs on the host>"}}
 
-`load()` checks every sha256 before it maps anything, and refuses a bundle built for an
-instruction set the host lacks, each with a clear error, because a corrupt or foreign shared
-object would otherwise crash the process instead of failing.
+`load()` checks every sha256 before it maps anything, because a corrupt shared object would
+crash the process instead of failing.
+
+A bundle built for an instruction set this host lacks (an AVX-512 bundle on an AVX2 host, an
+x86 bundle on an arm host: `isa` and `machine` against `isa.host_isa()`) is never mapped, since
+its first kernel call would die of SIGILL. By default `load()` recompiles the fused model the
+bundle carries, for the host (the kernel cache makes that a one-off per host), and says so in
+`stats["recompiled"]`; with `recompile=False` (CLI `autofusion load --no-recompile`) it fails
+with `isa_mismatch` instead, for callers that must not spend minutes compiling at load time.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import platform
+import logging
 import shutil
 import tarfile
 import tempfile
+import time
 import weakref
 from pathlib import Path
 from typing import Any
 
 import onnx
 
-from ...errors import InvalidModelError
+from ...errors import InvalidConfigError, InvalidModelError, IsaMismatchError
 from .extract import extract
-from .isa import host_level, parse_level, target_isa
-from .runtime import CompiledModel, KernelInfo
+from .isa import IsaTarget, host_isa, normalise_machine, parse_isa, target_isa
+from .runtime import CompiledModel, KernelInfo, compile_model
+
+log = logging.getLogger(__name__)
 
 FORMAT = "graph_autofusion.bundle"
 VERSION = 1
@@ -93,8 +103,8 @@ def save_bundle(compiled: CompiledModel, path: str | Path) -> Path:
             "format": FORMAT,
             "version": VERSION,
             "model": {"file": MODEL_FILE, "sha256": hashlib.sha256(model_bytes).hexdigest()},
-            "isa": target_isa().name,
-            "machine": platform.machine(),
+            "isa": compiled.isa.name,
+            "machine": compiled.isa.arch,
             "compiler": {"version": cc.version, "target": cc.target},
             "driver": {
                 "digest": compiled.driver_digest,
@@ -119,8 +129,12 @@ def save_bundle(compiled: CompiledModel, path: str | Path) -> Path:
     return target
 
 
-def load(bundle_path: str | Path, *, threads: int | None = None) -> CompiledModel:
-    """Load a bundle written by `save_bundle` (in any process) without compiling anything."""
+def load(bundle_path: str | Path, *, threads: int | None = None, recompile: bool = True) -> CompiledModel:
+    """Load a bundle written by `save_bundle` (in any process) without compiling anything.
+
+    On a host that lacks the bundle's ISA, recompile its fused model for this host, or with
+    `recompile=False` raise `IsaMismatchError` (`isa_mismatch`); see the module docstring.
+    """
     path = Path(bundle_path)
     if not path.exists():
         raise BundleError(f"no bundle at {str(path)!r}", code="bundle_not_found")
@@ -133,7 +147,7 @@ def load(bundle_path: str | Path, *, threads: int | None = None) -> CompiledMode
             shutil.rmtree(extracted, ignore_errors=True)
             raise BundleError(f"{str(path)!r} is not a readable bundle archive: {exc}") from exc
         try:
-            compiled = _load_dir(extracted, threads)
+            compiled = _load_dir(extracted, threads, recompile)
         except BaseException:
             shutil.rmtree(extracted, ignore_errors=True)
             raise
@@ -143,10 +157,10 @@ def load(bundle_path: str | Path, *, threads: int | None = None) -> CompiledMode
         return compiled
     if not path.is_dir():
         raise BundleError(f"{str(path)!r} is neither a bundle directory nor a .tar.gz/.tgz bundle")
-    return _load_dir(path, threads)
+    return _load_dir(path, threads, recompile)
 
 
-def _load_dir(root: Path, threads: int | None) -> CompiledModel:
+def _load_dir(root: Path, threads: int | None, recompile: bool) -> CompiledModel:
     manifest_path = root / MANIFEST
     try:
         manifest = json.loads(manifest_path.read_text())
@@ -157,19 +171,7 @@ def _load_dir(root: Path, threads: int | None) -> CompiledModel:
             f"{MANIFEST} is not a version-{VERSION} {FORMAT} manifest "
             f"(format={manifest.get('format')!r}, version={manifest.get('version')!r})"
         )
-    if manifest.get("machine") != platform.machine():
-        raise BundleError(
-            f"the bundle was built for {manifest.get('machine')!r}, this host is {platform.machine()!r}",
-            code="bundle_isa_mismatch",
-        )
-    isa = str(manifest.get("isa", ""))
-    if isa.startswith("x86-64"):
-        level = parse_level(isa)
-        if level > host_level():
-            raise BundleError(
-                f"the bundle's kernels need {isa}, this host supports x86-64-v{host_level()}",
-                code="bundle_isa_mismatch",
-            )
+    built_for = _manifest_isa(manifest)
 
     def checked(entry: dict[str, Any], what: str) -> Path:
         file = root / str(entry["file"])
@@ -186,6 +188,18 @@ def _load_dir(root: Path, threads: int | None) -> CompiledModel:
 
     model_file = checked(manifest["model"], "model")
     model = onnx.load_model_from_string(model_file.read_bytes())
+    host = host_isa()
+    missing = built_for.missing_on(host) if isinstance(built_for, IsaTarget) else ["what it needs"]
+    if missing:
+        if not recompile:
+            raise IsaMismatchError(
+                f"the bundle's kernels were built for {built_for}; this host ({host.name}) lacks "
+                f"{', '.join(missing)}. Load it with recompilation allowed to rebuild them here "
+                "from the fused model it carries.",
+                bundle_isa=str(built_for),
+                host_isa=host.name,
+            )
+        return _recompile(model, built_for, threads)
     plan = extract(model)
     kernels: dict[str, KernelInfo] = {}
     for symbol, entry in manifest["kernels"].items():
@@ -210,7 +224,36 @@ def _load_dir(root: Path, threads: int | None) -> CompiledModel:
         driver_path=driver,
         driver_digest=manifest["driver"]["digest"],
         threads=threads,
+        isa=built_for if isinstance(built_for, IsaTarget) else None,
     )
     compiled.stats["cache"] = {"hits": len(kernels), "misses": 0}
     compiled.stats["compile_seconds"] = 0.0
+    return compiled
+
+
+def _manifest_isa(manifest: dict[str, Any]) -> IsaTarget | str:
+    """The ISA the manifest says the kernels need (its architecture is the `machine` field), or,
+    for a name this engine cannot parse, a sentence saying so: nothing here can vouch for it."""
+    arch = normalise_machine(str(manifest.get("machine", "")))
+    name = str(manifest.get("isa", ""))
+    try:
+        return parse_isa(name, arch)
+    except InvalidConfigError:
+        return f"an ISA this engine does not know ({name!r} on {arch!r})"
+
+
+def _recompile(model: onnx.ModelProto, built_for: IsaTarget | str, threads: int | None) -> CompiledModel:
+    """Compile the bundle's fused model for this host: for `target_isa()` when that runs here
+    (so `AUTOFUSION_ISA=v3` on an AVX-512 host is honoured), else for the host's own ISA."""
+    host = host_isa()
+    target = target_isa()
+    isa = target if target.runs_on(host) else host
+    log.warning("the bundle was built for %s, this host is %s: recompiling for %s", built_for, host, isa)
+    started = time.perf_counter()
+    compiled = compile_model(model, threads=threads, isa=isa)
+    compiled.stats["recompiled"] = {
+        "from": str(built_for),
+        "to": isa.name,
+        "seconds": round(time.perf_counter() - started, 3),
+    }
     return compiled

@@ -3,7 +3,9 @@
 One flat directory; each entry is `<digest>.so` (the artifact) plus `<digest>.c` (its source, kept
 so a person can read what runs and so a crash report can point at a line). The digest is the
 sha256 the compiler driver computes from everything that determines the binary, so a hit is always
-safe to load.
+safe to load. That includes the ISA the kernel is built for (`isa.IsaTarget.name`, e.g.
+`x86-64-v4+avx512vnni` or `x86-64-v3`, and its flags): one cache directory shared by an AVX-512
+and an AVX2 host holds both builds side by side and never hands one host the other's kernel.
 
 Concurrency: writers build into a temporary file *in the same directory* and publish it with
 `os.replace`, which is atomic on POSIX, so a reader sees either nothing or a complete file, never a

@@ -32,15 +32,15 @@ Usage (what the code generators and the runtime call)::
   `static` helpers must either live in the shared `prelude` or carry a kernel-unique name; a
   unit that fails for any reason falls back to one build per member, so a clash only costs time
   and an error still names the broken kernel.
-* `Artifact(digest, path, name, cached, uses_blas)`: `cached` is True for a cache hit (including
+* `Artifact(digest, path, name, cached, uses_blas, isa)`: `cached` is True for a cache hit (including
   one another process produced while this one waited). Several artifacts may share a path
   (combined units; identical kernels); `dlopen` loads a shared object once per process. `path`
   is always the real shared object (`<its digest>.so`): anything that copies artifacts (a bundle)
   should copy each distinct `path` once, named by `path.name`, not once per kernel digest.
 * `kernel_digest(src)` / `kernel_flags(src)`: the cache key and the exact command-line flags.
 * `simd_math_preamble()`: put it in the prelude of kernels whose `#pragma omp simd` loops call
-  expf/tanhf/erff/logf/powf/...: on x86-64-v3 with glibc's libmvec they then vectorize (AVX2
-  variants, within a few ulp; measured max relative error 2e-7 for expf), elsewhere it is empty
+  expf/tanhf/erff/logf/powf/...: on x86-64-v3/v4 with glibc's libmvec they then vectorize (AVX2 or
+  AVX-512 variants, within a few ulp; measured max relative error 2e-7 for expf), elsewhere it is empty
   and the loops stay scalar. Without it such loops never vectorize (no -ffast-math).
 * `compiler_identity()` → `CompilerInfo(path, version, target, command)`: `$AUTOFUSION_CC` (may
   carry arguments, e.g. `"ccache gcc"`), else `cc`; cached per process.
@@ -55,16 +55,16 @@ Usage (what the code generators and the runtime call)::
   (see threads.py); load kernels in worker processes, after the fork.
 
 Flags, and why: `-O3 -fPIC -shared -std=c11 -ffp-contract=off -fno-math-errno -fno-trapping-math
--fno-semantic-interposition -fopenmp`, plus the ISA level (`isa.target_isa()`, x86-64-v3 by
-default). Results must match onnxruntime to about 1e-5 relative, so there is no `-ffast-math`
-(it reorders sums and assumes no NaN/Inf); contraction into FMA is off so a v2 and a v3 build of a
-kernel give bit-identical elementwise results. `-fno-math-errno` lets `sqrtf` etc. inline and
-vectorize and `-fno-trapping-math` allows if-conversion; neither changes a value. Reductions are
-vectorized where the generated code says it is safe, with `#pragma omp simd reduction(+:acc)`
-(honoured under `-fopenmp`, or `-fopenmp-simd` for `uses_openmp=False` kernels). `-std=c11` is
-strict ISO C: define constants such as pi yourself (`M_PI` is not declared). Undefined symbols
-and implicit declarations are errors at build time (`-Wl,--no-undefined`), so a typo fails here,
-naming the kernel, instead of at `dlopen` in another process.
+-fno-semantic-interposition -fopenmp`, plus the ISA (`isa.target_isa()`, the host's own by default;
+isa.py says why). Results must match onnxruntime to about 1e-5 relative, so there is no
+`-ffast-math` (it reorders sums and assumes no NaN/Inf); contraction into FMA is off so builds of a
+kernel for v2, v3 and v4 give bit-identical arithmetic (libm calls aside). `-fno-math-errno` lets
+`sqrtf` etc. inline and vectorize and `-fno-trapping-math` allows if-conversion; neither changes a
+value. Reductions are vectorized where the generated code says it is safe, with `#pragma omp simd
+reduction(+:acc)` (honoured under `-fopenmp`, or `-fopenmp-simd` for `uses_openmp=False` kernels).
+`-std=c11` is strict ISO C: define constants such as pi yourself (`M_PI` is not declared). Undefined
+symbols and implicit declarations are errors at build time (`-Wl,--no-undefined`), so a typo fails
+here, naming the kernel, instead of at `dlopen` in another process.
 
 Debug builds: `AUTOFUSION_DEBUG_SANITIZE` adds `-fsanitize=...` (sanitize.py says how such kernels
 load and what the runtime then checks); the flags are in the key, so the two builds never mix.
@@ -98,9 +98,9 @@ from pathlib import Path
 
 from graph_autofusion.backend.cpu import blas, sanitize
 from graph_autofusion.backend.cpu.cache import KernelCache, default_cache
-from graph_autofusion.backend.cpu.isa import IsaTarget, target_isa
+from graph_autofusion.backend.cpu.isa import IsaTarget, host_isa, target_isa
 from graph_autofusion.backend.cpu.threads import available_cpus
-from graph_autofusion.errors import CompilationError
+from graph_autofusion.errors import CompilationError, IsaMismatchError
 
 log = logging.getLogger(__name__)
 
@@ -159,9 +159,21 @@ class Artifact:
     name: str
     cached: bool
     uses_blas: bool = False
+    isa: IsaTarget | None = None  # what it was built for
 
     def load(self) -> ctypes.CDLL:
-        """`dlopen` the shared object; a BLAS kernel gets the BLAS loaded (single-threaded) first."""
+        """`dlopen` the shared object; a BLAS kernel gets the BLAS loaded (single-threaded) first.
+
+        A kernel built for an ISA this host lacks is refused (`isa_mismatch`): whoever loads it
+        means to call it, and the call would die of SIGILL.
+        """
+        missing = self.isa.missing_on(host_isa()) if self.isa is not None else []
+        if missing:
+            raise IsaMismatchError(
+                f"kernel {self.name} was built for {self.isa}; this host lacks {', '.join(missing)}",
+                kernel=self.name,
+                isa=str(self.isa),
+            )
         if self.uses_blas:
             blas.load_blas()
         return ctypes.CDLL(str(self.path))
@@ -264,7 +276,7 @@ def _link_flags(
     return [*(blas.link_flags() if src.uses_blas else ()), *vector_math, *sanitizers, *LINK_FLAGS]
 
 
-# Vector variants that glibc's libmvec provides for AVX2 (`_ZGVdN8v_expf`, ...; glibc >= 2.35
+# Vector variants that glibc's libmvec provides for AVX2 and AVX-512 (`_ZGVdN8v_expf`, ...; glibc >= 2.35
 # for the full list), each within a few ulp. gcc only calls them for `#pragma omp simd` loops
 # when the function is declared `omp declare simd`, which <math.h> does only under -ffast-math.
 SIMD_MATH_UNARY = (
@@ -275,30 +287,36 @@ SIMD_MATH_UNARY = (
 SIMD_MATH_BINARY = ("powf", "atan2f", "hypotf")
 
 
-def _simd_math_text() -> str:
+# The libmvec variant each x86-64 level calls: (ISA letter of the vector ABI, lanes).
+_SIMD_MATH_VARIANT = {3: ("d", 8), 4: ("e", 16)}
+
+
+def _simd_math_text(lanes: int) -> str:
     lines = [
-        "/* vector math: glibc libmvec AVX2 variants (a few ulp), so `#pragma omp simd` loops",
+        "/* vector math: glibc libmvec variants (a few ulp), so `#pragma omp simd` loops",
         "   calling these functions vectorize without -ffast-math */",
         "#include <math.h>",
     ]
     for fn in SIMD_MATH_UNARY:
-        lines += ["#pragma omp declare simd simdlen(8) notinbranch", f"float {fn}(float);"]
+        lines += [f"#pragma omp declare simd simdlen({lanes}) notinbranch", f"float {fn}(float);"]
     for fn in SIMD_MATH_BINARY:
-        lines += ["#pragma omp declare simd simdlen(8) notinbranch", f"float {fn}(float, float);"]
+        lines += [f"#pragma omp declare simd simdlen({lanes}) notinbranch", f"float {fn}(float, float);"]
     return "\n".join(lines) + "\n"
 
 
 @lru_cache(maxsize=8)
 def _simd_math_ok(info: CompilerInfo, isa: IsaTarget) -> bool:
-    """Whether the vector-math declarations link and load here: an x86-64-v3 target, a libmvec
-    with every variant at run time, and one the linker finds (`cc -print-file-name`)."""
-    if isa.arch != "x86_64" or isa.level != 3:
+    """Whether the vector-math declarations link and load here: an x86-64-v3 or v4 target, a
+    libmvec with every variant that level calls, and one the linker finds (`cc -print-file-name`)."""
+    if isa.arch != "x86_64" or isa.level not in _SIMD_MATH_VARIANT:
         return False
     try:
         libmvec = ctypes.CDLL("libmvec.so.1")
     except OSError:
         return False
-    names = [f"_ZGVdN8v_{fn}" for fn in SIMD_MATH_UNARY] + [f"_ZGVdN8vv_{fn}" for fn in SIMD_MATH_BINARY]
+    letter, lanes = _SIMD_MATH_VARIANT[isa.level]
+    names = [f"_ZGV{letter}N{lanes}v_{fn}" for fn in SIMD_MATH_UNARY]
+    names += [f"_ZGV{letter}N{lanes}vv_{fn}" for fn in SIMD_MATH_BINARY]
     if not all(hasattr(libmvec, name) for name in names):
         return False
     try:
@@ -312,10 +330,13 @@ def simd_math_preamble() -> str:
     """C text that lets `#pragma omp simd` loops over expf/tanhf/erff/... vectorize.
 
     Put it in a kernel's `prelude` (after nothing that includes <math.h> differently). It is
-    empty where it would not link (not x86-64-v3, no libmvec), and the loops then simply stay
+    empty where it would not link (not x86-64-v3/v4, no libmvec), and the loops then simply stay
     scalar, so generated code can include it unconditionally.
     """
-    return _simd_math_text() if _simd_math_ok(compiler_identity(), target_isa()) else ""
+    isa = target_isa()
+    if not _simd_math_ok(compiler_identity(), isa):
+        return ""
+    return _simd_math_text(_SIMD_MATH_VARIANT[isa.level][1])
 
 
 def kernel_digest(
@@ -462,6 +483,7 @@ def compile_kernels(
     jobs: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     combine: bool = False,
+    isa: IsaTarget | None = None,
 ) -> list[Artifact]:
     """Compile (or find in the cache) every kernel; artifacts come back in input order.
 
@@ -470,11 +492,11 @@ def compile_kernels(
     translation units (one shared object each, every member aliased under its own digest), which
     is several times faster than one compiler run per kernel; a unit that fails to compile (a
     clash of names between kernels, or a broken kernel) falls back to one build per member, so
-    errors still name the kernel at fault.
+    errors still name the kernel at fault. `isa` defaults to `isa.target_isa()`.
     """
     cache = cache if cache is not None else default_cache()
     info = compiler_identity()
-    isa = target_isa()
+    isa = isa or target_isa()
     digests = [kernel_digest(src, info=info, isa=isa) for src in sources]
     unique: dict[str, KernelSource] = {}
     for digest, src in zip(digests, sources, strict=True):
@@ -514,6 +536,7 @@ def compile_kernels(
             name=src.name,
             cached=results[digest][1],
             uses_blas=src.uses_blas,
+            isa=isa,
         )
         for digest, src in zip(digests, sources, strict=True)
     ]

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from ...errors import RuntimeInputError, UnsupportedModelError
+from ...errors import IsaMismatchError, RuntimeInputError, UnsupportedModelError
 from . import sanitize
 from .arena import ALIGNMENT, Buffer, plan_offsets
 from .cache import KernelCache, default_cache
@@ -38,6 +38,7 @@ from .codegen import CodegenUnsupported, GeneratedKernel, generate
 from .compiler import Artifact, KernelSource, compile_kernels
 from .extract import ExecutionPlan, HostStep, KernelStep, ViewStep, extract
 from .hostops import HostOp, host_op_entry
+from .isa import ISA_ENV, IsaTarget, host_isa, target_isa
 from .kernel_spec import KernelSpec, TensorInfo
 from .threads import available_cpus, set_omp_threads
 
@@ -74,9 +75,15 @@ def compile_model(
     threads: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     jobs: int | None = None,
+    isa: IsaTarget | None = None,
 ) -> CompiledModel:
-    """Generate, compile (through the kernel cache) and load every kernel of `model`."""
+    """Generate, compile (through the kernel cache) and load every kernel of `model`.
+
+    `isa` defaults to `isa.target_isa()`; kernels built for an ISA this host lacks load (to be
+    saved as a bundle for a stronger host) but refuse to run (`isa_mismatch`).
+    """
     started = time.perf_counter()
+    isa = isa or target_isa()
     sanitize.require_runtime(sanitize.sanitize_mode())
     cache = cache if cache is not None else default_cache()
     plan = extract(model)
@@ -97,7 +104,7 @@ def compile_model(
         sources.append(KernelSource(symbol, kernel.source, uses_blas=kernel.uses_blas))
         meta[symbol] = (spec.template, kernel.method, kernel.uses_blas)
     sources.append(KernelSource(DRIVER_SYMBOL, DRIVER_SOURCE, uses_openmp=False))
-    artifacts = compile_kernels(sources, cache=cache, jobs=jobs, progress=progress, combine=True)
+    artifacts = compile_kernels(sources, cache=cache, jobs=jobs, progress=progress, combine=True, isa=isa)
     kernels: dict[str, KernelInfo] = {}
     driver: Artifact | None = None
     for art in artifacts:
@@ -110,7 +117,13 @@ def compile_model(
         )
     assert driver is not None
     compiled = CompiledModel(
-        plan, kernels, unsupported, driver_path=driver.path, driver_digest=driver.digest, threads=threads
+        plan,
+        kernels,
+        unsupported,
+        driver_path=driver.path,
+        driver_digest=driver.digest,
+        threads=threads,
+        isa=isa,
     )
     hits = sum(1 for a in artifacts if a.cached)
     compiled.stats["compile_seconds"] = round(time.perf_counter() - started, 4)
@@ -210,6 +223,7 @@ class CompiledModel:
         driver_path: Path,
         driver_digest: str,
         threads: int | None = None,
+        isa: IsaTarget | None = None,
     ) -> None:
         started = time.perf_counter()
         if threads is not None and threads < 1:
@@ -221,6 +235,9 @@ class CompiledModel:
         self.threads = threads or available_cpus()
         self.driver_path = driver_path
         self.driver_digest = driver_digest
+        # What the kernels were built for. Mapping them runs none of their code (they have no
+        # constructors), so a foreign ISA loads; calling them is refused in `_require_isa`.
+        self.isa = isa or target_isa()
         self._lock = threading.Lock()
         self._libs: dict[Path, ctypes.CDLL] = {}
         # Debug mode (sanitize.py): redzones, one kernel at a time, live-range poisoning.
@@ -385,6 +402,7 @@ class CompiledModel:
             "arena_bytes": self.arena_bytes,
             "weights_bytes": int(sum(w.nbytes for w in self._weights.values())),
             "threads": self.threads,
+            "isa": self.isa.name,
             "per_kernel": per_kernel,
         }
 
@@ -432,6 +450,7 @@ class CompiledModel:
 
     def run(self, inputs: Mapping[str, Any] | Sequence[Any] | np.ndarray) -> dict[str, np.ndarray]:
         """Run the model: inputs by name (dict) or position; outputs by name, in model order."""
+        self._require_isa()
         feeds = self._check_inputs(inputs)
         with self._lock:
             if self.sanitize:
@@ -443,6 +462,20 @@ class CompiledModel:
             set_omp_threads(self.threads)
             self._execute()
             return {t.name: self.array(t.name).copy() for t in self.plan.outputs}
+
+    def _require_isa(self) -> None:
+        """Refuse (`isa_mismatch`) to call kernels this host cannot execute: SIGILL would kill
+        the process, and with it a worker or a service, instead of failing one request."""
+        host = host_isa()
+        missing = self.isa.missing_on(host)
+        if missing:
+            raise IsaMismatchError(
+                f"the kernels were built for {self.isa.name} and this host ({host.name}) lacks "
+                f"{', '.join(missing)}: they can be saved as a bundle for a host that has it, not run "
+                f"here (to run here, build for this host: unset {ISA_ENV} or set it to `host`)",
+                isa=self.isa.name,
+                host_isa=host.name,
+            )
 
     def _execute(self) -> None:
         if self.sanitize:
@@ -486,6 +519,7 @@ class CompiledModel:
         other on a busy machine, the same BERT FFN kernel (one symbol, in both plans) measured 9.5
         vs 7.6 ms; interleaved, its fastest runs were within 3%.
         """
+        self._require_isa()
         feeds = self._check_inputs(inputs)
         rows: list[dict[str, Any]] = []
         with self._lock:

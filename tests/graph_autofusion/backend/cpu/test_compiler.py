@@ -19,8 +19,8 @@ from graph_autofusion.backend.cpu.compiler import (
     kernel_flags,
     simd_math_preamble,
 )
-from graph_autofusion.backend.cpu.isa import target_isa
-from graph_autofusion.errors import CompilationError
+from graph_autofusion.backend.cpu.isa import host_isa, target_isa
+from graph_autofusion.errors import CompilationError, IsaMismatchError
 
 AXPB_RELU = """
 #include <stdint.h>
@@ -143,7 +143,10 @@ def test_digest_covers_isa_and_source_but_not_name() -> None:
     src = KernelSource("a", AXPB_RELU)
     assert kernel_digest(src) == kernel_digest(KernelSource("b", AXPB_RELU))
     assert kernel_digest(src) != kernel_digest(KernelSource("a", AXPB_RELU + "\n"))
-    assert kernel_digest(src, isa=target_isa("v2")) != kernel_digest(src, isa=target_isa("v3"))
+    if target_isa().arch == "x86_64":
+        names = ["v2", "v3", "v4", "v4+avx512vnni", "v4+avx512bf16+avx512vnni"]
+        digests = {kernel_digest(src, isa=target_isa(name)) for name in names}
+        assert len(digests) == len(names)
     assert kernel_digest(src) != kernel_digest(KernelSource("a", AXPB_RELU, uses_openmp=False))
 
 
@@ -253,6 +256,39 @@ void trans(float *restrict e, float *restrict t, float *restrict g, const float 
     np.testing.assert_allclose(g, gelu, rtol=1e-5, atol=1e-6)
     if target_isa().level == 3 and preamble:
         assert b"_ZGVdN8v_expf" in art.path.read_bytes()  # the AVX2 vector variant is called
+    if target_isa().level == 4 and preamble:
+        assert b"_ZGVeN16v_expf" in art.path.read_bytes()  # the AVX-512 one
+
+
+@pytest.mark.skipif(target_isa().arch != "x86_64", reason="x86-64 levels")
+def test_an_avx512_build_is_cached_apart_and_calls_512_bit_math(
+    monkeypatch: pytest.MonkeyPatch, cache: KernelCache
+) -> None:
+    """Built here for x86-64-v4 whatever this host is; the objects are read, never loaded."""
+    src = """
+void vexp(float *restrict y, const float *restrict x, long n) {
+#pragma omp simd
+    for (long i = 0; i < n; ++i) y[i] = expf(x[i]) * x[i];
+}
+"""
+    monkeypatch.setenv("AUTOFUSION_ISA", "v4+avx512vnni")
+    v4_preamble = simd_math_preamble()
+    (v4,) = compile_kernels(
+        [KernelSource("vexp", src, prelude=v4_preamble or "#include <math.h>\n")], cache=cache
+    )
+    monkeypatch.setenv("AUTOFUSION_ISA", "v3")
+    v3_preamble = simd_math_preamble()
+    (v3,) = compile_kernels(
+        [KernelSource("vexp", src, prelude=v3_preamble or "#include <math.h>\n")], cache=cache
+    )
+    assert v4.digest != v3.digest and v4.path != v3.path and not v4.cached
+    if not v4.isa.runs_on(host_isa()):  # loading it to call it is refused, not a SIGILL later
+        with pytest.raises(IsaMismatchError):
+            v4.load()
+    assert sorted(cache.digests()) == sorted([v3.digest, v4.digest])
+    if v4_preamble:  # glibc's libmvec: 16 lanes in zmm registers
+        assert "simdlen(16)" in v4_preamble and b"_ZGVeN16v_expf" in v4.path.read_bytes()
+        assert b"_ZGVeN16v_expf" not in v3.path.read_bytes()
 
 
 def test_compiler_timeout_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, cache: KernelCache) -> None:
