@@ -51,6 +51,7 @@ class FusedGraph:
         self.plan = plan
         self._report = report
         self._compiled: Any = None
+        self._targets: dict[str, Any] = {}  # accelerator target -> its compiled model
 
     # -- statistics ------------------------------------------------------------------------
     def report(self) -> dict[str, Any]:
@@ -77,11 +78,19 @@ class FusedGraph:
     def compile(
         self,
         *,
+        target: str = "cpu",
         cache_dir: str | os.PathLike[str] | None = None,
         threads: int | None = None,
         progress: Callable[[int, int], None] | None = None,
     ) -> Any:
-        """Generate and compile the kernels for the host CPU; cached by content, so cheap when repeated."""
+        """Generate and compile the kernels for `target`; cached by content, so cheap when repeated.
+
+        `cpu` (the default) compiles C for the host; `cuda` and `ascend910` render Triton kernels
+        (docs/targets.md) and return a model that runs on the device, or in Triton's CPU
+        interpreter under TRITON_INTERPRET=1. Either way the result is called with numpy inputs.
+        """
+        if target != "cpu":
+            return self._compile_triton(target, cache_dir)
         from .backend.cpu.cache import KernelCache
         from .backend.cpu.runtime import compile_model
 
@@ -92,6 +101,17 @@ class FusedGraph:
         self._report["host_ops"] = list(compiled.stats["host_ops"])
         self._compiled = compiled
         return self._compiled
+
+    def _compile_triton(self, target: str, cache_dir: str | os.PathLike[str] | None) -> Any:
+        from .backend.triton import compile_triton
+
+        compiled = compile_triton(self.model, target=target, cache_dir=cache_dir)
+        hosts = list(compiled.stats["host_ops"])
+        refuse_host_ops(hosts, FusionConfig.model_validate(self._report.get("config", {})))
+        targets = self._report.setdefault("targets", {})
+        targets[target] = {"host_ops": hosts, "kernels": compiled.stats["kernels"], "mode": compiled.mode}
+        self._targets[target] = compiled
+        return compiled
 
     def __call__(self, inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray]) -> dict[str, np.ndarray]:
         if self._compiled is None:
@@ -111,10 +131,12 @@ class FusedGraph:
         atol: float | None = None,
         runner: str = "runtime",
         raise_on_failure: bool = False,
+        target: str = "cpu",
     ) -> VerificationResult:
         """Run the source model in onnxruntime and the fused one (compiled kernels by default,
         or `runner="onnxruntime"`) on the same inputs; report each output's error against its
-        tolerance.
+        tolerance. `target` picks whose compiled kernels run (`cuda`/`ascend910`: the Triton ones,
+        compiled on first use).
 
         By default each output's tolerance is derived from its scale and the roundings that feed
         it (graph_autofusion.verify explains the rule), so a deep model's correct result passes
@@ -122,6 +144,9 @@ class FusedGraph:
         """
         if runner == "onnxruntime":
             run = lambda feeds: run_onnxruntime(self.model, feeds)  # noqa: E731
+        elif runner == "runtime" and target != "cpu":
+            compiled = self._targets.get(target) or self.compile(target=target)
+            run = compiled.run
         elif runner == "runtime":
             run = self.__call__
         else:

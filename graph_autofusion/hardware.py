@@ -2,7 +2,13 @@
 
 `cpu` is measured on the host the first time it is asked for (a STREAM-like copy for bandwidth,
 an sgemm for peak flops) and cached on disk, because the planner must not spend a second on it per
-job and the figures differ from machine to machine. `ascend910` comes from published figures.
+job and the figures differ from machine to machine. `ascend910` and the `cuda` profiles (one per
+compute capability, `cuda` itself being the device present or sm80) come from published figures.
+
+The accelerator fields size the Triton kernels (backend/triton/blocks.py): `cores` bounds an
+Ascend grid (one program per AI core), `unified_buffer_bytes` bounds a block's working set there,
+`cube_tile` is the matrix unit's native tile, `shared_memory_bytes` bounds a CUDA GEMM's staged
+tiles, and `num_warps` is None where the target has no warps (Ascend).
 """
 
 from __future__ import annotations
@@ -30,6 +36,13 @@ class HardwareProfile(BaseModel):
     cores: int = 1
     isa: str = ""  # the instruction set the host offers (`isa.host_isa()`), for a measured profile
     source: str = ""
+    # Accelerator targets (Triton kernels); None/0 on the CPU.
+    compute_capability: tuple[int, int] | None = None  # CUDA sm major/minor
+    shared_memory_bytes: int = 0  # per block (CUDA), the staging budget of a GEMM's tiles
+    unified_buffer_bytes: int = 0  # per AI core (Ascend): every block's working set must fit
+    cube_tile: tuple[int, int] | None = None  # native matrix-unit tile (Ascend cube: 16x16 fp16)
+    num_warps: int | None = None  # warps per program; None where the target has none (Ascend)
+    fp64: bool = True  # whether the target computes in fp64 (accumulators narrow to fp32 if not)
 
 
 # Huawei Ascend 910: 256 TFLOPS fp16 (cube units) and 1.2 TB/s HBM2 bandwidth, as published in
@@ -46,7 +59,73 @@ ASCEND910 = HardwareProfile(
     chain_efficiency=0.9,
     cores=32,
     source="Liao et al., DaVinci, Hot Chips 31 (2019): 256 TFLOPS fp16, 1.2 TB/s HBM; fp32 = fp16/4",
+    # triton-ascend: the grid is sized to the AI cores; a vector block lives in the Unified Buffer,
+    # budgeted at 192 KB (the AI vector core's UB in the 910B generation); the cube computes 16x16
+    # fp16 fractals; there is no warp concept, so kernels are launched without num_warps.
+    unified_buffer_bytes=192 * 1024,
+    cube_tile=(16, 16),
+    num_warps=None,
+    fp64=False,
 )
+
+
+def _cuda(
+    sm: tuple[int, int], gpu: str, fp32_tflops: float, tb_s: float, sms: int, smem_kb: int
+) -> HardwareProfile:
+    return HardwareProfile(
+        name=f"cuda_sm{sm[0]}{sm[1]}",
+        peak_flops=fp32_tflops * 1e12,
+        memory_bandwidth=tb_s * 1e12,
+        launch_overhead=4e-6,  # a Triton launch from Python (measured figures are 3-5 us)
+        anchor_efficiency=0.7,
+        chain_efficiency=0.9,
+        cores=sms,
+        source=f"NVIDIA {gpu} datasheet: {fp32_tflops} TFLOPS fp32, {tb_s} TB/s, {sms} SMs, "
+        f"{smem_kb} KB shared memory per block",
+        compute_capability=sm,
+        shared_memory_bytes=smem_kb * 1024,
+        num_warps=4,
+    )
+
+
+#: CUDA profiles by compute capability (NVIDIA datasheets of the reference part of each).
+CUDA_PROFILES: dict[tuple[int, int], HardwareProfile] = {
+    (7, 0): _cuda((7, 0), "V100 SXM2", 15.7, 0.9, 80, 96),
+    (8, 0): _cuda((8, 0), "A100 SXM 80GB", 19.5, 2.0, 108, 163),
+    (8, 6): _cuda((8, 6), "A10", 31.2, 0.6, 72, 99),
+    (8, 9): _cuda((8, 9), "L4", 30.3, 0.3, 58, 99),
+    (9, 0): _cuda((9, 0), "H100 SXM", 67.0, 3.35, 132, 227),
+}
+DEFAULT_CUDA_CAPABILITY = (8, 0)
+
+
+def cuda_profile(capability: tuple[int, int] | None = None) -> HardwareProfile:
+    """The profile of compute capability `capability`; by default the device present (through
+    torch, when it sees one), else sm80. An unlisted capability takes the nearest listed one
+    below it (same major version first), renamed for what it is."""
+    if capability is None:
+        capability = _present_capability() or DEFAULT_CUDA_CAPABILITY
+    if capability in CUDA_PROFILES:
+        return CUDA_PROFILES[capability]
+    below = [c for c in CUDA_PROFILES if c <= capability] or [min(CUDA_PROFILES)]
+    base = CUDA_PROFILES[max(below)]
+    return base.model_copy(
+        update={"name": f"cuda_sm{capability[0]}{capability[1]}", "compute_capability": capability}
+    )
+
+
+def _present_capability() -> tuple[int, int] | None:
+    try:
+        import torch  # an optional dependency: only accelerator hosts and the dev extra have it
+    except ImportError:
+        return None
+    try:
+        if torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability()
+            return int(major), int(minor)
+    except Exception:  # a broken driver says nothing about the profile: fall back
+        return None
+    return None
 
 
 def _cache_file() -> Path:
@@ -142,7 +221,12 @@ def cpu_profile() -> HardwareProfile:
     return profile
 
 
-PROFILES = {"ascend910": lambda: ASCEND910, "cpu": cpu_profile}
+PROFILES = {
+    "ascend910": lambda: ASCEND910,
+    "cpu": cpu_profile,
+    "cuda": cuda_profile,
+    **{p.name: (lambda p=p: p) for p in CUDA_PROFILES.values()},
+}
 
 
 def get_profile(name: str) -> HardwareProfile:

@@ -39,7 +39,7 @@ from .compiler import Artifact, KernelSource, compile_kernels
 from .extract import ExecutionPlan, HostStep, KernelStep, ViewStep, extract
 from .hostops import HostOp, host_op_entry
 from .isa import ISA_ENV, IsaTarget, host_isa, target_isa
-from .kernel_spec import KernelSpec
+from .kernel_spec import KernelSpec, TensorInfo
 from .render_c import WORKSPACE_SUFFIX
 from .threads import available_cpus, set_omp_threads
 
@@ -91,7 +91,7 @@ def compile_model(
     sources: list[KernelSource] = []
     meta: dict[str, tuple[str, str, bool]] = {}
     unsupported: dict[str, str] = {}
-    _refuse_object_tensors(plan)
+    refuse_object_tensors(plan)
     for symbol, spec in plan.specs.items():
         why = _no_c_type(spec)
         if why:
@@ -144,7 +144,7 @@ def _no_c_type(spec: KernelSpec) -> str:
     return ""
 
 
-def _refuse_object_tensors(plan: ExecutionPlan) -> None:
+def refuse_object_tensors(plan: ExecutionPlan) -> None:
     """Strings cannot live in the arena (raw bytes): such a model is refused, with a code."""
     for info in plan.tensors.values():
         if info.elem_type == onnx.TensorProto.STRING:
@@ -193,10 +193,10 @@ def host_steps(model: onnx.ModelProto) -> list[HostStep]:
             generate_once(spec)
         except CodegenUnsupported as exc:
             declined[symbol] = str(exc)
-    return [s for s in _with_host_fallbacks(plan.steps, declined) if isinstance(s, HostStep)]
+    return [s for s in with_host_fallbacks(plan.steps, declined) if isinstance(s, HostStep)]
 
 
-def _with_host_fallbacks(
+def with_host_fallbacks(
     steps: Sequence[ViewStep | KernelStep | HostStep], declined: Mapping[str, str]
 ) -> list[ViewStep | KernelStep | HostStep]:
     """Steps with every kernel the generator declined turned into a host op saying why."""
@@ -270,7 +270,7 @@ class CompiledModel:
             for s in self.plan.steps
             if isinstance(s, KernelStep) and s.symbol not in self.kernels
         }
-        return _with_host_fallbacks(self.plan.steps, declined)
+        return with_host_fallbacks(self.plan.steps, declined)
 
     def _plan_memory(self) -> None:
         plan = self.plan
@@ -620,63 +620,7 @@ class CompiledModel:
                     np.copyto(out, res, casting="unsafe")
 
     def _check_inputs(self, inputs: Mapping[str, Any] | Sequence[Any] | np.ndarray) -> dict[str, np.ndarray]:
-        expected = self.plan.inputs
-        names = [t.name for t in expected]
-        if isinstance(inputs, np.ndarray):
-            inputs = [inputs]
-        if isinstance(inputs, Mapping):
-            unknown = [k for k in inputs if k not in names]
-            if unknown:
-                raise RuntimeInputError(
-                    f"unknown input {unknown[0]!r}; the model's inputs are: {', '.join(names)}",
-                    code="unknown_input",
-                    input=str(unknown[0]),
-                )
-            missing = [n for n in names if n not in inputs]
-            if missing:
-                raise RuntimeInputError(
-                    f"missing input {missing[0]!r}; the model's inputs are: {', '.join(names)}",
-                    code="missing_input",
-                    input=missing[0],
-                )
-            given = [inputs[n] for n in names]
-        else:
-            given = list(inputs)
-            if len(given) != len(names):
-                raise RuntimeInputError(
-                    f"the model takes {len(names)} input(s) ({', '.join(names)}), {len(given)} were given",
-                    code="wrong_input_count",
-                )
-        feeds: dict[str, np.ndarray] = {}
-        for info, value in zip(expected, given, strict=True):
-            if not isinstance(value, np.ndarray):
-                try:
-                    value = np.asarray(value, dtype=info.dtype)
-                except (TypeError, ValueError) as exc:
-                    raise RuntimeInputError(
-                        f"input {info.name!r} is not an array of {info.dtype}: {exc}",
-                        code="wrong_input_dtype",
-                        input=info.name,
-                    ) from exc
-            if value.dtype != info.dtype:
-                raise RuntimeInputError(
-                    f"input {info.name!r} has dtype {value.dtype}, the model expects {info.dtype}",
-                    code="wrong_input_dtype",
-                    input=info.name,
-                    expected=str(info.dtype),
-                    got=str(value.dtype),
-                )
-            if tuple(value.shape) != tuple(info.shape):
-                raise RuntimeInputError(
-                    f"input {info.name!r} has shape {list(value.shape)}, "
-                    f"the model expects {list(info.shape)}",
-                    code="wrong_input_shape",
-                    input=info.name,
-                    expected=list(info.shape),
-                    got=list(value.shape),
-                )
-            feeds[info.name] = value
-        return feeds
+        return check_inputs(self.plan.inputs, inputs)
 
     # -- persistence ---------------------------------------------------------------------------
     def save_bundle(self, path: str | Path) -> Path:
@@ -689,3 +633,65 @@ class CompiledModel:
         """Drop references to the arena and kernels (the shared objects stay mapped)."""
         with contextlib.suppress(AttributeError):
             del self._segments, self._per_kernel, self._argvs
+
+
+def check_inputs(
+    expected: Sequence[TensorInfo], inputs: Mapping[str, Any] | Sequence[Any] | np.ndarray
+) -> dict[str, np.ndarray]:
+    """The inputs by name, checked against the model's names, dtypes and shapes (every runtime
+    raises the same `RuntimeInputError` codes)."""
+    names = [t.name for t in expected]
+    if isinstance(inputs, np.ndarray):
+        inputs = [inputs]
+    if isinstance(inputs, Mapping):
+        unknown = [k for k in inputs if k not in names]
+        if unknown:
+            raise RuntimeInputError(
+                f"unknown input {unknown[0]!r}; the model's inputs are: {', '.join(names)}",
+                code="unknown_input",
+                input=str(unknown[0]),
+            )
+        missing = [n for n in names if n not in inputs]
+        if missing:
+            raise RuntimeInputError(
+                f"missing input {missing[0]!r}; the model's inputs are: {', '.join(names)}",
+                code="missing_input",
+                input=missing[0],
+            )
+        given = [inputs[n] for n in names]
+    else:
+        given = list(inputs)
+        if len(given) != len(names):
+            raise RuntimeInputError(
+                f"the model takes {len(names)} input(s) ({', '.join(names)}), {len(given)} were given",
+                code="wrong_input_count",
+            )
+    feeds: dict[str, np.ndarray] = {}
+    for info, value in zip(expected, given, strict=True):
+        if not isinstance(value, np.ndarray):
+            try:
+                value = np.asarray(value, dtype=info.dtype)
+            except (TypeError, ValueError) as exc:
+                raise RuntimeInputError(
+                    f"input {info.name!r} is not an array of {info.dtype}: {exc}",
+                    code="wrong_input_dtype",
+                    input=info.name,
+                ) from exc
+        if value.dtype != info.dtype:
+            raise RuntimeInputError(
+                f"input {info.name!r} has dtype {value.dtype}, the model expects {info.dtype}",
+                code="wrong_input_dtype",
+                input=info.name,
+                expected=str(info.dtype),
+                got=str(value.dtype),
+            )
+        if tuple(value.shape) != tuple(info.shape):
+            raise RuntimeInputError(
+                f"input {info.name!r} has shape {list(value.shape)}, the model expects {list(info.shape)}",
+                code="wrong_input_shape",
+                input=info.name,
+                expected=list(info.shape),
+                got=list(value.shape),
+            )
+        feeds[info.name] = value
+    return feeds
