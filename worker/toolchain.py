@@ -14,14 +14,18 @@ for (`TRITON_INTERPRET=1`) before that: the worker puts it into its environment 
 imports triton, and the job processes it forks inherit both.
 
 Each check returns what it found (versions, the device's name), which the worker logs at start.
+The device itself is probed in a child process (`probe_device`), so that the worker never
+initializes CUDA or the NPU before Celery forks its job processes.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -38,6 +42,8 @@ CANN_DEFAULT = Path("/usr/local/Ascend/ascend-toolkit/latest")
 CANN_VARIABLES = ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH")
 #: triton-ascend lowers through this compiler of CANN's BiSheng toolchain.
 ASCEND_COMPILER = "bishengir-compile"
+#: Seconds the device probe (a Python process importing torch) may take.
+PROBE_TIMEOUT_S = 120
 
 
 class ToolchainMissing(Exception):
@@ -105,6 +111,44 @@ def _triton_and_torch(target: Target, interpret: bool) -> dict[str, str]:
 
 
 def _cuda(target: Target) -> dict[str, str]:
+    try:
+        from triton import knobs
+
+        ptxas = knobs.nvidia.ptxas  # TRITON_PTXAS_PATH, else the binary the triton wheel ships
+    except Exception as exc:
+        raise ToolchainMissing(
+            target.name, f"Triton cannot find ptxas ({exc}); reinstall triton or set TRITON_PTXAS_PATH"
+        ) from None
+    return {**probe_device(target), "ptxas": f"{ptxas.path} ({ptxas.version})"}
+
+
+def probe_device(target: Target) -> dict[str, str]:
+    """The device check, in a process of its own: asking torch for a GPU's name initializes CUDA,
+    and a process that did cannot fork job processes that use it (Celery's prefork pool: "Cannot
+    re-initialize CUDA in forked subprocess"; torch_npu likewise). The probe prints one JSON object."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "autofusion_worker.toolchain", target.name],
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        raise ToolchainMissing(target.name, f"the device probe hung for {PROBE_TIMEOUT_S} s") from None
+    lines = done.stdout.strip().splitlines()
+    try:
+        answer = json.loads(lines[-1]) if lines else {}
+    except json.JSONDecodeError:
+        answer = {}
+    if "error" in answer:
+        raise ToolchainMissing(target.name, str(answer["error"]))
+    if done.returncode != 0 or not answer:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ToolchainMissing(target.name, f"the device probe failed ({tail})")
+    return {str(k): str(v) for k, v in answer.items()}
+
+
+def _cuda_device(target: Target) -> dict[str, str]:
     import torch
 
     if not torch.cuda.is_available():
@@ -114,18 +158,9 @@ def _cuda(target: Target) -> dict[str, str]:
             "CPU-only torch); run on a GPU host, or pass --interpret to run the kernels in Triton's "
             "CPU interpreter",
         )
-    try:
-        from triton import knobs
-
-        ptxas = knobs.nvidia.ptxas  # TRITON_PTXAS_PATH, else the binary the triton wheel ships
-    except Exception as exc:
-        raise ToolchainMissing(
-            target.name, f"Triton cannot find ptxas ({exc}); reinstall triton or set TRITON_PTXAS_PATH"
-        ) from None
     major, minor = torch.cuda.get_device_capability(0)
     return {
         "device": f"{torch.cuda.get_device_name(0)} (sm_{major}{minor}, {torch.cuda.device_count()} visible)",
-        "ptxas": f"{ptxas.path} ({ptxas.version})",
         "cuda": str(torch.version.cuda),
     }
 
@@ -154,11 +189,15 @@ def _ascend(target: Target) -> dict[str, str]:
             f"CANN at {home} has no {ASCEND_COMPILER} on PATH (triton-ascend compiles with it); "
             "source CANN's set_env.sh",
         )
-    torch_npu = _import(target, "torch_npu", f"needs {target.toolchain}")
     if importlib.util.find_spec("triton.backends.ascend") is None:
         raise ToolchainMissing(
             target.name, "the installed triton has no Ascend backend; install triton-ascend instead of triton"
         )
+    return {"cann": str(home), "compiler": compiler, **probe_device(target)}
+
+
+def _npu_device(target: Target) -> dict[str, str]:
+    torch_npu = _import(target, "torch_npu", f"needs {target.toolchain}")
     import torch
 
     npu = getattr(torch, "npu", None)
@@ -169,8 +208,27 @@ def _ascend(target: Target) -> dict[str, str]:
             "--interpret to run the kernels in Triton's CPU interpreter",
         )
     return {
-        "cann": str(home),
-        "compiler": compiler,
         "torch_npu": _version(torch_npu),
         "device": f"{npu.get_device_name(0)} ({npu.device_count()} visible)",
     }
+
+
+_DEVICE_CHECKS = {"cuda": _cuda_device, "ascend910": _npu_device}
+
+
+def _probe_main(argv: list[str]) -> int:
+    """`python -m autofusion_worker.toolchain TARGET`: the device check of `probe_device`."""
+    target = get_target(argv[0]) if argv else None
+    if target is None or target.name not in _DEVICE_CHECKS:
+        print(json.dumps({"error": f"no device check for {argv[:1]}"}))
+        return 2
+    try:
+        print(json.dumps(_DEVICE_CHECKS[target.name](target)))
+    except ToolchainMissing as exc:
+        print(json.dumps({"error": str(exc).removeprefix(f"target {target.name}: ")}))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_probe_main(sys.argv[1:]))

@@ -22,6 +22,7 @@ from autofusion_worker.toolchain import (
     cann_home,
     check_target,
     check_targets,
+    probe_device,
 )
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None and importlib.util.find_spec("triton") is not None
@@ -102,3 +103,16 @@ def test_interpreting_needs_only_triton_and_torch() -> None:
 def test_an_unknown_target_is_refused_by_the_check() -> None:
     with pytest.raises(ToolchainMissing, match="not a registered target"):
         check_targets(["tpu"], interpret=True)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch_npu") is not None, reason="torch_npu is installed here")
+def test_the_device_is_probed_in_a_process_of_its_own() -> None:
+    # The worker never touches the device itself (a process that initialized CUDA or the NPU cannot
+    # fork job processes that use it): a child process answers, and its answer is the message.
+    with pytest.raises(ToolchainMissing) as caught:
+        probe_device(get_target("ascend910"))
+    assert str(caught.value) == (
+        "target ascend910: needs CANN, torch_npu and triton-ascend (torch_npu does not import: "
+        "No module named 'torch_npu')"
+    )
+    assert "torch_npu" not in sys.modules
