@@ -90,6 +90,11 @@ class TargetInfo(BaseModel):
     backend: str | None = Field(None, description="The kernel backend: `c` or `triton`; null: plan only.")
     toolchain: str = Field("", description="What a worker host of this target needs installed.")
     device: str = Field("", description="Where its kernels run (checked when a worker starts).")
+    modes: dict[str, int] = Field(
+        default_factory=dict,
+        description="Live workers by where they run the kernels: `device`, or `interpret` (Triton's CPU "
+        "interpreter, `autofusion worker --interpret`: for CI, not production).",
+    )
 
 
 class TargetList(BaseModel):

@@ -124,6 +124,7 @@ def run_worker(settings: Settings, targets: list[str]) -> int:
         targets,
         settings.worker_concurrency,
         watch=watch_consumer(app),
+        modes={t: found[t].get("mode", "device") for t in targets},
     )
     consumers: list[Any] = []
 

@@ -36,6 +36,8 @@ class WorkerInfo(BaseModel):
     pid: int
     targets: list[str]
     concurrency: int = 1
+    #: per target, where its kernels run: `device`, or `interpret` (Triton's CPU interpreter)
+    modes: dict[str, str] = Field(default_factory=dict)
     last_seen: float
 
 
