@@ -60,11 +60,11 @@ def _instructions(text: str) -> list[tuple[str, str]]:
     return out
 
 
-def _stages() -> dict[str, Stage]:
+def _stages(dockerfile: Path = DOCKERFILE) -> dict[str, Stage]:
     global_args: dict[str, str] = {}
     stages: dict[str, Stage] = {}
     current: Stage | None = None
-    for keyword, args in _instructions(DOCKERFILE.read_text()):
+    for keyword, args in _instructions(dockerfile.read_text()):
         if keyword == "FROM":
             parts = args.split()
             base = re.sub(r"\$\{(\w+)\}", lambda m: global_args.get(m[1], m[0]), parts[0])
@@ -285,3 +285,33 @@ def test_the_api_runs_without_blas(tmp_path: Path) -> None:
         timeout=120,
     )
     assert done.returncode == 0 and "api ok without blas" in done.stdout, done.stderr[-3000:]
+
+
+ASCEND_DOCKERFILE = REPO / "deploy" / "docker" / "ascend910.Dockerfile"
+
+
+def test_the_ascend_worker_image_installs_the_pinned_extra_on_cann() -> None:
+    """deploy/docker/ascend910.Dockerfile: CANN's base image (its own file: a second base), the
+    project's install step with the `ascend910` extra, the versions its header states equal to
+    pyproject's pins, a non-root user, the worker health check, `worker --targets ascend910`."""
+    stages = _stages(ASCEND_DOCKERFILE)
+    final = stages["worker-ascend910"]
+    assert re.fullmatch(r"ascendai/cann:8\.5\.0-\S+", final.base), final.base
+    (source,) = _copied_from(final)
+    runs = [shlex.split(cmd.strip()) for a in stages[source].args("RUN") for cmd in a.split("&&")]
+    assert ["./run", "install", "--no-dev", "--extra", "ascend910"] in runs
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    pins = dict(p.split("==") for p in extras["ascend910"])
+    assert set(pins) == {"torch", "torch-npu", "triton-ascend"}  # never upstream triton beside it
+    header = ASCEND_DOCKERFILE.read_text()
+    for package, version in pins.items():
+        assert re.search(rf"^#\s+{re.escape(package)}\s+{re.escape(version)}\b", header, re.M), package
+    assert pins["torch-npu"].split(".")[:2] == pins["torch"].split(".")[:2]
+    users = [a for a in final.args("USER")]
+    assert users and users[-1] not in ("root", "0")
+    (check,) = final.args("HEALTHCHECK")
+    assert _exec_form(check.split("CMD", 1)[1])[:3] == ["python", IMAGE_HEALTHCHECK, "worker"]
+    worker = autofusion_parser().parse_args(_exec_form(final.args("CMD")[-1]))
+    assert worker.command == "worker" and worker.targets == "ascend910"
+    entry = _exec_form(final.args("ENTRYPOINT")[-1])
+    assert entry[:2] == ["tini", "--"] and "set_env.sh" in " ".join(entry)  # CANN's environment
