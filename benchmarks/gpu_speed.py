@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -169,9 +170,11 @@ class TorchGraph:
 
         self.torch = torch
         self.device = device
-        self.consts = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-        self.weights = {k: self._tensor(v) for k, v in self.consts.items()}
-        self.inputs = [i.name for i in model.graph.input if i.name not in self.consts]
+        arrays = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+        self.weights = {k: self._tensor(v) for k, v in arrays.items()}
+        # Shapes, axes and bounds as Python values: torch.compile then sees constants, not numpy.
+        self.consts: dict[str, Any] = {k: v.tolist() for k, v in arrays.items() if v.size <= 64}
+        self.inputs = [i.name for i in model.graph.input if i.name not in arrays]
         self.outputs = [o.name for o in model.graph.output]
         unknown = sorted({n.op_type for n in model.graph.node if not hasattr(self, f"op_{n.op_type}")})
         if unknown:
@@ -207,7 +210,7 @@ class TorchGraph:
         """Host arrays in, host arrays out (what every contender is timed on)."""
         return [t.detach().cpu().numpy() for t in self(*self.to_device(feeds))]
 
-    def const(self, names: tuple[str, ...], k: int) -> np.ndarray | None:
+    def const(self, names: tuple[str, ...], k: int) -> Any:
         """Input `k` (of a node's input `names`) as a constant (shapes, axes, bounds); None when absent."""
         if len(names) <= k or not names[k]:
             return None
@@ -261,13 +264,14 @@ class TorchGraph:
 
     def op_Flatten(self, n: Any, i: list[Any], a: dict) -> Any:
         axis = a.get("axis", 1) % max(i[0].dim(), 1)
-        return i[0].reshape(int(np.prod(i[0].shape[:axis], dtype=np.int64)), -1)
+        return i[0].reshape(math.prod(i[0].shape[:axis]), -1)
 
     def op_Squeeze(self, n: Any, i: list[Any], a: dict) -> Any:
         axes = self.const(n, 1) if len(n) > 1 else a.get("axes")
         if axes is None:
             return i[0].squeeze()
-        return i[0].squeeze(tuple(int(x) % i[0].dim() for x in np.atleast_1d(axes)))
+        axes = axes if isinstance(axes, list) else [axes]
+        return i[0].squeeze(tuple(int(x) % i[0].dim() for x in axes))
 
     def op_Transpose(self, n: Any, i: list[Any], a: dict) -> Any:
         perm = a.get("perm") or list(range(i[0].dim()))[::-1]
@@ -287,7 +291,7 @@ class TorchGraph:
             if step != 1:
                 raise NotImplementedError("Slice with steps")
             dim = x.shape[int(axis)]
-            start, end = int(np.clip(starts[k], -dim, dim)), int(np.clip(ends[k], -dim - 1, dim))
+            start, end = min(max(int(starts[k]), -dim), dim), min(max(int(ends[k]), -dim - 1), dim)
             index[int(axis)] = slice(start, end)
         return x[tuple(index)]
 

@@ -136,3 +136,14 @@ def test_a_whole_run_in_the_interpreter_prints_a_row_per_case(capsys: pytest.Cap
     for r in rows:
         assert r[7] == "3" and float(r[3]) > 0 and float(r[4]) > 0  # fused launches, fused/eager ms
         assert float(r[-1]) < 1e-4  # fused outputs agree with torch eager
+
+
+def test_torch_compile_sees_each_zoo_model_as_one_graph() -> None:
+    """The torch.compile column is Inductor on the whole model: dynamo captures TorchGraph's call
+    as one graph, with no break that would leave ops to eager mode."""
+    for name in sorted(zoo.MODELS):
+        fused = gaf.fuse(zoo.build(name, **zoo.TINY[name]))
+        graph = gpu_speed.TorchGraph(fused.canonical, "cpu")
+        args = graph.to_device(gpu_speed.host_inputs(fused.canonical, fused.canonical, "fp32"))
+        explained = torch._dynamo.explain(graph.__call__)(*args)
+        assert (explained.graph_count, explained.graph_break_count) == (1, 0), (name, explained.break_reasons)
