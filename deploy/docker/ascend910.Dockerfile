@@ -62,7 +62,8 @@ RUN apt-get update \
     && chown autofusion:autofusion /data
 COPY --from=build /app /app
 # CANN's environment (what its set_env.sh exports) must reach the worker: the entry point sources
-# it, then runs autofusion. TRITON_HOME: scratch under /tmp (read-only root file system in pods).
+# it when it is there, then runs autofusion, whose start-up check says what is missing otherwise.
+# TRITON_HOME: scratch under /tmp (read-only root file system in pods).
 ENV PATH=/app/.venv/bin:$PATH \
     AUTOFUSION_DATA_DIR=/data \
     TRITON_HOME=/tmp/triton
@@ -71,5 +72,5 @@ USER autofusion
 STOPSIGNAL SIGTERM
 HEALTHCHECK --interval=30s --timeout=10s --start-period=120s --retries=3 \
     CMD ["python", "/app/deploy/docker/healthcheck.py", "worker"]
-ENTRYPOINT ["tini", "--", "bash", "-c", "source /usr/local/Ascend/ascend-toolkit/set_env.sh && exec autofusion \"$@\"", "autofusion"]
+ENTRYPOINT ["tini", "--", "bash", "-c", "f=/usr/local/Ascend/ascend-toolkit/set_env.sh; if [ -f $f ]; then source $f; fi; exec autofusion \"$@\"", "autofusion"]
 CMD ["worker", "--targets", "ascend910"]
