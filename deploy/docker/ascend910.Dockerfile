@@ -63,10 +63,12 @@ RUN apt-get update \
 COPY --from=build /app /app
 # CANN's environment (what its set_env.sh exports) must reach the worker: the entry point sources
 # it when it is there, then runs autofusion, whose start-up check says what is missing otherwise.
-# TRITON_HOME: scratch under /tmp (read-only root file system in pods).
+# TRITON_HOME and CANN's logs (ASCEND_PROCESS_LOG_PATH, else under $HOME): scratch under /tmp, since
+# the pods' root file system is read-only.
 ENV PATH=/app/.venv/bin:$PATH \
     AUTOFUSION_DATA_DIR=/data \
-    TRITON_HOME=/tmp/triton
+    TRITON_HOME=/tmp/triton \
+    ASCEND_PROCESS_LOG_PATH=/tmp/ascend/log
 VOLUME ["/data"]
 USER autofusion
 STOPSIGNAL SIGTERM
