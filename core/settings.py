@@ -93,6 +93,12 @@ class Settings(BaseSettings):
         description="OpenBLAS threads of BLAS-backed kernels (read by the engine; default 1, since the "
         "kernels of a job already run in parallel).",
     )
+    triton_interpret: bool = Field(
+        default=False,
+        description="Workers of the Triton targets (`cuda`, `ascend910`) run their kernels in Triton's CPU "
+        "interpreter instead of on the device (`autofusion worker --interpret`): for CI and hosts "
+        "without the accelerator. The device checks at start are skipped; only triton is needed.",
+    )
     log_level: str = Field(default="INFO", description="Log level of the API and the workers.")
     retry_after: int = Field(default=1, ge=1, description="`Retry-After` seconds on unfinished jobs.")
     debug_stage_delay: float = Field(
@@ -164,7 +170,11 @@ class Settings(BaseSettings):
             "BLAS_THREADS": self.blas_threads,
         }
         prefix = self.model_config["env_prefix"]
-        return {f"{prefix}{name}": str(value) for name, value in values.items() if value is not None}
+        env = {f"{prefix}{name}": str(value) for name, value in values.items() if value is not None}
+        if self.triton_interpret:
+            # Triton reads it once, when it is first imported (the worker sets it before that).
+            env["TRITON_INTERPRET"] = "1"
+        return env
 
     @property
     def max_upload_bytes(self) -> int:
