@@ -24,6 +24,11 @@ The output side takes a stride change too: an output Transpose that keeps the la
 (attention's `[B, H, S, D] -> Transpose(0, 2, 1, 3) -> [B, S, H, D]`) is folded into where each
 tile is stored, i.e. the `ldc` and per-batch offset of the sgemm (`GemmProblem.c_rs`,
 `c_batch_strides`), so the permuted tensor is written once, by the GEMM itself.
+
+A right operand that is a constant weight shared across the batch may come packed once by the
+runtime (B-panels of the contraction library, backend/cpu/contraction): each tile is then one
+`afc_gemm_bp` call reading A through its view's strides, and column tiles start on panel
+boundaries. Everything else keeps OpenBLAS.
 """
 
 from __future__ import annotations
@@ -349,6 +354,16 @@ def _pack_lines(dst: str, src: str, rows: str, cols: str, rs: int, cs: int, inde
 
 
 @dataclass(frozen=True)
+class PackedB:
+    """The right operand packed once at C expression `ptr`: per column tile of `nb` columns, the
+    library's B-panels over the full K, `block` floats apart (a C constant expression)."""
+
+    ptr: str
+    nb: int
+    block: str
+
+
+@dataclass(frozen=True)
 class SgemmCall:
     """C statements computing rows [m0, m1) x columns [n0, n1) of one batch entry into `dst`."""
 
@@ -366,9 +381,23 @@ def sgemm_tile(
     indent: str,
     a_ptr: str | None = None,
     lda_override: int | None = None,
+    packed_b: PackedB | None = None,
 ) -> SgemmCall:
-    """One single-threaded sgemm for the tile (`m0..m1`, `n0..n1` are C variables in scope)."""
+    """One single-threaded sgemm for the tile (`m0..m1`, `n0..n1` are C variables in scope);
+    with `packed_b` (n0 on a column-tile boundary) the contraction library's `afc_gemm_bp`."""
     lines: list[str] = []
+    if packed_b is not None:
+        if a_ptr is None:
+            a_off = _batch_offset(batch_var, p.batch, p.a.batch_strides)
+            a_ptr, rs, cs = f"{p.a.ptr} + {a_off} + m0 * {p.a.rs}L", p.a.rs, p.a.cs
+        else:
+            rs, cs = lda_override or p.k, 1
+        alpha = c_literal(p.alpha, onnx.TensorProto.FLOAT)
+        lines.append(
+            f"{indent}afc_gemm_bp(m1 - m0, n1 - n0, {p.k}L, {alpha}, {a_ptr}, {rs}L, {cs}L, "
+            f"{packed_b.ptr} + (n0 / {packed_b.nb}L) * {packed_b.block}, {dst}, {ldd});"
+        )
+        return SgemmCall(lines, False, False)
     if a_ptr is None:
         a_off = _batch_offset(batch_var, p.batch, p.a.batch_strides)
         a_ptr = f"{p.a.ptr} + {a_off} + m0 * {p.a.rs}L"
@@ -400,19 +429,24 @@ def sgemm_tile(
 EpilogueCall = Callable[[str, str, str, str, str, str], str]
 
 
-def emit_gemm_body(p: GemmProblem, y_ptr: str, epilogue: EpilogueCall | None) -> tuple[list[str], str]:
+def emit_gemm_body(
+    p: GemmProblem, y_ptr: str, epilogue: EpilogueCall | None, packed_b: PackedB | None = None
+) -> tuple[list[str], str]:
     """The kernel body for a (batched) GEMM with a per-tile epilogue; also the method name.
 
     `epilogue(tile, ldt, r0, r1, c0, c1)` returns the C call finishing one tile, where rows are
     output rows over the flattened batch (`b * m + i`) and columns output columns; the tile sits
-    at its place in Y (`ldt` = the output's row stride, permuted or not).
+    at its place in Y (`ldt` = the output's row stride, permuted or not). `packed_b`: B comes
+    packed (shared across the batch) per column tile of `tile_sizes(p)`.
     """
     mb, nb = tile_sizes(p)
+    if packed_b is not None and packed_b.nb != nb:
+        raise CodegenUnsupported(f"B was packed for {packed_b.nb}-column tiles, the GEMM uses {nb}")
     mt, nt = -(-p.m // mb), -(-p.n // nb)
     tasks = p.batch_count * mt * nt
     parallel = tasks > 1 and p.macs >= PARALLEL_MIN_MACS
     ldc = f"{p.n if p.c_rs is None else p.c_rs}L"
-    call = sgemm_tile(p, batch_var="bi", dst="y", ldd=ldc, indent="      ")
+    call = sgemm_tile(p, batch_var="bi", dst="y", ldd=ldc, indent="      ", packed_b=packed_b)
     lines = [f"  float *restrict Y = {y_ptr};"]
     lines.append(f"  /* {tasks} tiles of {mb}x{nb} (batch {p.batch_count}, M={p.m}, N={p.n}, K={p.k}) */")
     lines.append("  #pragma omp parallel")
