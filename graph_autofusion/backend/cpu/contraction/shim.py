@@ -14,6 +14,42 @@ from ..isa import IsaTarget, target_isa
 from . import library_source
 
 EXPORTS = r"""
+/* The ISA's fp32 peak: `iters` rounds of 12 independent FMA chains per thread on the widest
+ * vectors the library uses, from registers only. Returns the FLOPs done (all threads). */
+double afcx_peak(int64_t iters) {
+  double flops = 0.0;
+  #pragma omp parallel reduction(+ : flops)
+  {
+#if defined(__AVX512F__)
+    __m512 acc[12], x = _mm512_set1_ps(1e-7f), y = _mm512_set1_ps(0.999f);
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps((float)i);
+    for (int64_t it = 0; it < iters; ++it)
+      for (int i = 0; i < 12; ++i) acc[i] = _mm512_fmadd_ps(acc[i], y, x);
+    float out[16];
+    for (int i = 1; i < 12; ++i) acc[0] = _mm512_add_ps(acc[0], acc[i]);
+    _mm512_storeu_ps(out, acc[0]);
+    flops += (double)iters * 12 * 16 * 2 + (out[0] == 12345.0f);
+#elif defined(__AVX2__) && defined(__FMA__)
+    __m256 acc[12], x = _mm256_set1_ps(1e-7f), y = _mm256_set1_ps(0.999f);
+    for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps((float)i);
+    for (int64_t it = 0; it < iters; ++it)
+      for (int i = 0; i < 12; ++i) acc[i] = _mm256_fmadd_ps(acc[i], y, x);
+    float out[8];
+    for (int i = 1; i < 12; ++i) acc[0] = _mm256_add_ps(acc[0], acc[i]);
+    _mm256_storeu_ps(out, acc[0]);
+    flops += (double)iters * 12 * 8 * 2 + (out[0] == 12345.0f);
+#else
+    float acc[12][16];
+    for (int i = 0; i < 12; ++i)
+      for (int j = 0; j < 16; ++j) acc[i][j] = (float)i;
+    for (int64_t it = 0; it < iters; ++it)
+      for (int i = 0; i < 12; ++i)
+        for (int j = 0; j < 16; ++j) acc[i][j] = acc[i][j] * 0.999f + 1e-7f;
+    flops += (double)iters * 12 * 16 * 2 + (acc[3][5] == 12345.0f);
+#endif
+  }
+  return flops;
+}
 int64_t afcx_mr(void) { return AFC_MR; }
 int64_t afcx_nr(void) { return AFC_NR; }
 const char *afcx_kernel(void) { return AFC_KERNEL; }
@@ -59,6 +95,7 @@ void afcx_gemm_bp_parallel(int64_t m, int64_t n, int64_t k, const float *a, cons
 _I64 = ctypes.c_int64
 _PTR = ctypes.c_void_p
 _SIGNATURES: dict[str, tuple[list[type], type | None]] = {
+    "afcx_peak": ([_I64], ctypes.c_double),
     "afcx_mr": ([], _I64),
     "afcx_nr": ([], _I64),
     "afcx_kernel": ([], ctypes.c_char_p),
@@ -121,6 +158,26 @@ class Library:
         rs, cs = (s // 4 for s in a.strides)
         self.lib.afcx_gemm_bp(m, n, k, alpha, a.ctypes.data, rs, cs, bp.ctypes.data, c.ctypes.data, n)
         return c
+
+
+def peak_flops(library: Library, seconds: float = 0.2) -> float:
+    """FLOP/s of the ISA's FMA peak on the OpenMP threads now configured (best of 3 runs)."""
+    import time
+
+    iters = 1 << 16
+    best = 0.0
+    while True:
+        start = time.perf_counter()
+        flops = library.lib.afcx_peak(iters)
+        took = time.perf_counter() - start
+        if took > seconds / 3 or iters > 1 << 34:
+            break
+        iters *= 4
+    for _ in range(3):
+        start = time.perf_counter()
+        flops = library.lib.afcx_peak(iters)
+        best = max(best, flops / (time.perf_counter() - start))
+    return best
 
 
 def build_library(isa: IsaTarget | None = None, cache: KernelCache | None = None) -> Library:
