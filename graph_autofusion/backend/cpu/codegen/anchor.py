@@ -452,13 +452,13 @@ def _emit_gemm(kernel: _Kernel, node: onnx.NodeProto, rest: list[onnx.NodeProto]
     return kernel.assemble(body, method, not kernel.packed, desc)
 
 
-def _packed_b(kernel: _Kernel, p: GemmProblem, node: onnx.NodeProto) -> PackedB | None:
+def _packed_b(kernel: _Kernel, p: GemmProblem, node: onnx.NodeProto, nb: int | None = None) -> PackedB | None:
     """A constant right operand shared across the batch as the library's B-panels, one block per
-    column tile of `tile_sizes` (None: BLAS contracts)."""
+    column tile of `nb` columns (`tile_sizes` by default); None: BLAS contracts."""
     name = trace_view(node.input[1], kernel.ops, kernel.producers).base
     if not kernel.packs(name) or any(p.b.batch_strides) or p.k < 1 or p.n < 1:
         return None
-    _, nb = tile_sizes(p)
+    nb = nb or tile_sizes(p)[1]
     nt = -(-p.n // nb)
     block = f"((({b_panels_floats(p.k, nb)}) + 15) / 16 * 16)"
     lines = [
@@ -662,9 +662,12 @@ def _emit_fused_chain(kernel: _Kernel, anchors: list[int]) -> AnchorKernel:
         shape_overrides=ov2,
     )
     y_ptr, call2 = _destination(kernel, epi2, y2)
-    body = emit_chain_body(p1, p2, y_ptr, call1, call2, ratio)
+    # The chain computes whole rows: each GEMM's weights pack as one block of all N columns.
+    packed = (_packed_b(kernel, p1, first, p1.n), _packed_b(kernel, p2, second, p2.n))
+    body = emit_chain_body(p1, p2, y_ptr, call1, call2, ratio, packed)
     desc = (
         f"[{p1.m}x{p1.k}]x[{p1.k}x{p1.n}] -> {epi1.describe()} -> [{p2.m}x{p2.k}]x[{p2.k}x{p2.n}] -> "
         f"{epi2.describe()}; the intermediate stays in a per-thread row block"
     )
-    return kernel.assemble(body, "matmul_chain", True, desc)
+    uses_blas = None in packed
+    return kernel.assemble(body, "matmul_chain", uses_blas, desc)

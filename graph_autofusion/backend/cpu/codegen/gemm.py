@@ -489,8 +489,11 @@ def emit_chain_body(
     epilogue1: EpilogueCall | None,
     epilogue2: EpilogueCall | None,
     ratio: tuple[int, int],
+    packed: tuple[PackedB | None, PackedB | None] = (None, None),
 ) -> list[str]:
     """Per row block: GEMM1 -> epilogue1 into a thread buffer -> GEMM2 -> epilogue2 into Y.
+
+    `packed`: the weights of either GEMM packed once (one block of all N columns each).
 
     `ratio = (num, den)`: a block of `r` rows of the intermediate is `r * num / den` rows of the
     second GEMM's left operand (a Reshape between them that changes the row length).
@@ -508,7 +511,7 @@ def emit_chain_body(
     if (p1.m * num) % den or (mb * num) % den:
         raise CodegenUnsupported("the Reshape between the chained matmuls does not keep row blocks whole")
     k2 = p2.k
-    call1 = sgemm_tile(p1, batch_var="0", dst="h", ldd=f"{p1.n}L", indent="      ")
+    call1 = sgemm_tile(p1, batch_var="0", dst="h", ldd=f"{p1.n}L", indent="      ", packed_b=packed[0])
     full2 = GemmProblem((), p2.m, p2.n, p2.k, p2.a, p2.b, p2.alpha)
     lines = [
         f"  float *restrict Y = {y_ptr};",
@@ -519,7 +522,14 @@ def emit_chain_body(
         f"    float *h = (float *)malloc(sizeof(float) * {mb * p1.n});",
     ]
     call2_probe = sgemm_tile(
-        full2, batch_var="0", dst="y", ldd=f"{p2.n}L", indent="        ", a_ptr="h", lda_override=k2
+        full2,
+        batch_var="0",
+        dst="y",
+        ldd=f"{p2.n}L",
+        indent="        ",
+        a_ptr="h",
+        lda_override=k2,
+        packed_b=packed[1],
     )
     if call1.packs_a:
         lines.append(f"    float *pa = (float *)malloc(sizeof(float) * {mb * p1.k});")
