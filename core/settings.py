@@ -8,6 +8,7 @@ configured once and both sides agree on limits, leases and storage paths.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -93,6 +94,12 @@ class Settings(BaseSettings):
         description="OpenBLAS threads of BLAS-backed kernels (read by the engine; default 1, since the "
         "kernels of a job already run in parallel).",
     )
+    contraction: Literal["blas", "library"] | None = Field(
+        default=None,
+        description="How Conv/MatMul/Gemm kernels contract a constant weight operand: `library` (the "
+        "engine's contraction library, weights packed once at load) or `blas` (OpenBLAS per tile); "
+        "read by the engine; default `library`.",
+    )
     triton_interpret: bool = Field(
         default=False,
         description="Workers of the Triton targets (`cuda`, `ascend910`) run their kernels in Triton's CPU "
@@ -168,6 +175,7 @@ class Settings(BaseSettings):
             "CC": self.cc,
             "CC_TIMEOUT": self.cc_timeout,
             "BLAS_THREADS": self.blas_threads,
+            "CONTRACTION": self.contraction,
         }
         prefix = self.model_config["env_prefix"]
         env = {f"{prefix}{name}": str(value) for name, value in values.items() if value is not None}

@@ -78,7 +78,9 @@ def test_packed_anchors_match_onnxruntime_on_every_isa(
     assert compiled.stats["packed_weights_bytes"] >= weights
 
 
-def test_blas_mode_packs_nothing_and_agrees(kernel_cache: KernelCache, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_blas_mode_packs_nothing_and_agrees(
+    kernel_cache: KernelCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
     model, feeds = _model(np.random.default_rng(1))
     runs = {}
     for mode in ("blas", "library"):
