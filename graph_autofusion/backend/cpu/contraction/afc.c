@@ -11,6 +11,14 @@
 
 #define AFC_BUF_FLOATS (AFC_KC * AFC_NC > AFC_MC * AFC_KC ? AFC_KC * AFC_NC : AFC_MC * AFC_KC)
 
+/* The depth of each K block: K split into equal blocks of at most AFC_KC, so no block is a thin
+ * remainder (K = 576 runs as 2 x 288, not 256 + 256 + 64: every block re-reads and re-writes the
+ * C tile, which a thin one does not amortize). */
+static inline int64_t afc_kc(int64_t k) {
+  const int64_t blocks = (k + AFC_KC - 1) / AFC_KC;
+  return (k + blocks - 1) / blocks;
+}
+
 /* The per-thread block buffer for the operand packed per call: allocated on a thread's first
  * call and kept for the thread's life (OpenMP pools reuse their threads), so a tile costs no
  * malloc. */
@@ -217,8 +225,9 @@ static void afc_gemm_ap(int64_t m, int64_t n, int64_t k, float alpha, const floa
     return;
   }
   float *buf = afc_buffer();
-  for (int64_t k0 = 0; k0 < k; k0 += AFC_KC) {
-    const int64_t kc = k - k0 < AFC_KC ? k - k0 : AFC_KC;
+  const int64_t kb = afc_kc(k);
+  for (int64_t k0 = 0; k0 < k; k0 += kb) {
+    const int64_t kc = k - k0 < kb ? k - k0 : kb;
     for (int64_t n0 = 0; n0 < n; n0 += AFC_NC) {
       const int64_t nc = n - n0 < AFC_NC ? n - n0 : AFC_NC;
       afc_pack_b_block(kc, nc, b + k0 * b_rs + n0 * b_cs, b_rs, b_cs, buf);
@@ -244,8 +253,9 @@ static void afc_gemm_bp(int64_t m, int64_t n, int64_t k, float alpha, const floa
     return;
   }
   float *buf = afc_buffer();
-  for (int64_t k0 = 0; k0 < k; k0 += AFC_KC) {
-    const int64_t kc = k - k0 < AFC_KC ? k - k0 : AFC_KC;
+  const int64_t kb = afc_kc(k);
+  for (int64_t k0 = 0; k0 < k; k0 += kb) {
+    const int64_t kc = k - k0 < kb ? k - k0 : kb;
     for (int64_t i0 = 0; i0 < m; i0 += AFC_MC) {
       const int64_t mc = m - i0 < AFC_MC ? m - i0 : AFC_MC;
       afc_pack_a_block(mc, kc, a + i0 * a_rs + k0 * a_cs, a_rs, a_cs, buf);
