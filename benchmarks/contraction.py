@@ -9,8 +9,12 @@ hits both). Each row gives GFLOP/s (2*M*N*K per call; median and fastest run) of
 OpenBLAS's own multi-threaded sgemm on the bare GEMM (no im2col, no tiling: what BLAS does
 alone) and the ISA's FMA peak on the same threads (`shim.peak_flops`: register-only FMA chains).
 
+`--cpu-time` times each call by the process's CPU time instead of the wall clock, which a busy
+shared host cannot disturb by preempting the process (it still can by evicting caches); use it
+with `--threads 1` (with more threads it sums the threads' time, spin-waits included).
+
 Run: `.venv/bin/python benchmarks/contraction.py [--threads 2] [--reps 20] [--shapes resnet50,bert]
-[--json]`; the header names the host (`describe_host`) and the OpenBLAS core in use.
+[--cpu-time] [--json]`; the header names the host (`describe_host`) and the OpenBLAS core in use.
 """
 
 from __future__ import annotations
@@ -128,6 +132,9 @@ class Row:
         return self.library_gflops / self.blas_gflops
 
 
+CLOCK: Callable[[], float] = time.perf_counter
+
+
 def _time(fns: dict[str, Callable[[], object]], reps: int) -> dict[str, list[float]]:
     """Seconds per call of each contender, in alternating rounds (one warm-up call each first)."""
     out: dict[str, list[float]] = {name: [] for name in fns}
@@ -135,9 +142,9 @@ def _time(fns: dict[str, Callable[[], object]], reps: int) -> dict[str, list[flo
         fn()
     for _ in range(reps):
         for name, fn in fns.items():
-            start = time.perf_counter()
+            start = CLOCK()
             fn()
-            out[name].append(time.perf_counter() - start)
+            out[name].append(CLOCK() - start)
     return out
 
 
@@ -220,8 +227,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"groups of shapes: {', '.join(SHAPES)}")
+    parser.add_argument("--cpu-time", action="store_true", help="time by process CPU time (see above)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.cpu_time:
+        global CLOCK
+        CLOCK = time.process_time
     shapes = [s for group in args.shapes.split(",") for s in SHAPES[group.strip()]]
     lib = blas.load_blas()
     lib.scipy_openblas_get_corename.restype = ctypes.c_char_p
@@ -230,7 +241,7 @@ def main() -> None:
     header = [
         describe_host(),
         f"OpenBLAS {blas.blas_info().version}, core {core}; library micro-kernel {kernel};"
-        f" {args.threads} threads",
+        f" {args.threads} threads; {'process CPU time' if args.cpu_time else 'wall clock'}",
         "GFLOP/s per call, median (fastest): blas = per-tile OpenBLAS in the anchor, library = contraction "
         "library; blas alone = OpenBLAS multi-threaded on the bare GEMM; %peak = library / ISA FMA peak",
     ]

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 import onnx
 
 from ..blas import BLAS_PREAMBLE
-from ..contraction import a_panels_floats, b_panels_floats, contraction_mode, library_source
+from ..contraction import PANEL_QUANTUM, a_panels_floats, b_panels_floats, contraction_mode, library_source
 from ..kernel_spec import KernelSpec
 from ..render_c import c_comment
 from .common import PRELUDE, CodegenUnsupported, attrs_of
@@ -335,7 +335,7 @@ def _packed_conv_weights(kernel: _Kernel, g: ConvGeometry, w: View) -> PackedWei
         return None
     if w.strides != contiguous_strides(w.shape):
         return None
-    _, _, ct, ctn = conv_tiles(g)
+    _, _, ct, ctn = conv_tiles(g, PANEL_QUANTUM)
     block = f"((({a_panels_floats(ct, g.kdim)}) + 15) / 16 * 16)"
     src = w.pointer(kernel.ops)
     lines = [

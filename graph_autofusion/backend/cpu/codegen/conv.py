@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import onnx
 
+from ..contraction import PANEL_QUANTUM
 from .common import CodegenUnsupported, attrs_of
 from .epilogue import Operands
 from .gemm import PARALLEL_MIN_MACS, EpilogueCall, parallel_or_serial
@@ -201,12 +202,12 @@ def _round_up(x: int, q: int) -> int:
     return -(-x // q) * q
 
 
-def _pixel_tile(pixels: int, kdim: int) -> int:
+def _pixel_tile(pixels: int, kdim: int, quantum: int = 16) -> int:
     pt = max(MIN_PIXEL_TILE, COL_TILE_FLOATS // max(1, kdim))
     if pt >= pixels:
         return pixels
     count = -(-pixels // pt)
-    return min(pixels, _round_up(-(-pixels // count), 16))
+    return min(pixels, _round_up(-(-pixels // count), quantum))
 
 
 def _channel_tile(g: ConvGeometry, base_tasks: int, pt: int) -> int:
@@ -257,13 +258,16 @@ static void {name}(const float *restrict x, float *restrict col, long p0, long p
 """
 
 
-def conv_tiles(g: ConvGeometry) -> tuple[int, int, int, int]:
-    """(pixel tile, pixel tiles, channel tile, channel tiles) of the GEMM methods' tasks."""
+def conv_tiles(g: ConvGeometry, quantum: int = 16) -> tuple[int, int, int, int]:
+    """(pixel tile, pixel tiles, channel tile, channel tiles) of the GEMM methods' tasks; pixel
+    tiles are multiples of `quantum` (the contraction library's PANEL_QUANTUM when it contracts:
+    a tile of whole panels wastes no lanes, measured 97 -> 109 GFLOP/s for a 176- vs 192-pixel
+    tile of ResNet-50's first 3x3 conv)."""
     p = g.pixels
-    pt = _pixel_tile(p, g.kdim)
+    pt = _pixel_tile(p, g.kdim, quantum)
     ptn = -(-p // pt)
     if ptn > 1 and (g.n * g.group * ptn) % 2:
-        pt = min(p, _round_up(-(-p // (ptn + 1)), 16))
+        pt = min(p, _round_up(-(-p // (ptn + 1)), quantum))
         ptn = -(-p // pt)
     ct = _channel_tile(g, g.n * g.group * ptn, pt)
     return pt, ptn, ct, -(-g.cog // ct)
@@ -288,7 +292,7 @@ def emit_conv_body(
     helpers: list[str] = []
     p = g.pixels
     im2col = method == "conv_im2col_tiled"
-    pt, ptn, ct, ctn = conv_tiles(g)
+    pt, ptn, ct, ctn = conv_tiles(g, PANEL_QUANTUM if packed is not None else 16)
     tasks = g.n * g.group * ptn * ctn
     macs = g.n * g.cout * p * g.kdim
     parallel = tasks > 1 and macs >= PARALLEL_MIN_MACS

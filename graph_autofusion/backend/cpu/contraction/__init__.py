@@ -39,6 +39,10 @@ MODES = ("blas", "library")
 # Measured on the Zen 4 host (benchmarks/runtime_speed.py, 2 threads): see the module docstring.
 DEFAULT_MODE = "library"
 
+# Column tiles of a multiple of this many columns are whole B panels on every ISA (AFC_NR is 32
+# or 16), so generators round the tiles they hand the library to it without knowing the ISA.
+PANEL_QUANTUM = 32
+
 _HERE = Path(__file__).parent
 
 

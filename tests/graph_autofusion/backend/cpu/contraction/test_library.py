@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from graph_autofusion.backend.cpu.cache import KernelCache
+from graph_autofusion.backend.cpu.contraction import PANEL_QUANTUM
 from graph_autofusion.backend.cpu.contraction.shim import Library, build_library
 from graph_autofusion.backend.cpu.isa import host_isa, parse_isa
 
@@ -44,6 +45,7 @@ def _check(got: np.ndarray, a: np.ndarray, b: np.ndarray, alpha: float = 1.0) ->
 
 def test_each_isa_builds_its_documented_micro_kernel(lib: Library) -> None:
     assert (lib.kernel, lib.mr, lib.nr) == _expected_kernel(lib)
+    assert PANEL_QUANTUM % lib.nr == 0  # generators' column tiles are whole panels
 
 
 def test_packed_layouts_are_the_documented_ones(lib: Library) -> None:
