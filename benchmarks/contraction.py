@@ -13,8 +13,15 @@ alone) and the ISA's FMA peak on the same threads (`shim.peak_flops`: register-o
 shared host cannot disturb by preempting the process (it still can by evicting caches); use it
 with `--threads 1` (with more threads it sums the threads' time, spin-waits included).
 
+`--models resnet50,bert_base` instead compares whole fused zoo models: both contraction modes
+compiled side by side with one thread, every kernel timed by process CPU time, the two models'
+runs interleaved (the load of a shared host drifts), the fastest run of each kernel kept; it prints
+the total and the anchors' GFLOP/s per mode. That is the measurement behind the default mode
+(contraction/__init__.py).
+
 Run: `.venv/bin/python benchmarks/contraction.py [--threads 2] [--reps 20] [--shapes resnet50,bert]
-[--cpu-time] [--json]`; the header names the host (`describe_host`) and the OpenBLAS core in use.
+[--cpu-time] [--models resnet50,mobilenet_v2,bert_base] [--json]`; the header names the host
+(`describe_host`) and the OpenBLAS core in use.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import math
 import os
 import statistics
 import sys
@@ -36,6 +44,7 @@ from onnx import TensorProto, helper, numpy_helper
 from graph_autofusion.backend.cpu import blas, threads
 from graph_autofusion.backend.cpu.contraction import CONTRACTION_ENV
 from graph_autofusion.backend.cpu.contraction.shim import build_library, peak_flops
+from graph_autofusion.backend.cpu.kernel_spec import KernelSpec
 from graph_autofusion.backend.cpu.runtime import compile_model
 from graph_autofusion.hardware import describe_host
 
@@ -214,6 +223,71 @@ def measure(shapes: list[Shape], nthreads: int, reps: int) -> tuple[list[Row], f
     return rows, peak
 
 
+def _anchor_macs(spec: KernelSpec) -> int:
+    """Multiply-adds of a kernel's Conv/MatMul/Gemm nodes (0: not an anchor)."""
+    total = 0
+    for node in spec.nodes:
+        if node.op_type in ("Conv", "MatMul", "Gemm"):
+            out = math.prod(spec.tensors[node.output[0]].shape)
+            if node.op_type == "Conv":
+                total += out * math.prod(spec.tensors[node.input[1]].shape[1:])
+            else:
+                left = spec.tensors[node.input[0]].shape
+                trans = node.op_type == "Gemm" and any(a.name == "transA" and a.i for a in node.attribute)
+                total += out * (left[0] if trans else left[-1])
+    return total
+
+
+def compare_models(names: list[str], reps: int) -> list[dict[str, object]]:
+    """Whole fused models, both modes, one thread, kernels timed by CPU time (module docstring)."""
+    import graph_autofusion as gaf
+    from graph_autofusion import zoo
+    from graph_autofusion.backend.cpu.extract import KernelStep
+
+    out = []
+    saved = os.environ.get(CONTRACTION_ENV)
+    try:
+        for name in names:
+            source = zoo.build(name)
+            fused = gaf.fuse(source).model
+            feeds = zoo.example_inputs(source)
+            compiled = {}
+            for mode in ("blas", "library"):
+                os.environ[CONTRACTION_ENV] = mode
+                compiled[mode] = compile_model(fused, threads=1)
+                compiled[mode](feeds)
+            threads.set_omp_threads(1)
+            best = {mode: [math.inf] * len(cm._per_kernel) for mode, cm in compiled.items()}
+            for _ in range(reps):
+                for mode, cm in compiled.items():
+                    for i, (fn, argv) in enumerate(cm._per_kernel):
+                        start = time.process_time_ns()
+                        fn(argv)
+                        best[mode][i] = min(best[mode][i], time.process_time_ns() - start)
+            row: dict[str, object] = {"model": name}
+            for mode, cm in compiled.items():
+                steps = [s for s in cm._steps if isinstance(s, KernelStep)]
+                macs = [_anchor_macs(cm.plan.specs[s.symbol]) for s in steps]
+                anchor_ns = sum(t for t, m in zip(best[mode], macs, strict=True) if m)
+                row[f"{mode}_ms"] = round(sum(best[mode]) / 1e6, 2)
+                row[f"{mode}_anchor_gflops"] = round(2 * sum(macs) / anchor_ns, 1)
+                row[f"{mode}_packed_bytes"] = cm.stats["packed_weights_bytes"]
+            print(
+                f"{name:<14} blas {row['blas_ms']:>8} ms ({row['blas_anchor_gflops']:>5} GFLOP/s in anchors)"
+                f"  library {row['library_ms']:>8} ms ({row['library_anchor_gflops']:>5} GFLOP/s)"
+                f"  library/blas {float(row['library_ms']) / float(row['blas_ms']):.3f}"  # type: ignore[arg-type]
+                f"  packed {int(row['library_packed_bytes']) / 2**20:.1f} MiB",  # type: ignore[call-overload]
+                flush=True,
+            )
+            out.append(row)
+    finally:
+        if saved is None:
+            os.environ.pop(CONTRACTION_ENV, None)
+        else:
+            os.environ[CONTRACTION_ENV] = saved
+    return out
+
+
 def _line(r: Row) -> str:
     return (
         f"{r.shape:<28} {r.m:>5} {r.n:>6} {r.k:>5}  {r.blas_gflops:>7.1f} ({r.blas_best_gflops:>5.1f})"
@@ -228,6 +302,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"groups of shapes: {', '.join(SHAPES)}")
     parser.add_argument("--cpu-time", action="store_true", help="time by process CPU time (see above)")
+    parser.add_argument("--models", default="", help="compare whole zoo models instead (see above)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.cpu_time:
@@ -245,7 +320,15 @@ def main() -> None:
         "GFLOP/s per call, median (fastest): blas = per-tile OpenBLAS in the anchor, library = contraction "
         "library; blas alone = OpenBLAS multi-threaded on the bare GEMM; %peak = library / ISA FMA peak",
     ]
+    if args.models:
+        header[1] = f"OpenBLAS {blas.blas_info().version}, core {core}; library micro-kernel {kernel}"
+        header[2] = "whole fused models, 1 thread, fastest process CPU time per kernel, modes interleaved"
     print("\n".join(header), file=sys.stderr if args.json else None)
+    if args.models:
+        rows = compare_models([m.strip() for m in args.models.split(",")], args.reps)
+        if args.json:
+            print(json.dumps({"host": header[0], "openblas_core": core, "models": rows}, indent=1))
+        return
     if not args.json:
         cols = f"{'blas':>15}  {'library':>15}  {'ratio':>6}  {'alone':>7}  %peak"
         print(f"{'shape':<28} {'M':>5} {'N':>6} {'K':>5}  {cols}")
