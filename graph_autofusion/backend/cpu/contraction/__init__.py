@@ -1,13 +1,27 @@
 """The contraction library: register-blocked fp32 GEMM tiles with one operand packed once.
 
-Why it exists (measured 2026-12-03 on the 2-vCPU AMD EPYC Zen 4 host, x86-64-v4+avx512bf16+
-avx512vnni; `benchmarks/contraction.py`): OpenBLAS 0.3.34 (scipy-openblas32, DYNAMIC_ARCH) picks
-its SkylakeX (AVX-512) core here, and one-thread `cblas_sgemm` on whole ResNet-50 / BERT shapes
-runs at 65-89 GFLOP/s. Called per output tile from inside our OpenMP loop it packs both
-operands on every call, weights included, so the anchors pay a weight re-pack per tile and
-narrow tiles (7x7 and 14x14 convs) lose most to it. This library keeps the weights packed once
-(at load, by the runtime) in the micro-kernel's panel layout and packs only the activation per
-tile, into a per-thread buffer that stays in L2.
+What was measured first (2026-12-03, the 2-vCPU AMD EPYC Zen 4 host, x86-64-v4+avx512bf16+
+avx512vnni, gcc 12; the host was shared and loaded 5-8, so wall-clock figures drift by 2x and the
+decisions below rest on process CPU time with one thread, which preemption cannot inflate):
+
+* OpenBLAS 0.3.34 (scipy-openblas32, DYNAMIC_ARCH) picks its SkylakeX (AVX-512) core here, not
+  an AVX2 one. One-thread `cblas_sgemm` on whole ResNet-50 / BERT shapes runs at 65-95 GFLOP/s
+  against a 115-118 GFLOP/s single-core FMA peak (1 zmm FMA per cycle at ~3.7 GHz).
+* Called per output tile from the anchors' OpenMP loop it re-packs the weights on every call;
+  the anchors reached 77 GFLOP/s (ResNet-50) and 83 (BERT-base) over their whole time.
+
+What the library does about it: the weights are packed once, at load, by the runtime, into the
+micro-kernel's panel layout; only the activation is packed per tile, into a per-thread buffer
+that stays in L2; pixel tiles are whole panels. Measured the same way (`benchmarks/contraction.py
+--models ...`, `--threads 1 --cpu-time`): the anchors run at 82 GFLOP/s on ResNet-50 (total 100.4
+vs 106.3 ms, -5.5%), 60 vs 57 on MobileNetV2 (-4.7%), 94 vs 83 on BERT-base (240.9 vs 272.1 ms,
+-11.5%); per shape the library is 1.02-1.21x OpenBLAS-in-the-anchor on 15 of 16 zoo shapes and
+0.99x on the 7x7 3x3 conv (N = 49 pixels fills 49 of 64 vector lanes). The micro-kernel alone
+runs at the FMA peak (118 GFLOP/s, any of 8x32 / 12x32 / 14x32 / 8x48 / ymm 6x16) from L1/L2;
+what is left is im2col, the per-tile activation packing and lane waste at narrow tiles.
+
+Operands that are not constants (attention's Q x K^T and P x V) keep OpenBLAS: packing both per
+call in the library measured 0.78-0.94x OpenBLAS on the 128x128x64 and 128x64x128 head shapes.
 
 What it holds (fixed C sources next to this module, compiled with each kernel's own -march, so
 the ISA is part of the cache key like every other kernel):
@@ -15,17 +29,20 @@ the ISA is part of the cache key like every other kernel):
 * `afc.h`: the ABI (documented there): packed layouts, `afc_pack_a/_b`, `afc_gemm_ap` (A packed,
   conv weights `[Cout, Cin*kh*kw]`) and `afc_gemm_bp` (B packed, MatMul/Gemm weights).
 * `afc.c`: micro-kernels (AVX-512 8x32 with 16 zmm accumulators, AVX2+FMA 6x16, portable 4x16),
-  the packing routines and the single-threaded tile drivers with K blocking (KC=256).
+  the packing routines and the single-threaded tile drivers with K blocking (at most KC=256,
+  split evenly).
+* `shim.py`: the library with exported entry points for ctypes (tests, benchmarks, FMA peak).
 
 Why compiled into each unit (the text sits atop every kernel that uses it, behind an include
 guard, so a combined unit of many such kernels compiles it once) rather than as one shared
 object that kernels link against: a kernel then has no load-order, rpath or cache-eviction
 dependency on another file, a bundle stays self-contained, and the functions are `static`, so
-units never clash. The price is ~0.3 s of compile per cold unit.
+units never clash. The price is ~0.3 s of compile per cold unit. Generated code never uses the
+ISA's panel sizes as Python numbers (sizes are C expressions of `AFC_MR`/`AFC_NR`), so a bundle
+recompiled for another ISA stays consistent.
 
 `AUTOFUSION_CONTRACTION=blas|library` chooses how anchors with a constant weight operand
-contract; the default is `library` (see `DEFAULT_MODE` for the measurement behind it). Operands
-that are not constants (attention's Q x K^T) keep OpenBLAS.
+contract; the default is `library`, the faster of the two on this host by the figures above.
 """
 
 from __future__ import annotations
@@ -36,7 +53,8 @@ from pathlib import Path
 
 CONTRACTION_ENV = "AUTOFUSION_CONTRACTION"
 MODES = ("blas", "library")
-# Measured on the Zen 4 host (benchmarks/runtime_speed.py, 2 threads): see the module docstring.
+# The faster mode on the Zen 4 AVX-512 host (module docstring); on an AVX2-only host the v3
+# micro-kernel is built instead and has not been measured against OpenBLAS's Haswell core yet.
 DEFAULT_MODE = "library"
 
 # Column tiles of a multiple of this many columns are whole B panels on every ISA (AFC_NR is 32
