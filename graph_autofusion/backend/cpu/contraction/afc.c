@@ -170,8 +170,37 @@ static inline void afc_ukernel(int64_t kc, const float *restrict ap, const float
   }
 }
 #elif defined(__AVX2__) && defined(__FMA__)
+/* A tile of at most 8 columns runs on one vector per row (see the AVX-512 twin). */
+static void afc_ukernel_8(int64_t kc, const float *restrict ap, const float *restrict bp,
+                          float *restrict c, int64_t ldc, int mr, int nr, float alpha, int acc) {
+  __m256 c0[AFC_MR];
+#pragma GCC unroll 8
+  for (int i = 0; i < AFC_MR; ++i) c0[i] = _mm256_setzero_ps();
+  for (int64_t kk = 0; kk < kc; ++kk) {
+    const __m256 b0 = _mm256_loadu_ps(bp);
+#pragma GCC unroll 8
+    for (int i = 0; i < AFC_MR; ++i) c0[i] = _mm256_fmadd_ps(_mm256_broadcast_ss(ap + i), b0, c0[i]);
+    ap += AFC_MR;
+    bp += AFC_NR;
+  }
+  float tile[AFC_MR * 8];
+#pragma GCC unroll 8
+  for (int i = 0; i < AFC_MR; ++i) _mm256_storeu_ps(tile + i * 8, c0[i]);
+  for (int i = 0; i < mr; ++i) {
+    float *row = c + i * ldc;
+    for (int j = 0; j < nr; ++j) {
+      const float v = alpha * tile[i * 8 + j];
+      row[j] = acc ? row[j] + v : v;
+    }
+  }
+}
+
 static inline void afc_ukernel(int64_t kc, const float *restrict ap, const float *restrict bp,
                                float *restrict c, int64_t ldc, int mr, int nr, float alpha, int acc) {
+  if (nr <= 8) {
+    afc_ukernel_8(kc, ap, bp, c, ldc, mr, nr, alpha, acc);
+    return;
+  }
   __m256 c0[AFC_MR], c1[AFC_MR];
 #pragma GCC unroll 8
   for (int i = 0; i < AFC_MR; ++i) {
