@@ -6,7 +6,7 @@ single-threaded OpenBLAS sgemm per output tile, which packs both operands every 
 `library` (the contraction library: weights packed once at load, the activation per tile), and
 the two are timed in alternating rounds in one process (the machine is shared: a disturbance then
 hits both). Each row gives GFLOP/s (2*M*N*K per call; median and fastest run) of both, next to
-OpenBLAS's own multi-threaded sgemm on the bare GEMM (no im2col, no tiling: what BLAS does
+OpenBLAS's own sgemm on the bare GEMM with as many threads (no im2col, no tiling: what BLAS does
 alone) and the ISA's FMA peak on the same threads (`shim.peak_flops`: register-only FMA chains).
 
 `--cpu-time` times each call by the process's CPU time instead of the wall clock, which a busy
@@ -318,7 +318,7 @@ def main() -> None:
         f"OpenBLAS {blas.blas_info().version}, core {core}; library micro-kernel {kernel};"
         f" {args.threads} threads; {'process CPU time' if args.cpu_time else 'wall clock'}",
         "GFLOP/s per call, median (fastest): blas = per-tile OpenBLAS in the anchor, library = contraction "
-        "library; blas alone = OpenBLAS multi-threaded on the bare GEMM; %peak = library / ISA FMA peak",
+        "library; alone = OpenBLAS (same threads) on the bare GEMM; %peak = library / ISA FMA peak",
     ]
     if args.models:
         header[1] = f"OpenBLAS {blas.blas_info().version}, core {core}; library micro-kernel {kernel}"

@@ -13,11 +13,12 @@ decisions below rest on process CPU time with one thread, which preemption canno
 What the library does about it: the weights are packed once, at load, by the runtime, into the
 micro-kernel's panel layout; only the activation is packed per tile, into a per-thread buffer
 that stays in L2; pixel tiles are whole panels. Measured the same way (`benchmarks/contraction.py
---models ...`, `--threads 1 --cpu-time`): the anchors run at 82 GFLOP/s on ResNet-50 (total 100.4
-vs 106.3 ms, -5.5%), 60 vs 57 on MobileNetV2 (-4.7%), 94 vs 83 on BERT-base (240.9 vs 272.1 ms,
--11.5%); per shape the library is 1.02-1.21x OpenBLAS-in-the-anchor on 15 of 16 zoo shapes and
-0.99x on the 7x7 3x3 conv (N = 49 pixels fills 49 of 64 vector lanes). The micro-kernel alone
-runs at the FMA peak (118 GFLOP/s, any of 8x32 / 12x32 / 14x32 / 8x48 / ymm 6x16) from L1/L2;
+--models resnet50,mobilenet_v2,bert_base` and `--threads 1 --cpu-time`), library vs OpenBLAS:
+ResNet-50 97.4 vs 107.5 ms (-9.4%; anchors at 84 vs 76 GFLOP/s), MobileNetV2 11.2 vs 12.2 ms
+(-8.2%), BERT-base 243.3 vs 280.9 ms (-13.4%; anchors at 93 vs 81 GFLOP/s); per zoo shape
+1.06-1.18x on 14 of 16, 1.00x on the 7x7 3x3 conv and 0.98x on MobileNetV2's last 1x1 (N = 49
+pixels fills 49 of 64 vector lanes). The micro-kernel alone runs at the FMA peak (118 GFLOP/s,
+any of 8x32 / 12x32 / 14x32 / 8x48 / ymm 6x16) from L1/L2;
 what is left is im2col, the per-tile activation packing and lane waste at narrow tiles.
 
 Operands that are not constants (attention's Q x K^T and P x V) keep OpenBLAS: packing both per
