@@ -24,8 +24,9 @@
  *   AVX-512 (x86-64-v4): 8 x 32  (16 zmm accumulators; A broadcast, B two vector loads per k)
  *   AVX2 + FMA (v3):     6 x 16  (12 ymm accumulators)
  *   portable C:          4 x 16  (whatever the compiler vectorizes)
- * Code that rounds tiles to panel boundaries must use the same figures; generated kernels check
- * them with `#if AFC_MR != ... #error`.
+ * A tile's last panel of at most NR/2 valid columns runs on one vector per row (half the FMAs).
+ * Generated code never hard-codes these figures: packed sizes are C expressions of AFC_MR and
+ * AFC_NR, and column tiles are multiples of 32 (a whole number of panels on every ISA).
  *
  * Functions (all `static`: the library is compiled into each translation unit that uses it):
  *   int64_t afc_packed_a_floats(m, k)                 floats of the A-panels of an m x k operand
