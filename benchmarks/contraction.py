@@ -17,7 +17,9 @@ with `--threads 1` (with more threads it sums the threads' time, spin-waits incl
 compiled side by side with one thread, every kernel timed by process CPU time, the two models'
 runs interleaved (the load of a shared host drifts), the fastest run of each kernel kept; it prints
 the total and the anchors' GFLOP/s per mode. That is the measurement behind the default mode
-(contraction/__init__.py).
+(contraction/__init__.py). With `--wall` it instead times whole runs on `--threads` threads by
+the wall clock, both modes and onnxruntime (ORT_ENABLE_ALL, same threads) interleaved run by run,
+and prints the median and fastest run of each.
 
 Run: `.venv/bin/python benchmarks/contraction.py [--threads 2] [--reps 20] [--shapes resnet50,bert]
 [--cpu-time] [--models resnet50,mobilenet_v2,bert_base] [--json]`; the header names the host
@@ -288,6 +290,46 @@ def compare_models(names: list[str], reps: int) -> list[dict[str, object]]:
     return out
 
 
+def compare_models_wall(names: list[str], nthreads: int, reps: int) -> list[dict[str, object]]:
+    """Whole fused models on `nthreads` threads, wall clock, both modes and onnxruntime interleaved."""
+    import onnxruntime as ort
+
+    import graph_autofusion as gaf
+    from graph_autofusion import zoo
+
+    out = []
+    saved = os.environ.get(CONTRACTION_ENV)
+    try:
+        for name in names:
+            source = zoo.build(name)
+            fused = gaf.fuse(source).model
+            feeds = zoo.example_inputs(source)
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads = nthreads
+            sess = ort.InferenceSession(source.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+            runs: dict[str, Callable[[], object]] = {"onnxruntime": lambda s=sess, f=feeds: s.run(None, f)}
+            for mode in ("blas", "library"):
+                os.environ[CONTRACTION_ENV] = mode
+                runs[mode] = lambda cm=compile_model(fused, threads=nthreads), f=feeds: cm(f)
+            times = _time(runs, reps)
+            row: dict[str, object] = {"model": name, "threads": nthreads}
+            for who, ts in times.items():
+                row[f"{who}_ms"] = round(1e3 * statistics.median(ts), 2)
+                row[f"{who}_min_ms"] = round(1e3 * min(ts), 2)
+            print(
+                f"{name:<14} "
+                + "  ".join(f"{who} {row[f'{who}_ms']} ms (min {row[f'{who}_min_ms']})" for who in times),
+                flush=True,
+            )
+            out.append(row)
+    finally:
+        if saved is None:
+            os.environ.pop(CONTRACTION_ENV, None)
+        else:
+            os.environ[CONTRACTION_ENV] = saved
+    return out
+
+
 def _line(r: Row) -> str:
     return (
         f"{r.shape:<28} {r.m:>5} {r.n:>6} {r.k:>5}  {r.blas_gflops:>7.1f} ({r.blas_best_gflops:>5.1f})"
@@ -303,6 +345,7 @@ def main() -> None:
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"groups of shapes: {', '.join(SHAPES)}")
     parser.add_argument("--cpu-time", action="store_true", help="time by process CPU time (see above)")
     parser.add_argument("--models", default="", help="compare whole zoo models instead (see above)")
+    parser.add_argument("--wall", action="store_true", help="with --models: wall clock, --threads, vs ORT")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.cpu_time:
@@ -322,10 +365,19 @@ def main() -> None:
     ]
     if args.models:
         header[1] = f"OpenBLAS {blas.blas_info().version}, core {core}; library micro-kernel {kernel}"
-        header[2] = "whole fused models, 1 thread, fastest process CPU time per kernel, modes interleaved"
+        header[2] = (
+            f"whole models, {args.threads} threads, wall clock, runs interleaved"
+            if args.wall
+            else "whole fused models, 1 thread, fastest process CPU time per kernel, modes interleaved"
+        )
     print("\n".join(header), file=sys.stderr if args.json else None)
     if args.models:
-        rows = compare_models([m.strip() for m in args.models.split(",")], args.reps)
+        names = [m.strip() for m in args.models.split(",")]
+        rows = (
+            compare_models_wall(names, args.threads, args.reps)
+            if args.wall
+            else compare_models(names, args.reps)
+        )
         if args.json:
             print(json.dumps({"host": header[0], "openblas_core": core, "models": rows}, indent=1))
         return
