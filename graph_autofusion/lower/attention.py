@@ -1,0 +1,123 @@
+"""The `attention` template as kernel IR: one parallel loop over (batch, head, query row block).
+
+What the kernel computes is its `AttentionMatch` (plan/attention_match.py). Each task takes
+ROW_BLOCK query rows of one (b, h) and, per row: the scores against every key it may see (all of
+them, or up to the diagonal for a causal match whose masked scores vanish) into a per-thread
+slice of the caller's workspace (loop scratch: the kernel never allocates), scaled and masked as
+the match says; the row max and the exponentials with their sum (the row kernel's arithmetic:
+exp of values <= 0, sums in fp32 lanes); then the probabilities times V accumulated in a
+second scratch row of Dv floats and stored, normalized, through the output view. Q, K, V and the
+output are read and written in place through the match's strides, so the head split, K^T and the
+head merge cost nothing. The innermost loops (the dot over D, the row max and sum, the axpy over
+Dv) carry vector marks so gcc vectorizes them.
+"""
+
+from __future__ import annotations
+
+from ..backend.cpu.kernel_spec import KernelSpec
+from ..kernel_ir import Assign, Buffer, Declare, DType, Expr, Kernel, Let, Loop, Stmt, Store
+from ..kernel_ir import nodes as ir
+from ..plan.attention_match import AttentionMatch, View, match_attention
+from .values import Unsupported
+
+ROW_BLOCK = 8  # query rows per task: enough tasks to balance threads, few enough loop overheads
+_EXP_FLOOR = -87.0  # as the row kernel: exp below this is flushed to 0 (keeps expf vectorized)
+
+
+def lower_attention(spec: KernelSpec) -> Kernel:
+    """The kernel IR of an attention group (`Unsupported` when its match fails)."""
+    m = match_attention(spec)
+    params = tuple(
+        Buffer(f"in{k}", DType.from_onnx(t.elem_type), t.numel, "input") for k, t in enumerate(spec.inputs)
+    ) + tuple(
+        Buffer(f"out{k}", DType.from_onnx(t.elem_type), t.numel, "output") for k, t in enumerate(spec.outputs)
+    )
+    buffers = {t.name: b for t, b in zip((*spec.inputs, *spec.outputs), params, strict=True)}
+    if any(b.dtype is not DType.F32 for b in params if b.name.startswith("out")):
+        raise Unsupported("attention kernels write fp32")
+    body = _body(m, buffers)
+    what = "attention: scores, softmax and P*V per (batch, head, query row block)"
+    return Kernel(spec.symbol, params, body, (), spec.describe(what))
+
+
+def _at(view: View, buffers: dict[str, Buffer], b: Expr, h: Expr, r: Expr, c: Expr) -> Expr:
+    sb, sh, sr, sc = view.strides
+    return ir.load(buffers[view.tensor], view.offset + b * sb + h * sh + r * sr + c * sc)
+
+
+def _body(m: AttentionMatch, buffers: dict[str, Buffer]) -> tuple[Stmt, ...]:
+    sq, sk, d, dv, heads = m.seq_q, m.seq_k, m.head_dim, m.value_dim, m.heads
+    f32 = DType.F32
+    tiles = -(-sq // ROW_BLOCK)
+    scores = Buffer("af_scores", f32, sk, "scratch")
+    acc = Buffer("af_acc", f32, dv, "scratch")
+    t, r, j, k, e = (ir.var(n) for n in ("t", "r", "j", "k", "e"))
+    b, h, i0, i, end = (ir.var(n) for n in ("b", "h", "i0", "i", "end"))
+    dot, mx, total, p, inv = (ir.var(n, f32) for n in ("dot", "mx", "total", "p", "inv"))
+
+    # s_ij: the scaled, masked score (Where before or after the additive mask, as the graph had it)
+    s: Expr = ir.var("dot", f32) * ir.const(m.scale, f32)
+    fill = ir.const(m.fill, f32)
+
+    def add(x: Expr) -> Expr:
+        return x + _at(m.mask, buffers, b, h, i, j) if m.mask is not None else x
+
+    def where(x: Expr) -> Expr:
+        if m.causal is not None:
+            return ir.select(ir.le(j, i + m.causal), x, fill)
+        if m.cond is not None:
+            c = ir.ne(_at(m.cond, buffers, b, h, i, j), ir.const(0, DType.BOOL))
+            return ir.select(c, x, fill) if m.keep_if else ir.select(c, fill, x)
+        return x
+
+    s = add(where(s)) if m.where_first else where(add(s))
+    if m.skips_blocks:
+        stop: int | Expr = ir.minimum(i + (m.causal + 1), sk)  # type: ignore[operator]
+    else:
+        stop = sk
+    score_row: tuple[Stmt, ...] = (
+        Declare(dot, ir.const(0.0, f32)),
+        Loop(k, d, (Assign(dot, dot + _at(m.q, buffers, b, h, i, k) * _at(m.k, buffers, b, h, j, k)),),
+             vector=True, reductions=(("sum", dot),)),
+        Store(scores, j, s),
+    )  # fmt: skip
+    x = ir.load(scores, j) - mx
+    floor = ir.const(_EXP_FLOOR, f32)
+    keep = ir.select(ir.lt(x, floor), ir.const(0.0, f32), ir.const(1.0, f32))
+    ex = ir.unary("exp", ir.select(ir.lt(x, floor), floor, x)) * keep
+    row: tuple[Stmt, ...] = (
+        Let(i, i0 + r),
+        Let(end, stop if isinstance(stop, Expr) else ir.index(stop)),
+        Loop(j, end, score_row),
+        Declare(mx, ir.const(float("-inf"), f32)),
+        Loop(j, end, (Assign(mx, ir.maximum(mx, ir.load(scores, j))),), vector=True,
+             reductions=(("max", mx),)),
+        # a row of -inf scores only: keep 0 as its max so exp never sees inf - inf
+        Assign(mx, ir.select(ir.eq(mx, ir.const(float("-inf"), f32)), ir.const(0.0, f32), mx)),
+        Declare(total, ir.const(0.0, f32)),
+        Loop(j, end, (Let(p, ex), Store(scores, j, p), Assign(total, total + p)), vector=True,
+             reductions=(("sum", total),)),
+        Loop(e, dv, (Store(acc, e, ir.const(0.0, f32)),), vector=True),
+        Loop(j, end, (
+            Let(p, ir.load(scores, j)),
+            Loop(e, dv, (Store(acc, e, ir.load(acc, e) + p * _at(m.v, buffers, b, h, j, e)),), vector=True),
+        )),
+        Let(inv, ir.const(1.0, f32) / total),
+        Loop(e, dv, (Store(buffers[m.out.tensor], _index(m.out, b, h, i, e), ir.load(acc, e) * inv),),
+             vector=True),
+    )  # fmt: skip
+    task: tuple[Stmt, ...] = (
+        Let(b, t // (heads * tiles)),
+        Let(h, (t // tiles) % heads),
+        Let(i0, (t % tiles) * ROW_BLOCK),
+        Loop(r, ir.minimum(ir.index(ROW_BLOCK), sq - i0), row),
+    )
+    return (Loop(t, m.batch * heads * tiles, task, parallel=True, scratch=(scores, acc)),)
+
+
+def _index(view: View, b: Expr, h: Expr, r: Expr, c: Expr) -> Expr:
+    sb, sh, sr, sc = view.strides
+    return view.offset + b * sb + h * sh + r * sr + c * sc
+
+
+__all__ = ["ROW_BLOCK", "lower_attention"]
