@@ -14,6 +14,9 @@ Dv) carry vector marks so gcc vectorizes them.
 
 from __future__ import annotations
 
+import numpy as np
+import onnx
+
 from ..backend.cpu.kernel_spec import KernelSpec
 from ..kernel_ir import Assign, Buffer, Declare, DType, Expr, Kernel, Let, Loop, Stmt, Store
 from ..kernel_ir import nodes as ir
@@ -33,11 +36,17 @@ def lower_attention(spec: KernelSpec) -> Kernel:
         Buffer(f"out{k}", DType.from_onnx(t.elem_type), t.numel, "output") for k, t in enumerate(spec.outputs)
     )
     buffers = {t.name: b for t, b in zip((*spec.inputs, *spec.outputs), params, strict=True)}
+    tables = []
+    for k, (name, values) in enumerate(m.tables([t.name for t in spec.inputs])):
+        values = np.ascontiguousarray(values).reshape(-1)
+        buf = Buffer(f"tab{k}", DType.from_onnx(onnx.helper.np_dtype_to_tensor_dtype(values.dtype)), values.size, "const")
+        buffers[name] = buf
+        tables.append((buf, values))
     if any(b.dtype is not DType.F32 for b in params if b.name.startswith("out")):
         raise Unsupported("attention kernels write fp32")
     body = _body(m, buffers)
     what = "attention: scores, softmax and P*V per (batch, head, query row block)"
-    return Kernel(spec.symbol, params, body, (), spec.describe(what))
+    return Kernel(spec.symbol, params, body, tuple(tables), spec.describe(what))
 
 
 def _at(view: View, buffers: dict[str, Buffer], b: Expr, h: Expr, r: Expr, c: Expr) -> Expr:

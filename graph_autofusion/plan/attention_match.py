@@ -116,6 +116,12 @@ class AttentionMatch:
         """Whether key blocks wholly above the causal diagonal may be skipped."""
         return self.causal is not None and self.fill <= SKIPPABLE_FILL
 
+    def tables(self, inputs: Sequence[str]) -> list[tuple[str, np.ndarray]]:
+        """The masks that are body constants, not among the kernel's `inputs`: each a table the
+        kernel carries (name, values)."""
+        views = [v for v in (self.mask, self.cond) if v is not None]
+        return [(v.tensor, self.constants[v.tensor]) for v in views if v.tensor not in inputs]
+
     def to_dict(self) -> dict[str, object]:
         """The match as JSON, recorded beside the template in the fused function's doc_string."""
         out: dict[str, object] = {
@@ -416,9 +422,10 @@ class _Matcher:
         return View(view.tensor, tuple(shape), tuple(strides), view.offset)  # type: ignore[arg-type]
 
     def _score_view(self, name: str, full: tuple[int, int, int, int]) -> View:
-        """A mask over the scores `[B, H, Sq, Sk]` read through broadcast strides."""
-        if name not in self.inputs:
-            raise Unsupported(f"mask {name!r} is not a kernel input")
+        """A mask over the scores `[B, H, Sq, Sk]` read through broadcast strides: a kernel input,
+        or a constant the export inlined into the body (a kernel then holds it as a table)."""
+        if name not in self.inputs and self.const(name) is None:
+            raise Unsupported(f"mask {name!r} is neither a kernel input nor a constant")
         shape = list(self.shape(name))
         if len(shape) > 4:
             raise Unsupported(f"mask {name!r} of rank {len(shape)}")

@@ -15,6 +15,9 @@ working set fits the Unified Buffer, the grid held to the AI cores (persistent p
 
 from __future__ import annotations
 
+import numpy as np
+import onnx
+
 from ...hardware import HardwareProfile
 from ...kernel_ir import Buffer, DType
 from ...lower.values import Unsupported
@@ -38,6 +41,11 @@ def render_attention(spec: KernelSpec, profile: HardwareProfile) -> RenderedKern
         Buffer(t.name, DType.from_onnx(t.elem_type), t.numel, "input") for t in spec.inputs
     ) + tuple(Buffer(t.name, DType.from_onnx(t.elem_type), t.numel, "output") for t in spec.outputs)
     names = {b.name: f"a{k}" for k, b in enumerate(params)}
+    tables = []
+    for k, (name, values) in enumerate(m.tables([t.name for t in spec.inputs])):
+        values = np.ascontiguousarray(values).reshape(-1)
+        tables.append((Buffer(name, DType.from_onnx(onnx.helper.np_dtype_to_tensor_dtype(values.dtype)), values.size, "const"), values))
+        names[name] = f"tab{k}"
     persistent = is_ascend(profile)
     fn = f"{spec.symbol}_0"
     ind = "        " if persistent else "    "
@@ -60,7 +68,7 @@ def render_attention(spec: KernelSpec, profile: HardwareProfile) -> RenderedKern
         fn, "attention", m.batch * m.heads, tuple(names.values()), lane_bytes,
         tile=(m.batch * m.heads, m.seq_q, m.seq_k, bd, bdv),
     )  # fmt: skip
-    return RenderedKernel(spec.symbol, source, (launch,), params, (), ())
+    return RenderedKernel(spec.symbol, source, (launch,), params, tuple(tables), ())
 
 
 def _addr(view: View, names: dict[str, str], rows: str, cols: str) -> str:
