@@ -111,7 +111,7 @@ def attention_model(
     graph = helper.make_graph(
         nodes, "attention", inputs, [helper.make_tensor_value_info(out, F, [b, s, hd])], inits
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     return model, feeds
 
 

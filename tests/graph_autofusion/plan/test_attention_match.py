@@ -121,3 +121,11 @@ def test_zoo_attention_is_one_kernel_per_layer(name: str, causal: int | None, ma
     assert len(with_attention.plan.kernels) == len(without.plan.kernels) - 2 * layers
     matches = _attention_matches(with_attention)
     assert matches and all(m.causal == causal and (m.mask is not None) == masked for m in matches)
+
+
+def test_backends_see_the_causal_triangle_the_planner_saw() -> None:
+    # 80 x 80 bool is past the size up to which constants travel as values for other templates
+    model, _ = attention_model(seq=80, mask="causal", packed=True)
+    fused = _fuse(model)
+    (m,) = _attention_matches(fused)
+    assert m.causal == 0 and m.cond is None and m.skips_blocks
