@@ -18,12 +18,15 @@ import numpy as np
 import onnx
 
 from ..backend.cpu.kernel_spec import KernelSpec
-from ..kernel_ir import Assign, Buffer, Declare, DType, Expr, Kernel, Let, Loop, Stmt, Store
+from ..kernel_ir import Assign, Buffer, Call, Declare, DType, Expr, Kernel, Let, Loop, Stmt, Store
 from ..kernel_ir import nodes as ir
 from ..plan.attention_match import AttentionMatch, View, match_attention
 from .values import Unsupported
 
 ROW_BLOCK = 8  # query rows per task: enough tasks to balance threads, few enough loop overheads
+# Query rows per task on the BLAS path: a 32 x Sk score block stays in L2 and gives sgemm
+# matrices big enough to run at speed.
+BLAS_ROWS = 32
 _EXP_FLOOR = -87.0  # as the row kernel: exp below this is flushed to 0 (keeps expf vectorized)
 
 
@@ -44,8 +47,12 @@ def lower_attention(spec: KernelSpec) -> Kernel:
         tables.append((buf, values))
     if any(b.dtype is not DType.F32 for b in params if b.name.startswith("out")):
         raise Unsupported("attention kernels write fp32")
-    body = _body(m, buffers)
-    what = "attention: scores, softmax and P*V per (batch, head, query row block)"
+    if _unit_rows(m) and not any(b.role == "const" for b in buffers.values()):
+        body = _blas_body(m, buffers)
+        what = "attention: per (batch, head, query row block) sgemm scores, softmax, sgemm P*V"
+    else:
+        body = _body(m, buffers)
+        what = "attention: scores, softmax and P*V per (batch, head, query row block)"
     return Kernel(spec.symbol, params, body, tuple(tables), spec.describe(what))
 
 
@@ -122,6 +129,97 @@ def _body(m: AttentionMatch, buffers: dict[str, Buffer]) -> tuple[Stmt, ...]:
         Loop(r, ir.minimum(ir.index(ROW_BLOCK), sq - i0), row),
     )
     return (Loop(t, m.batch * heads * tiles, task, parallel=True, scratch=(scores, acc)),)
+
+
+def _unit_rows(m: AttentionMatch) -> bool:
+    """Whether Q, K, V and the output have unit-stride rows: each (b, h) slice is then a
+    row-major matrix with a leading dimension, which a BLAS call takes in place."""
+    return all(v.strides[3] == 1 or v.shape[3] == 1 for v in (m.q, m.k, m.v, m.out))
+
+
+def _ptr(buf: Buffer, offset: Expr) -> Expr:
+    """`buf + offset` as C pointer arithmetic, for a library call's matrix argument."""
+    return ir.raw(buf.name, DType.I64) + offset
+
+
+def _blas_body(m: AttentionMatch, buffers: dict[str, Buffer]) -> tuple[Stmt, ...]:
+    """Per task of BLAS_ROWS query rows: S = scale * Q K^T by one sgemm into the thread's
+    workspace slice, the masks and the softmax row by row (each row normalized, its keys past a
+    causal diagonal zeroed), then O = P V by a second sgemm written through the output view."""
+    sq, sk, d, dv, heads = m.seq_q, m.seq_k, m.head_dim, m.value_dim, m.heads
+    f32 = DType.F32
+    rows = BLAS_ROWS
+    tiles = -(-sq // rows)
+    scores = Buffer("af_scores", f32, rows * sk, "scratch")
+    t, r, j = ir.var("t"), ir.var("r"), ir.var("j")
+    b, h, i0, i, n, cols, end = (ir.var(x) for x in ("b", "h", "i0", "i", "n", "cols", "end"))
+    mx, total, inv, p = (ir.var(x, f32) for x in ("mx", "total", "inv", "p"))
+    fill = ir.const(m.fill, f32)
+    at = r * sk + j
+    s: Expr = ir.load(scores, at)
+    if m.mask is not None and not m.where_first:
+        s = s + _at(m.mask, buffers, b, h, i, j)
+    if m.causal is not None:
+        s = ir.select(ir.le(j, i + m.causal), s, fill)
+    elif m.cond is not None:
+        c = ir.ne(_at(m.cond, buffers, b, h, i, j), ir.const(0, DType.BOOL))
+        s = ir.select(c, s, fill) if m.keep_if else ir.select(c, fill, s)
+    if m.mask is not None and m.where_first:
+        s = s + _at(m.mask, buffers, b, h, i, j)
+    x = ir.load(scores, at) - mx
+    floor = ir.const(_EXP_FLOOR, f32)
+    keep = ir.select(ir.lt(x, floor), ir.const(0.0, f32), ir.const(1.0, f32))
+    ex = ir.unary("exp", ir.select(ir.lt(x, floor), floor, x)) * keep
+    zero = ir.const(0.0, f32)
+
+    def base(view: View, row: Expr) -> Expr:
+        sb, sh, sr, _ = view.strides
+        return _ptr(buffers[view.tensor], view.offset + b * sb + h * sh + row * sr)
+
+    if m.skips_blocks:
+        cols_of_block: Expr = ir.minimum(i0 + n + m.causal, sk)  # type: ignore[operator]
+        end_of_row: Expr = ir.minimum(i + (m.causal + 1), sk)  # type: ignore[operator]
+    else:
+        cols_of_block = ir.index(sk)
+        end_of_row = ir.index(sk)
+    no, tr = ir.raw("AfNoTrans", DType.I64), ir.raw("AfTrans", DType.I64)
+    row_major = ir.raw("AfRowMajor", DType.I64)
+    # leading dimensions (a single row's stride is arbitrary: BLAS wants at least the row length)
+    sr_q, sr_k, sr_v, sr_o = (
+        v.strides[2] if v.shape[2] > 1 else v.shape[3] for v in (m.q, m.k, m.v, m.out)
+    )
+    row: tuple[Stmt, ...] = (
+        Let(i, i0 + r),
+        Let(end, end_of_row),
+        Loop(j, end, (Store(scores, at, s),)),
+        Declare(mx, ir.const(float("-inf"), f32)),
+        Loop(j, end, (Assign(mx, ir.maximum(mx, ir.load(scores, at))),), vector=True,
+             reductions=(("max", mx),)),
+        # a row of -inf scores only: keep 0 as its max so exp never sees inf - inf
+        Assign(mx, ir.select(ir.eq(mx, ir.const(float("-inf"), f32)), zero, mx)),
+        Declare(total, zero),
+        Loop(j, end, (Let(p, ex), Store(scores, at, p), Assign(total, total + p)), vector=True,
+             reductions=(("sum", total),)),
+        Let(inv, ir.const(1.0, f32) / total),
+        Loop(j, end, (Store(scores, at, ir.load(scores, at) * inv),), vector=True),
+        # keys past this row's diagonal but inside the block's columns weigh nothing in P V
+        Loop(j, cols, (Store(scores, at, zero),), vector=True, start=end),
+    )  # fmt: skip
+    task: tuple[Stmt, ...] = (
+        Let(b, t // (heads * tiles)),
+        Let(h, (t // tiles) % heads),
+        Let(i0, (t % tiles) * rows),
+        Let(n, ir.minimum(ir.index(rows), sq - i0)),
+        Let(cols, cols_of_block),
+        Call("AF_SGEMM", (row_major, no, tr, n, cols, ir.index(d), ir.const(m.scale, f32), base(m.q, i0),
+                          ir.index(sr_q), base(m.k, ir.index(0)), ir.index(sr_k), zero,
+                          _ptr(scores, ir.index(0)), ir.index(sk))),
+        Loop(r, n, row),
+        Call("AF_SGEMM", (row_major, no, no, n, ir.index(dv), cols, ir.const(1.0, f32),
+                          _ptr(scores, ir.index(0)), ir.index(sk), base(m.v, ir.index(0)), ir.index(sr_v),
+                          zero, base(m.out, i0), ir.index(sr_o))),
+    )  # fmt: skip
+    return (Loop(t, m.batch * heads * tiles, task, parallel=True, scratch=(scores,)),)
 
 
 def _index(view: View, b: Expr, h: Expr, r: Expr, c: Expr) -> Expr:

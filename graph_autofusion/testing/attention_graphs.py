@@ -10,7 +10,9 @@ computes `softmax(q k^T * scale + mask) v` and merges the heads back to `[B, S, 
   folded into Q and K, as SDPA exports write it), "none";
 * `mask`: None, "padding" (an additive `[B, 1, 1, S]` input, BERT), "causal" (Where of a constant
   lower triangle, GPT-2), "bool" (Where of a `[B, 1, S, S]` bool input), "causal_add" (an
-  additive constant triangle of -inf above the diagonal: a general additive mask).
+  additive constant triangle of -inf above the diagonal: a general additive mask);
+* `heads_inner`: the feature axis is `(D, H)` instead of `(H, D)`, so a head's elements are H
+  apart (no unit-stride rows: the CPU kernel's loop form instead of its sgemm form).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ def attention_model(
     mask: str | None = None,
     scale: str = "div",
     packed: bool = False,
+    heads_inner: bool = False,
     seed: int = 0,
 ) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """The model and example inputs (see the module docstring)."""
@@ -68,10 +71,15 @@ def attention_model(
             srcs.append(add("Slice", [qkv, lo, hi, axes], f"{what}_cut"))
     else:
         srcs = [activation(f"x_{what}", [b, s, hd]) for what in "qkv"]
-    split = const("split_shape", np.array([b, s, h, d], np.int64))
-    q = add("Transpose", [add("Reshape", [srcs[0], split], "q4")], "q", perm=[0, 2, 1, 3])
-    kt = add("Transpose", [add("Reshape", [srcs[1], split], "k4")], "kt", perm=[0, 2, 3, 1])
-    v = add("Transpose", [add("Reshape", [srcs[2], split], "v4")], "v", perm=[0, 2, 1, 3])
+    if heads_inner:  # the feature axis holds (d, h): head elements are h apart, not adjacent
+        split = const("split_shape", np.array([b, s, d, h], np.int64))
+        perms = ([0, 3, 1, 2], [0, 3, 2, 1], [0, 3, 1, 2])
+    else:
+        split = const("split_shape", np.array([b, s, h, d], np.int64))
+        perms = ([0, 2, 1, 3], [0, 2, 3, 1], [0, 2, 1, 3])
+    q = add("Transpose", [add("Reshape", [srcs[0], split], "q4")], "q", perm=perms[0])
+    kt = add("Transpose", [add("Reshape", [srcs[1], split], "k4")], "kt", perm=perms[1])
+    v = add("Transpose", [add("Reshape", [srcs[2], split], "v4")], "v", perm=perms[2])
     if scale == "q":
         root = const("root_scale", np.array(d**-0.25, np.float32))
         q = add("Mul", [q, root], "q_scaled")

@@ -14,8 +14,8 @@ import pytest
 
 import graph_autofusion as gaf
 from graph_autofusion.backend.cpu.extract import extract
-from graph_autofusion.kernel_ir import Loop
-from graph_autofusion.lower.attention import lower_attention
+from graph_autofusion.kernel_ir import Call, Loop
+from graph_autofusion.lower.attention import BLAS_ROWS, lower_attention
 from graph_autofusion.testing.attention_graphs import attention_model
 from graph_autofusion.zoo import TINY
 
@@ -29,16 +29,18 @@ def _run_both(model, feeds):  # type: ignore[no-untyped-def]
     return fused, got, want
 
 
-@pytest.mark.parametrize(
-    ("seq", "head_dim", "mask", "scale", "packed"),
-    [(16, 16, None, "div", False), (13, 8, "padding", "div", False), (17, 16, "causal", "div", True),
-     (9, 32, "bool", "mul", False), (11, 16, "causal_add", "q", True), (1, 4, "causal", "mul", False)],
-)  # fmt: skip
+CASES = [(16, 16, None, "div", False), (13, 8, "padding", "div", False), (37, 16, "causal", "div", True),
+         (9, 32, "bool", "mul", False), (11, 16, "causal_add", "q", True), (1, 4, "causal", "mul", False),
+         (70, 8, "causal", "mul", False)]  # fmt: skip
+
+
+@pytest.mark.parametrize("heads_inner", [False, True], ids=["sgemm", "loops"])
+@pytest.mark.parametrize(("seq", "head_dim", "mask", "scale", "packed"), CASES)
 def test_attention_kernel_matches_onnxruntime(
-    seq: int, head_dim: int, mask: str | None, scale: str, packed: bool
+    seq: int, head_dim: int, mask: str | None, scale: str, packed: bool, heads_inner: bool
 ) -> None:
     model, feeds = attention_model(batch=2, heads=3, seq=seq, head_dim=head_dim, mask=mask, scale=scale,
-                                   packed=packed)  # fmt: skip
+                                   packed=packed, heads_inner=heads_inner)  # fmt: skip
     fused, got, want = _run_both(model, feeds)
     assert [g.template for g in fused.plan.kernels] == ["attention"]
     # softmax rows sum to one: the output is a convex mix of V rows (|v| ~ N(0, 1)); fp32 dot
@@ -47,14 +49,19 @@ def test_attention_kernel_matches_onnxruntime(
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * max(scale_of, 1.0) * np.sqrt(head_dim))
 
 
-def test_kernel_takes_a_workspace_row_and_a_parallel_loop() -> None:
-    model, _ = attention_model(seq=20, mask="padding")
+@pytest.mark.parametrize(
+    ("heads_inner", "scratch", "calls"),
+    [(False, {"af_scores": BLAS_ROWS * 20}, 2), (True, {"af_scores": 20, "af_acc": 16}, 0)],
+)
+def test_kernel_takes_a_workspace_slice_and_a_parallel_loop(heads_inner: bool, scratch, calls: int) -> None:  # type: ignore[no-untyped-def]
+    model, _ = attention_model(seq=20, mask="padding", heads_inner=heads_inner)
     fused = gaf.fuse(model, gaf.FusionConfig(hardware="cuda"))
     (spec,) = [s for s in extract(fused.model).specs.values() if s.template == "attention"]
     kernel = lower_attention(dataclasses.replace(spec, symbol="k"))
     (loop,) = kernel.body
     assert isinstance(loop, Loop) and loop.parallel
-    assert {b.name: b.size for b in loop.scratch} == {"af_scores": 20, "af_acc": 16}
+    assert {b.name: b.size for b in loop.scratch} == scratch
+    assert sum(isinstance(s, Call) and s.function == "AF_SGEMM" for s in loop.body) == calls
 
 
 @pytest.mark.parametrize("name", ["bert_base", "gpt2", "vit_b16"])

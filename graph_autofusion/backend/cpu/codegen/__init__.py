@@ -66,7 +66,8 @@ def generate(spec: KernelSpec) -> GeneratedKernel:
     if template == "reduction":
         return GeneratedKernel(emit_reduction(spec), method="row")
     if template == "attention":
-        return GeneratedKernel(emit_attention(spec), method="rows")
+        source, blas = emit_attention(spec)
+        return GeneratedKernel(source, uses_blas=blas, method="sgemm rows" if blas else "rows")
     if template == "pool":
         return GeneratedKernel(pool.emit_pool(spec), method="window")
     if template == "single":
