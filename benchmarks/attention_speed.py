@@ -31,7 +31,7 @@ from graph_autofusion.hardware import describe_host
 from graph_autofusion.plan.patterns import Attention
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from runtime_speed import SMALL, block_medians  # noqa: E402
+from runtime_speed import SMALL, block_medians
 
 
 def measure(name: str, *, reps: int, threads: int, small: bool) -> dict[str, object]:
@@ -79,7 +79,8 @@ def main() -> None:
     args = parser.parse_args()
     print(describe_host())
     print(f"{args.threads} threads, median of {args.reps} runs in alternating rounds")
-    print(f"{'model':<12}{'k.on':>6}{'k.off':>6}{'on ms':>10}{'off ms':>10}{'on/off':>8}{'attn ms':>9}{'diff':>10}")
+    columns = f"{'k.on':>6}{'k.off':>6}{'on ms':>10}{'off ms':>10}{'on/off':>8}{'attn ms':>9}{'diff':>10}"
+    print(f"{'model':<12}{columns}")
     for name in args.models.split(","):
         r = measure(name, reps=args.reps, threads=args.threads, small=args.small)
         print(

@@ -42,7 +42,12 @@ def lower_attention(spec: KernelSpec) -> Kernel:
     tables = []
     for k, (name, values) in enumerate(m.tables([t.name for t in spec.inputs])):
         values = np.ascontiguousarray(values).reshape(-1)
-        buf = Buffer(f"tab{k}", DType.from_onnx(onnx.helper.np_dtype_to_tensor_dtype(values.dtype)), values.size, "const")
+        buf = Buffer(
+            f"tab{k}",
+            DType.from_onnx(onnx.helper.np_dtype_to_tensor_dtype(values.dtype)),
+            values.size,
+            "const",
+        )
         buffers[name] = buf
         tables.append((buf, values))
     if any(b.dtype is not DType.F32 for b in params if b.name.startswith("out")):
@@ -185,9 +190,7 @@ def _blas_body(m: AttentionMatch, buffers: dict[str, Buffer]) -> tuple[Stmt, ...
     no, tr = ir.raw("AfNoTrans", DType.I64), ir.raw("AfTrans", DType.I64)
     row_major = ir.raw("AfRowMajor", DType.I64)
     # leading dimensions (a single row's stride is arbitrary: BLAS wants at least the row length)
-    sr_q, sr_k, sr_v, sr_o = (
-        v.strides[2] if v.shape[2] > 1 else v.shape[3] for v in (m.q, m.k, m.v, m.out)
-    )
+    sr_q, sr_k, sr_v, sr_o = (v.strides[2] if v.shape[2] > 1 else v.shape[3] for v in (m.q, m.k, m.v, m.out))
     row: tuple[Stmt, ...] = (
         Let(i, i0 + r),
         Let(end, end_of_row),

@@ -350,7 +350,9 @@ class Attention(Pattern):
         return members
 
 
-_VIEW_CHAIN = frozenset({"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Slice", "Split"})
+_VIEW_CHAIN = frozenset(
+    {"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Slice", "Split"}
+)
 
 
 class MatMulChain(Pattern):

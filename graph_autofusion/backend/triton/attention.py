@@ -44,7 +44,17 @@ def render_attention(spec: KernelSpec, profile: HardwareProfile) -> RenderedKern
     tables = []
     for k, (name, values) in enumerate(m.tables([t.name for t in spec.inputs])):
         values = np.ascontiguousarray(values).reshape(-1)
-        tables.append((Buffer(name, DType.from_onnx(onnx.helper.np_dtype_to_tensor_dtype(values.dtype)), values.size, "const"), values))
+        tables.append(
+            (
+                Buffer(
+                    name,
+                    DType.from_onnx(onnx.helper.np_dtype_to_tensor_dtype(values.dtype)),
+                    values.size,
+                    "const",
+                ),
+                values,
+            )
+        )
         names[name] = f"tab{k}"
     persistent = is_ascend(profile)
     fn = f"{spec.symbol}_0"

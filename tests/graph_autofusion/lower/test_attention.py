@@ -24,8 +24,10 @@ def _run_both(model, feeds):  # type: ignore[no-untyped-def]
     fused = gaf.fuse(model, gaf.FusionConfig(hardware="cuda"))
     compiled = fused.compile()
     assert compiled.stats["host_ops"] == []
-    got = list(compiled(feeds).values())[0]
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    got = next(iter(compiled(feeds).values()))
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, feeds
+    )[0]
     return fused, got, want
 
 

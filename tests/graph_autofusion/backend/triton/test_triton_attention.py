@@ -51,8 +51,10 @@ def test_attention_block_matches_onnxruntime(  # type: ignore[no-untyped-def]
     assert compiled.stats["host_ops"] == []
     assert len(_attention_kernels(compiled)) == 1 and compiled.stats["kernels"] == 1
     _check_launches(compiled, target)
-    got = list(compiled(feeds).values())[0]
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    got = next(iter(compiled(feeds).values()))
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, feeds
+    )[0]
     scale_of = max(float(np.max(np.abs(want))), 1.0)
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * scale_of * np.sqrt(head_dim))
 
