@@ -7,8 +7,10 @@ the fused model is the same whatever target compiles it, so the CPU runtime runs
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 
@@ -70,6 +72,22 @@ def test_kernel_takes_a_workspace_slice_and_a_parallel_loop(heads_inner: bool, s
 def test_zoo_models_with_attention_kernels_verify(name: str) -> None:
     fused = gaf.fuse(gaf.zoo.build(name, **TINY[name]), gaf.FusionConfig(hardware="cuda"))
     assert any(g.template == "attention" for g in fused.plan.groups)
+    result = fused.verify()
+    assert result.passed, [o.to_dict() for o in result.outputs if not o.passed]
+    assert fused.compile().stats["host_ops"] == []
+
+
+EXPORTS = Path(__file__).resolve().parents[2] / "data" / "torch_exports"
+REAL = ["bert_tiny_torchscript_opset17", "bert_sdpa_tiny_dynamo_opset18", "gpt2_tiny_dynamo_opset18",
+        "gpt2_sdpa_tiny_dynamo_opset18", "vit_tiny_torchscript_opset17", "vit_sdpa_tiny_dynamo_opset18"]  # fmt: skip
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("name", REAL)
+def test_real_exports_take_attention_kernels(name: str) -> None:
+    """PyTorch's own exports (eager and SDPA attention, both exporters) match and verify."""
+    fused = gaf.fuse(onnx.load(EXPORTS / f"{name}.onnx"), gaf.FusionConfig(hardware="cuda"))
+    assert sum(g.template == "attention" for g in fused.plan.groups) == 2  # one per layer
     result = fused.verify()
     assert result.passed, [o.to_dict() for o in result.outputs if not o.passed]
     assert fused.compile().stats["host_ops"] == []

@@ -7,7 +7,10 @@ pattern applies; Ascend launches are held to the AI core count and the Unified B
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 
@@ -71,6 +74,21 @@ def test_zoo_transformers_take_one_attention_kernel_per_layer(name: str, target:
     assert len(_attention_kernels(compiled)) >= 1  # identical layers share one kernel
     assert len(fused.plan.kernels) == len(unfused_attention.plan.kernels) - 2 * layers
     assert compiled.stats["host_ops"] == []
+    _check_launches(compiled, target)
+    result = fused.verify(target=target)
+    assert result.passed, [o.to_dict() for o in result.outputs if not o.passed]
+
+
+EXPORTS = Path(__file__).resolve().parents[3] / "data" / "torch_exports"
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("name", ["bert_sdpa_tiny_dynamo_opset18", "gpt2_sdpa_tiny_dynamo_opset18"])
+def test_sdpa_exports_verify(name: str, target: str, triton_cache) -> None:  # type: ignore[no-untyped-def]
+    fused = gaf.fuse(onnx.load(EXPORTS / f"{name}.onnx"), gaf.FusionConfig(hardware=target))
+    compiled = fused.compile(target=target, cache_dir=triton_cache)
+    assert _attention_kernels(compiled) and compiled.stats["host_ops"] == []
     _check_launches(compiled, target)
     result = fused.verify(target=target)
     assert result.passed, [o.to_dict() for o in result.outputs if not o.passed]
