@@ -78,8 +78,14 @@ def test_zoo_models_with_attention_kernels_verify(name: str) -> None:
 
 
 EXPORTS = Path(__file__).resolve().parents[2] / "data" / "torch_exports"
-REAL = ["bert_tiny_torchscript_opset17", "bert_sdpa_tiny_dynamo_opset18", "gpt2_tiny_dynamo_opset18",
-        "gpt2_sdpa_tiny_dynamo_opset18", "vit_tiny_torchscript_opset17", "vit_sdpa_tiny_dynamo_opset18"]  # fmt: skip
+REAL = [
+    "bert_tiny_torchscript_opset17",
+    "bert_sdpa_tiny_dynamo_opset18",
+    "gpt2_tiny_dynamo_opset18",
+    "gpt2_sdpa_tiny_dynamo_opset18",
+    "vit_tiny_torchscript_opset17",
+    "vit_sdpa_tiny_dynamo_opset18",
+]
 
 
 @pytest.mark.filterwarnings("ignore")
