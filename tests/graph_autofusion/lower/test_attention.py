@@ -55,7 +55,10 @@ def test_attention_kernel_matches_onnxruntime(
 
 @pytest.mark.parametrize(
     ("heads_inner", "scratch", "calls"),
-    [(False, {"af_scores": BLAS_ROWS * 20}, 2), (True, {"af_scores": 20, "af_acc": 16}, 0)],
+    [
+        (False, {"af_scores": BLAS_ROWS * 20, "af_norms": BLAS_ROWS}, 2),
+        (True, {"af_scores": 20, "af_acc": 16}, 0),
+    ],
 )
 def test_kernel_takes_a_workspace_slice_and_a_parallel_loop(heads_inner: bool, scratch, calls: int) -> None:  # type: ignore[no-untyped-def]
     model, _ = attention_model(seq=20, mask="padding", heads_inner=heads_inner)
