@@ -1,15 +1,21 @@
 """The `attention` template as kernel IR: one parallel loop over (batch, head, query row block).
 
-What the kernel computes is its `AttentionMatch` (plan/attention_match.py). Each task takes
-ROW_BLOCK query rows of one (b, h) and, per row: the scores against every key it may see (all of
-them, or up to the diagonal for a causal match whose masked scores vanish) into a per-thread
-slice of the caller's workspace (loop scratch: the kernel never allocates), scaled and masked as
-the match says; the row max and the exponentials with their sum (the row kernel's arithmetic:
-exp of values <= 0, sums in fp32 lanes); then the probabilities times V accumulated in a
-second scratch row of Dv floats and stored, normalized, through the output view. Q, K, V and the
-output are read and written in place through the match's strides, so the head split, K^T and the
-head merge cost nothing. The innermost loops (the dot over D, the row max and sum, the axpy over
-Dv) carry vector marks so gcc vectorizes them.
+What the kernel computes is its `AttentionMatch` (plan/attention_match.py). Two forms:
+
+* **sgemm** (Q, K, V and the output have unit-stride rows, the usual head split): per task of
+  BLAS_ROWS query rows of one (b, h), S = scale * Q K^T by one sgemm into a per-thread slice of
+  the caller's workspace (loop scratch: the kernel never allocates), the masks and the row
+  softmax in place, then O = P V by a second sgemm written straight through the output view,
+  each output row scaled by 1/sum. A causal match stops both sgemms at the block's diagonal.
+* **loops** (any other strides): per task of ROW_BLOCK rows, per row: the scores (a dot over D)
+  into a workspace row, scale and masks, max, exponentials and sum, and P V accumulated in a
+  second workspace row of Dv floats, stored normalized through the output view.
+
+Either way the exponentials are the row kernel's (exp of values <= 0, flushed below -87), the
+head split, K^T and the head merge cost no copy, and the inner loops carry vector marks so gcc
+vectorizes them. Measured on the CPU the unfused path (the same sgemms as anchor kernels around
+a row-softmax kernel) was faster, so the planner forms attention for the cpu profile only on
+request (plan/patterns.py `Attention`).
 """
 
 from __future__ import annotations
