@@ -129,3 +129,11 @@ def test_backends_see_the_causal_triangle_the_planner_saw() -> None:
     fused = _fuse(model)
     (m,) = _attention_matches(fused)
     assert m.causal == 0 and m.cond is None and m.skips_blocks
+
+
+@pytest.mark.parametrize("cost_model", ["memory_bandwidth", "latency", "compute_density"])
+def test_every_strategy_forms_attention(cost_model: str) -> None:
+    # compute_density keeps two anchors apart (NF007), but not attention's pair
+    model, _ = attention_model(seq=8, mask="padding")
+    fused = gaf.fuse(model, gaf.FusionConfig(hardware="cuda", cost_model=cost_model))
+    assert [g.template for g in fused.plan.kernels] == ["attention"]
