@@ -13,10 +13,10 @@ import numpy as np
 from ..config import FusionConfig
 from ..ir import Graph
 from ..ops import OpKind
+from .attention_match import looks_like_attention
 from .cost import group_boundary
 from .partition import Partition
 from .reasons import ACCEPT, Verdict, refuse
-from .attention_match import looks_like_attention
 from .templates import classify
 
 
