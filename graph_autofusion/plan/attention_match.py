@@ -57,10 +57,6 @@ class View:
     strides: tuple[int, int, int, int]
     offset: int = 0
 
-    def to_dict(self) -> dict[str, object]:
-        return {"tensor": self.tensor, "shape": list(self.shape), "strides": list(self.strides),
-                "offset": self.offset}  # fmt: skip
-
 
 @dataclass(frozen=True)
 class AttentionMatch:
@@ -108,10 +104,6 @@ class AttentionMatch:
         return self.v.shape[3]
 
     @property
-    def has_where(self) -> bool:
-        return self.cond is not None or self.causal is not None
-
-    @property
     def skips_blocks(self) -> bool:
         """Whether key blocks wholly above the causal diagonal may be skipped."""
         return self.causal is not None and self.fill <= SKIPPABLE_FILL
@@ -121,20 +113,6 @@ class AttentionMatch:
         kernel carries (name, values)."""
         views = [v for v in (self.mask, self.cond) if v is not None]
         return [(v.tensor, self.constants[v.tensor]) for v in views if v.tensor not in inputs]
-
-    def to_dict(self) -> dict[str, object]:
-        """The match as JSON, recorded beside the template in the fused function's doc_string."""
-        out: dict[str, object] = {
-            "q": self.q.to_dict(), "k": self.k.to_dict(), "v": self.v.to_dict(), "out": self.out.to_dict(),
-            "scale": self.scale, "causal": self.causal,
-        }  # fmt: skip
-        if self.mask is not None:
-            out["mask"] = self.mask.to_dict()
-        if self.cond is not None:
-            out["cond"] = self.cond.to_dict()
-        if self.has_where:
-            out.update(keep_if=self.keep_if, fill=self.fill, where_first=self.where_first)
-        return out
 
 
 def match_attention(spec: KernelSpec) -> AttentionMatch:
