@@ -287,10 +287,11 @@ class Attention(Pattern):
 
     On accelerators the scores never reach memory (the Triton kernel keeps a query block's row
     of them in registers with an online softmax). On the CPU the unfused path (BLAS GEMMs around
-    a row-softmax kernel) was measured as fast or faster: the 12 attention blocks of BERT-base
-    took 13-18 ms fused vs 11-13 ms unfused, ViT-B/16 31-33 vs 21-22 ms, GPT-2 10-12 ms both
-    (kernel profiles, 2 threads, 2-vCPU AMD EPYC with AVX-512; benchmarks/attention_speed.py
-    compares whole models). So the pattern stays off for the cpu profile unless
+    a row-softmax kernel) was measured faster where nothing is skipped: the 12 attention blocks
+    of BERT-base took 13-18 ms fused vs 11-13 ms unfused, ViT-B/16 31-33 vs 21-26 ms; causal
+    GPT-2 (key blocks past the diagonal skipped) 9.5-12 vs 10.5-12 ms (kernel profiles, 2
+    threads, 2-vCPU AMD EPYC with AVX-512, `benchmarks/attention_speed.py`, which also times
+    whole models). So the pattern stays off for the cpu profile unless
     `GRAPH_AUTOFUSION_ATTENTION=on`; `=off` turns it off everywhere (to compare both paths), as
     does `disabled_patterns: ["attention"]`."""
 
