@@ -13,6 +13,7 @@ import numpy as np
 from ..config import FusionConfig
 from ..ir import Graph
 from ..ops import OpKind
+from .attention_match import looks_like_attention
 from .cost import group_boundary
 from .partition import Partition
 from .reasons import ACCEPT, Verdict, refuse
@@ -56,7 +57,10 @@ class Legality:
             n = opaque[0]
             return refuse("NF010", f"{n.op_type} '{n.name}' is opaque: it runs as a kernel of its own"), None
         anchors = [g.nodes[i] for i in members if g.nodes[i].kind == OpKind.ANCHOR]
-        if len(anchors) > 1 and not self.allow_chains:
+        # Attention's two contractions share a kernel under every strategy: its scores never
+        # reach memory, which is the point of forming it (plan/attention_match.py).
+        attention = looks_like_attention([g.nodes[i].op_type for i in members])
+        if len(anchors) > 1 and not self.allow_chains and not attention:
             return refuse(
                 "NF007", f"{anchors[0].name} and {anchors[1].name} are both compute-bound anchors"
             ), None

@@ -15,10 +15,12 @@ automatic strategy, so a user pattern that proposes an impossible group gets a r
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
 from typing import ClassVar
 
 from ..config import PatternSpec
+from ..hardware import HardwareProfile
 from ..ir import Graph, Node
 from ..ops import OpKind
 
@@ -40,6 +42,10 @@ class Pattern:
 
     def label(self) -> str:
         return self.name or type(self).__name__
+
+    def applies_to(self, hw: HardwareProfile) -> bool:
+        """Whether the planner tries this pattern for the target `hw` describes (all by default)."""
+        return True
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -276,6 +282,83 @@ class ReductionFusion(Pattern):
         return out
 
 
+class Attention(Pattern):
+    """Scaled dot-product attention as one kernel (plan/attention_match.py decides legality).
+
+    On accelerators the scores never reach memory (the Triton kernel keeps a query block's row
+    of them in registers with an online softmax). On the CPU the unfused path (BLAS GEMMs around
+    a row-softmax kernel) was measured faster where nothing is skipped: the 12 attention blocks
+    of BERT-base took 13-18 ms fused vs 11-13 ms unfused, ViT-B/16 31-33 vs 21-26 ms; causal
+    GPT-2 (key blocks past the diagonal skipped) 9.5-12 vs 10.5-12 ms (kernel profiles, 2
+    threads, 2-vCPU AMD EPYC with AVX-512, `benchmarks/attention_speed.py`, which also times
+    whole models). So the pattern stays off for the cpu profile unless
+    `GRAPH_AUTOFUSION_ATTENTION=on`; `=off` turns it off everywhere (to compare both paths), as
+    does `disabled_patterns: ["attention"]`."""
+
+    name = "attention"
+    description = "QK^T, scale, mask, Softmax, V and the head split/merge views as one kernel"
+    ENV = "GRAPH_AUTOFUSION_ATTENTION"
+
+    def applies_to(self, hw: HardwareProfile) -> bool:
+        wanted = os.environ.get(self.ENV, "auto").strip().lower()
+        if wanted in ("on", "1", "true"):
+            return True
+        if wanted in ("off", "0", "false"):
+            return False
+        return hw.compute_capability is not None or hw.unified_buffer_bytes > 0
+
+    def match(self, graph: Graph) -> Iterable[Match]:
+        out = []
+        for node in graph:
+            if node.op_type != "Softmax":
+                continue
+            members = self._members(graph, node)
+            if members:
+                out.append([graph.nodes[i].name for i in sorted(members)])
+        return out
+
+    @staticmethod
+    def _members(graph: Graph, softmax: Node) -> set[int] | None:
+        members = {softmax.index}
+        p = graph.producer(softmax.inputs[0])
+        while p is not None and p.op_type in ("Mul", "Div", "Add", "Where"):
+            members.add(p.index)
+            # The scores: the input of the softmax's shape read by this op alone (not the mask).
+            full = graph.shape(softmax.inputs[0])
+            scores = [
+                x for x in p.inputs
+                if x and graph.producer(x) is not None and graph.shape(x) == full
+                and len(graph.values[x].consumers) == 1
+            ]  # fmt: skip
+            if len(scores) != 1:
+                return None
+            p = graph.producer(scores[0])
+        second = graph.sole_consumer(softmax)
+        if p is None or p.op_type != "MatMul" or second is None or second.op_type != "MatMul":
+            return None
+        members |= {p.index, second.index}
+        for x in (p.inputs[0], p.inputs[1], second.inputs[1]):
+            n = graph.producer(x)
+            while n is not None and (n.op_type in _VIEW_CHAIN or n.op_type in ("Mul", "Div")):
+                if len(graph.consumers(x)) != 1 or graph.values[x].is_output:
+                    break
+                if n.op_type in ("Mul", "Div") and len(graph.activation_inputs(n)) != 1:
+                    break
+                members.add(n.index)
+                x = graph.activation_inputs(n)[0] if n.op_type in ("Mul", "Div") else n.inputs[0]
+                n = graph.producer(x)
+        n = graph.sole_consumer(second)
+        while n is not None and n.op_type in _VIEW_CHAIN - {"Slice", "Split"}:
+            members.add(n.index)
+            n = graph.sole_consumer(n)
+        return members
+
+
+_VIEW_CHAIN = frozenset(
+    {"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Slice", "Split"}
+)
+
+
 class MatMulChain(Pattern):
     name = "matmul_chain"
     description = "two linear layers back to back (linear → act → reshape → linear) as one kernel"
@@ -298,6 +381,7 @@ class MatMulChain(Pattern):
 
 
 _BUILTINS: tuple[Pattern, ...] = (
+    Attention(),
     LayerNorm(),
     Softmax(),
     Gelu(),

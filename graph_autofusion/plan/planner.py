@@ -96,6 +96,7 @@ class Planner:
     ) -> None:
         self.graph = graph
         self.config = config
+        self.hw = hw
         self.strategy = get_strategy(config.cost_model, hw)
         self.part = Partition(graph)
         baseline = [frozenset({i}) for i in range(len(graph.nodes))]
@@ -141,6 +142,8 @@ class Planner:
     def _patterns(self) -> None:
         ordered = sorted(self.user_patterns, key=lambda p: -getattr(getattr(p, "spec", None), "priority", 0))
         for pattern in [*ordered, *builtin_patterns()]:
+            if not pattern.applies_to(self.hw):
+                continue
             label = pattern.label()
             stats = self.stats.setdefault(label, {"matched": 0, "applied": 0, "refused": 0})
             matches = list(pattern.match(self.graph))

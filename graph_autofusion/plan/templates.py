@@ -15,6 +15,7 @@ from ..ir import Graph, Node
 from ..layout import reshape_strides, slice_window, split_sizes
 from ..lower.values import Unsupported
 from ..ops import OpKind
+from .attention_match import looks_like_attention, match_attention
 from .reduction_match import group_spec, match_reduction
 
 POINTWISE_KINDS = {OpKind.VIEW, OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.INJECTIVE}
@@ -167,6 +168,9 @@ def _classify(graph: Graph, members: Collection[int], private: frozenset[int] = 
     opaque = [n for n in nodes if n.kind == OpKind.OPAQUE]
     if opaque:
         raise Misfit(f"{opaque[0].op_type} '{opaque[0].name}' is opaque and cannot share a kernel")
+    if looks_like_attention([n.op_type for n in nodes]):
+        _attention(graph, members, private)
+        return "attention"
     anchors = [n for n in nodes if n.kind == OpKind.ANCHOR]
     pools = [n for n in nodes if n.kind == OpKind.REDUCE and "pool" in n.opdef.tags]
     reductions = [n for n in nodes if n.kind == OpKind.REDUCE and "pool" not in n.opdef.tags]
@@ -400,6 +404,14 @@ def _anchor_chain(graph: Graph, members: Collection[int], anchors: list[Node]) -
             raise Misfit("the first contraction's epilogue changes its domain")
     rest = set(members) - middle - {first.index}
     _epilogue_only(graph, rest, second, views=True)
+
+
+def _attention(graph: Graph, members: Collection[int], private: frozenset[int]) -> None:
+    """One attention kernel (plan/attention_match.py): the group is one when the match succeeds."""
+    try:
+        match_attention(group_spec(graph, members, private))
+    except Unsupported as why:
+        raise Misfit(str(why)) from None
 
 
 def _reduction(graph: Graph, members: Collection[int], private: frozenset[int]) -> None:

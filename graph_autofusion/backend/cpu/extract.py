@@ -451,7 +451,9 @@ def _function_spec(
                 f"function {fn.name!r} gives no static shape for {still[0]!r}", code="dynamic_shape"
             )
     for formal, actual in zip(fn.input, node.input, strict=True):
-        if actual in initializers and _small(initializers[actual]):
+        # An attention kernel reads its masks as parameters whatever their size; their values
+        # only tell its match whether a Where keeps a causal triangle (plan/attention_match.py).
+        if actual in initializers and (_small(initializers[actual]) or template == "attention"):
             constants[formal] = initializers[actual]
     members = doc.get("members") or [n.name for n in nodes]
     return KernelSpec(

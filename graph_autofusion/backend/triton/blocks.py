@@ -66,6 +66,8 @@ def configure(launch: Launch, profile: HardwareProfile, block: int | None = None
     lanes = 1
     if launch.kind == "gemm":
         return _configure_gemm(launch, profile, block)
+    if launch.kind == "attention":
+        return _configure_attention(launch, profile, block)
     if launch.kind == "flat":
         limit = ASCEND_MAX_BLOCK if ascend else CUDA_BLOCK
         meta["BLOCK"] = _fit(block or limit, launch.extent, launch.lane_bytes, profile, launch.function)
@@ -122,6 +124,40 @@ def _configure_gemm(launch: Launch, profile: HardwareProfile, block: int | None)
     options = {"num_warps": profile.num_warps} if profile.num_warps else {}
     meta = {"BLOCK": 1, "BM": bm, "BN": bn, "BK": bk}
     return LaunchConfig(max(grid, 1), max(nblocks, 1), meta, options, working_set(bm, bn, bk))
+
+
+def _configure_attention(launch: Launch, profile: HardwareProfile, block: int | None) -> LaunchConfig:
+    """BM query rows x BN keys per step: CUDA 64 x 64 from compute capability 8 on (more shared
+    memory and registers per SM), 32 x 32 before; Ascend multiples of the cube tile, halved until
+    the working set (Q block, K and V blocks, the scores, the accumulator) fits the Unified Buffer."""
+    heads, sq, sk, bd, bdv = launch.tile
+    ascend = is_ascend(profile)
+    cube = (profile.cube_tile or (16, 16))[0]
+    cc = profile.compute_capability or (8, 0)
+    top = block or (64 if ascend or cc >= (8, 0) else 32)
+    bm, bn = _clamp_pow2(sq, 16, top), _clamp_pow2(sk, 16, top)
+    if ascend:
+        bm, bn = max(cube, bm), max(cube, bn)
+
+    def working_set(bm: int, bn: int) -> int:
+        return 4 * (bm * bd + bn * bd + bn * bdv + bm * bdv + 2 * bm) + launch.lane_bytes * bm * bn
+
+    if ascend:
+        while working_set(bm, bn) > profile.unified_buffer_bytes:
+            if max(bm, bn) <= cube:
+                raise Unsupported(
+                    f"{launch.function}: no {cube}x{cube} attention block fits the "
+                    f"{profile.unified_buffer_bytes // 1024} KB Unified Buffer"
+                )
+            if bn >= bm:
+                bn //= 2
+            else:
+                bm //= 2
+    nblocks = heads * -(-sq // bm)
+    grid = min(nblocks, profile.cores) if ascend else nblocks
+    options = {"num_warps": profile.num_warps} if profile.num_warps else {}
+    meta = {"BLOCK": 1, "BM": bm, "BN": bn}
+    return LaunchConfig(max(grid, 1), max(nblocks, 1), meta, options, working_set(bm, bn))
 
 
 def check_ascend(config: LaunchConfig, profile: HardwareProfile) -> list[str]:

@@ -25,6 +25,10 @@ def render_spec(spec: KernelSpec, profile: HardwareProfile) -> RenderedKernel:
         kernel = lower_pointwise(spec)
     elif template == "reduction":
         kernel = lower_reduction(spec)
+    elif template == "attention":
+        from .attention import render_attention
+
+        return render_attention(spec, profile)
     elif template in ("anchor", "anchor_chain"):
         from .anchor import render_anchor
 

@@ -2,6 +2,7 @@
 
     pointwise.py   pointwise, pool and single kernels: lower/pointwise.py's IR, rendered
     reduction.py   the row template: lower/reduction.py's IR, rendered
+    attention.py   the attention template: lower/attention.py's IR, rendered
     pool.py        MaxPool / AveragePool / LpPool windows (an index rule of lower/values.py)
     single.py      other single ops whose rule folds an axis (ArgMax, CumSum)
     anchor.py      Conv / MatMul / Gemm with their epilogues (BLAS), still written as C text
@@ -21,6 +22,7 @@ import onnx
 
 from ..kernel_spec import KernelSpec
 from . import pool, single
+from .attention import emit_attention
 from .common import CodegenUnsupported
 from .pointwise import emit_pointwise
 from .reduction import emit_reduction
@@ -44,7 +46,7 @@ def anchor_module():
 
 
 _IR_TEMPLATES = frozenset(
-    {"pointwise", "view", "reduction", "pool", "single"}
+    {"pointwise", "view", "reduction", "pool", "single", "attention"}
 )  # lowered through the kernel IR
 _IR_ONLY_TYPES = frozenset({onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16})
 
@@ -63,6 +65,9 @@ def generate(spec: KernelSpec) -> GeneratedKernel:
         return GeneratedKernel(emit_pointwise(spec), method="loop")
     if template == "reduction":
         return GeneratedKernel(emit_reduction(spec), method="row")
+    if template == "attention":
+        source, blas = emit_attention(spec)
+        return GeneratedKernel(source, uses_blas=blas, method="sgemm rows" if blas else "rows")
     if template == "pool":
         return GeneratedKernel(pool.emit_pool(spec), method="window")
     if template == "single":
