@@ -13,7 +13,8 @@ it). Builders fold constants and drop neutral operands, so index arithmetic stay
 (`o * 64 + i1`, not `((o * 64) + 0) + i1 * 1`).
 
 Statements: `Let` (a named value), `Declare`/`Assign` (a mutable accumulator), `Store`, `Loop`
-(extent, parallel / vector marks), `If`, and `Call` (a contraction micro-kernel or library routine).
+(extent, parallel / vector / dynamic marks), `If`, and `Call` (a contraction micro-kernel or library
+routine), whose pointer arguments are `Addr` expressions (the address of a buffer element).
 
 Values flow in the *compute* type of their element type (`DType.compute`: fp16/bf16 compute in
 fp32); `Load` widens from the buffer's storage type and `Store` narrows to it. `TensorAt` is a
@@ -234,6 +235,19 @@ class Fold(Expr):
         return f"{self.op}({self.var} from {self.start} to {self.stop}{by}: {self.value})"
 
 
+@dataclass(frozen=True, eq=False)
+class Addr(Expr):
+    """The address of `buffer[index]`: a pointer argument of a `Call` (a tile of an operand or of
+    the output handed to a contraction routine), never a value to compute with. Its dtype is the
+    buffer's element type."""
+
+    buffer: Buffer
+    index: Expr
+
+    def __str__(self) -> str:
+        return f"&{self.buffer.name}[{self.index}]"
+
+
 ExprLike = Expr | int | float | bool
 
 
@@ -266,6 +280,10 @@ def raw(text: str, dtype: DType) -> Raw:
 
 def load(buffer: Buffer, at: ExprLike) -> Load:
     return Load.make(buffer.dtype.compute, buffer, index(at))
+
+
+def addr(buffer: Buffer, at: ExprLike) -> Addr:
+    return Addr.make(buffer.dtype.compute, buffer, index(at))
 
 
 def tensor_at(tensor: str, at: tuple[Expr, ...] | list[Expr], dtype: DType) -> TensorAt:
@@ -438,6 +456,8 @@ def substitute(
         out = leaf(at) or at
     elif isinstance(e, Load):
         out = Load.make(e.dtype, e.buffer, substitute(e.index, leaf, memo))
+    elif isinstance(e, Addr):
+        out = Addr.make(e.dtype, e.buffer, substitute(e.index, leaf, memo))
     elif isinstance(e, Unary):
         out = Unary.make(e.dtype, e.op, substitute(e.x, leaf, memo))
     elif isinstance(e, Binary):
@@ -501,7 +521,10 @@ class Loop:
     (up to `reductions`) and unit-stride where it matters, so SIMD them. `reductions` names the
     accumulators the body updates associatively, as (op, var) with op in sum/prod/max/min.
     `scratch` buffers are private to each thread running the loop (a row buffer): each thread's
-    slice of a workspace the caller allocates once and passes in, never allocated by the kernel."""
+    slice of a workspace the caller allocates once and passes in, never allocated by the kernel.
+    `dynamic` (with `parallel`): iterations are handed out one at a time as threads come free,
+    for iterations that each do a lot (a contraction tile) on a machine where a thread may be
+    descheduled for milliseconds; a static split would leave the running thread waiting."""
 
     var: Var
     stop: int | Expr
@@ -512,6 +535,7 @@ class Loop:
     step: int = 1
     reductions: tuple[tuple[str, Var], ...] = ()
     scratch: tuple[Buffer, ...] = ()
+    dynamic: bool = False
 
 
 @dataclass(frozen=True)

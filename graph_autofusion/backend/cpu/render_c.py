@@ -27,6 +27,7 @@ from functools import lru_cache
 import numpy as np
 
 from ...kernel_ir import (
+    Addr,
     Assign,
     Binary,
     Call,
@@ -302,6 +303,8 @@ class ExprRenderer:
             return e.name
         if isinstance(e, Raw):
             return e.text
+        if isinstance(e, Addr):  # a pointer argument: always inline, never a local
+            return f"({e.buffer.name} + {self(e.index, block)})"
         found = block.lookup(e)
         if found is not None:
             return found
@@ -590,7 +593,7 @@ class KernelRenderer:
                 at = f"af_ws + af_tid * {self.workspace_bytes} + {self.scratch_offsets[b.name]}"
                 region.emit(f"{t} *restrict {b.name} = ({t} *)({at});")
             if s.parallel:
-                region.emit(f"#pragma omp for schedule(static){clauses}")
+                region.emit(f"#pragma omp for schedule({_schedule(s)}){clauses}")
             elif s.vector:
                 region.emit(f"#pragma omp simd{clauses}")
             self._for(s, region)
@@ -598,9 +601,9 @@ class KernelRenderer:
             block.emit("}")
             return
         if s.parallel and s.vector:
-            block.emit(f"#pragma omp parallel for simd schedule(static){clauses}")
+            block.emit(f"#pragma omp parallel for simd schedule({_schedule(s)}){clauses}")
         elif s.parallel:
-            block.emit(f"#pragma omp parallel for schedule(static){clauses}")
+            block.emit(f"#pragma omp parallel for schedule({_schedule(s)}){clauses}")
         elif s.vector:
             block.emit(f"#pragma omp simd{clauses}")
         self._for(s, block)
@@ -640,6 +643,10 @@ class KernelRenderer:
         parts.extend(body.lines)
         parts.append("}")
         return "\n".join(parts) + "\n"
+
+
+def _schedule(s: Loop) -> str:
+    return "dynamic, 1" if s.dynamic else "static"
 
 
 def render_kernel(kernel: Kernel) -> str:

@@ -18,9 +18,10 @@ from dataclasses import dataclass, replace
 
 import onnx
 
+from ....lower.anchor import lower_anchor, method_of
 from ..blas import BLAS_PREAMBLE
 from ..kernel_spec import KernelSpec
-from ..render_c import c_comment
+from ..render_c import c_comment, render_kernel
 from .common import PRELUDE, CodegenUnsupported, attrs_of
 from .conv import bias_shape, conv_geometry, emit_conv_body, emit_conv_transpose_body
 from .epilogue import (
@@ -33,7 +34,6 @@ from .epilogue import (
     contiguous_strides,
     emit_epilogue,
     plan_destination,
-    plan_permuted_destination,
 )
 from .gemm import (
     VIEW_OPS,
@@ -42,11 +42,9 @@ from .gemm import (
     Matrix,
     View,
     emit_chain_body,
-    emit_gemm_body,
     gemm_c_shape,
     gemm_problem,
     matmul_problem,
-    reshape_strides,
     trace_view,
 )
 
@@ -165,59 +163,14 @@ def emit_anchor(spec: KernelSpec) -> AnchorKernel:
             if n.op_type == "Transpose":
                 raise CodegenUnsupported(f"a Transpose after {node.op_type} would need a copy")
         return _emit_conv(kernel, node, rest)
-    return _emit_gemm(kernel, node, rest)
+    return _emit_gemm(spec)
 
 
-@dataclass(frozen=True)
-class _Tail:
-    """An output Transpose folded into the GEMM's stores: `value` (the Transpose's input) lands
-    in kernel output `output` (the Transpose's output or a view of it) with the anchor output's
-    axes at element strides `strides`."""
-
-    value: str
-    output: str
-    strides: tuple[int, ...]
-
-
-def _split_tail(
-    kernel: _Kernel, anchor: onnx.NodeProto, rest: list[onnx.NodeProto]
-) -> tuple[list[onnx.NodeProto], _Tail | None]:
-    """The epilogue nodes before an output Transpose, and the Transpose folded into the stores."""
-    transposes = [n for n in rest if n.op_type == "Transpose"]
-    if not transposes:
-        return rest, None
-    if len(transposes) > 1:
-        raise CodegenUnsupported(f"an anchor kernel folds one output Transpose, not {len(transposes)}")
-    tail = transposes[0]
-    after = set(tail.output)
-    before = []
-    for n in rest:
-        if n is tail:
-            continue
-        if any(i in after for i in n.input):
-            if n.op_type not in EPILOGUE_VIEWS:
-                raise CodegenUnsupported(f"{n.op_type} after the output Transpose would need a copy")
-            after.update(n.output)
-        else:
-            before.append(n)
-    ops = kernel.ops
-    outputs = [o for o in after if o in ops.outputs]
-    if len(outputs) != 1:
-        raise CodegenUnsupported(f"{len(outputs)} views of the transposed output leave the kernel, not one")
-    src = tail.input[0]
-    src_shape = ops.shape(src)
-    perm = attrs_of(tail).get("perm") or list(range(len(src_shape)))[::-1]
-    dense = contiguous_strides(ops.shape(tail.output[0]))
-    src_strides = [0] * len(src_shape)
-    for axis, p in enumerate(perm):  # type: ignore[union-attr]
-        src_strides[int(p)] = dense[axis]
-    y_shape = ops.shape(anchor.output[0])
-    strides = reshape_strides(src_shape, src_strides, y_shape)
-    if strides is None or not y_shape or (y_shape[-1] != 1 and strides[-1] != 1):
-        raise CodegenUnsupported(
-            f"Transpose {tail.name!r} does not keep the rows of {anchor.op_type} {anchor.name!r} contiguous"
-        )
-    return before, _Tail(src, outputs[0], strides)
+def _emit_gemm(spec: KernelSpec) -> AnchorKernel:
+    """A MatMul/Gemm anchor: its match lowered to the kernel IR (lower/anchor.py) and rendered,
+    behind the declarations of the contraction routine it calls."""
+    lowered = lower_anchor(spec)
+    return AnchorKernel(BLAS_PREAMBLE + render_kernel(lowered), method_of(lowered), True)
 
 
 def _destination(kernel: _Kernel, epi: Epilogue, anchor_output: str) -> tuple[str, EpilogueCall | None]:
@@ -342,48 +295,6 @@ def _problem(
         return p, True
     p, _, b_vec = matmul_problem(a, b, ops, out_strides)
     return p, not b_vec
-
-
-def _emit_gemm(kernel: _Kernel, node: onnx.NodeProto, rest: list[onnx.NodeProto]) -> AnchorKernel:
-    ops = kernel.ops
-    rest, tail = _split_tail(kernel, node, rest)
-    p, has_cols = _problem(kernel, node, tail.strides if tail is not None else None)
-    y = node.output[0]
-    y_shape = ops.shape(y)
-    source, pre, overrides = _gemm_pre_steps(kernel, node, p)
-    split = len(y_shape) - 1 if has_cols else len(y_shape)
-    epi = build_epilogue(
-        ops,
-        source=source,
-        anchor_output=y,
-        domain=y_shape,
-        split=split,
-        pre_steps=pre,
-        nodes=rest,
-        shape_overrides=overrides,
-    )
-    if math.prod(y_shape) == 0:
-        return kernel.assemble(["  (void)args;"], "gemm", False, "empty output")
-    if tail is None:
-        y_ptr, call = _destination(kernel, epi, y)
-    else:
-        write_back, flat = plan_permuted_destination(epi, ops, value=tail.value, output=tail.output)
-        call = kernel.epilogue_call(epi, write_back, flat)
-        y_ptr = ops.output_pointer(tail.output)
-    body, method = emit_gemm_body(p, y_ptr, call)
-    stored = ""
-    if tail is not None:
-        stored = f"; stored transposed (ldc {p.c_rs}, batch strides {list(p.c_batch_strides)})"
-    desc = (
-        f"{node.op_type} batch {list(p.batch)} M={p.m} N={p.n} K={p.k} (A {_layout(p.a)}, B {_layout(p.b)});"
-        f" epilogue {epi.describe()}{stored}"
-    )
-    return kernel.assemble(body, method, True, desc)
-
-
-def _layout(m: Matrix) -> str:
-    found = m.blas()
-    return "strided, packed" if found is None else f"{found[0][2:]} ld {found[1]}"
 
 
 def _emit_chain(kernel: _Kernel, anchors: list[int]) -> AnchorKernel:
