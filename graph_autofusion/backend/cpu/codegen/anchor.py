@@ -6,9 +6,12 @@ docs/fused-format.md and returns the C translation unit plus the method it chose
 runtime reports per kernel. Past the contraction, views may sit among the epilogue ops (they keep
 the linear index the epilogue runs on), and a MatMul/Gemm may end in one output Transpose that
 keeps the last axis last (followed only by views): the GEMM then stores each tile straight into
-the permuted layout instead of writing the product and copying it. The pieces live next door:
-`gemm.py` (views, GEMM problems, tiling), `conv.py` (conv geometry and methods), `epilogue.py`
-(operands and the per-tile epilogue).
+the permuted layout instead of writing the product and copying it.
+
+A single MatMul/Gemm anchor is its `AnchorMatch` (plan/anchor_match.py) lowered to the kernel IR
+by lower/anchor.py and rendered by render_c.py. Conv/ConvTranspose and the row-block chain are
+still C text assembled here from the pieces next door: `gemm.py` (views, GEMM problems, chain
+tiling), `conv.py` (conv geometry and methods), `epilogue.py` (operands and the per-tile epilogue).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import onnx
 from ....lower.anchor import lower_anchor, method_of
 from ..blas import BLAS_PREAMBLE
 from ..kernel_spec import KernelSpec
-from ..render_c import c_comment, render_kernel
+from ..render_c import WORKSPACE_SUFFIX, c_comment, render_kernel
 from .common import PRELUDE, CodegenUnsupported, attrs_of
 from .conv import bias_shape, conv_geometry, emit_conv_body, emit_conv_transpose_body
 from .epilogue import (
@@ -359,6 +362,9 @@ def _emit_staged_chain(spec: KernelSpec, anchors: list[int], reason: str) -> Anc
     sub1 = _sub_spec(spec, f"{spec.symbol}_s1", stage1, [mid])
     sub2 = _sub_spec(spec, f"{spec.symbol}_s2", stage2, [mid])
     k1, k2 = emit_anchor(sub1), emit_anchor(sub2)
+    for sub, k in ((sub1, k1), (sub2, k2)):
+        if f"{sub.symbol}{WORKSPACE_SUFFIX}" in k.source:  # called below without a workspace
+            raise CodegenUnsupported(f"stage {sub.symbol} of a staged chain needs a workspace")
     index = {t.name: k for k, t in enumerate((*spec.inputs, *spec.outputs))}
     mid_is_output = mid in {t.name for t in spec.outputs}
     mid_ptr = f"args[{index[mid]}]" if mid_is_output else "mid"
