@@ -634,3 +634,85 @@ def _matmul(ops: tuple[OperandView, ...], tail: OutputTail | None) -> Contractio
         ldc,
         tuple(sc),
     )
+
+
+# -- chains -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChainMatch:
+    """Two GEMMs in one kernel: per row block, `first` -> `middle` -> `second` -> `epilogue`, the
+    intermediate never leaving the thread's cache.
+
+    `middle` holds the elementwise ops and views from the first product to the second's left
+    operand; a view among them keeps the rows (a row of the first product is a row of the
+    second's left operand), so the chain runs on blocks of rows."""
+
+    first: onnx.NodeProto
+    second: onnx.NodeProto
+    middle: tuple[onnx.NodeProto, ...]
+    epilogue: tuple[onnx.NodeProto, ...]
+
+    def to_json(self, node: Callable[[str], str] = str) -> dict[str, object]:
+        return {
+            "kind": "anchor_chain",
+            "first": node(self.first.name),
+            "second": node(self.second.name),
+            "middle": [node(n.name) for n in self.middle],
+            "epilogue": [node(n.name) for n in self.epilogue],
+        }
+
+
+def _elementwise_or_view(n: onnx.NodeProto) -> bool:
+    opdef = lookup(n.op_type)
+    return n.op_type in EPILOGUE_VIEW_OPS or opdef.kind in (OpKind.ELEMENTWISE, OpKind.BROADCAST)
+
+
+def match_chain(spec: KernelSpec) -> ChainMatch:
+    """The two-GEMM chain `spec` forms; raises `Unsupported` saying why it forms none."""
+    body = _Body(spec)
+    anchors = [n for n in body.nodes if n.op_type in ANCHOR_OPS]
+    if len(anchors) != 2:
+        raise Unsupported(f"an anchor chain has two anchors, found {len(anchors)}")
+    first, second = anchors
+    if first.op_type not in GEMM_OPS or second.op_type not in GEMM_OPS:
+        raise Unsupported("only MatMul/Gemm pairs share a kernel")
+    middle: list[onnx.NodeProto] = []
+    node = body.producer.get(second.input[0])
+    while node is not None and node is not first:
+        if not (_elementwise_or_view(node) or lookup(node.op_type).kind == OpKind.VIEW):
+            raise Unsupported(f"{node.op_type} between the two contractions is not elementwise")
+        middle.append(node)
+        node = body.producer.get(node.input[0])
+    if node is not first:
+        raise Unsupported("the second contraction does not consume the first")
+    middle.reverse()
+    y1 = first.output[0]
+    n1 = (body.shape(y1) or (0,))[-1]
+    k2 = (body.shape(second.input[0]) or (0,))[-1]
+    rows1, rows2 = body.numel(y1) // max(n1, 1), body.numel(second.input[0]) // max(k2, 1)
+    if n1 != k2 or rows1 != rows2:
+        raise Unsupported("the reshape between the contractions does not keep rows")
+    for n in (first, *middle):
+        if any(o in body.outputs for o in n.output if o):
+            raise Unsupported("the intermediate of a contraction chain is read outside the kernel")
+    for n in middle:
+        if lookup(n.op_type).kind != OpKind.VIEW and body.numel(n.output[0]) != body.numel(y1):
+            raise Unsupported("the first contraction's epilogue changes its domain")
+    chained = {id(n) for n in (first, *middle)}
+    desc = body.descendants(second)
+    other = [n for n in body.nodes if id(n) not in chained and n is not second and n not in desc]
+    if other:
+        raise Unsupported(
+            f"{other[0].op_type} '{other[0].name}' is neither a prologue nor an epilogue of {second.op_type}"
+        )
+    size = body.numel(second.output[0])
+    before = {o for n in (first, *middle) for o in n.output if o}
+    for n in desc:
+        if not _elementwise_or_view(n):
+            raise Unsupported(f"{n.op_type} '{n.name}' cannot run as an epilogue of {second.op_type}")
+        if body.numel(n.output[0]) != size:
+            raise Unsupported(f"epilogue {n.op_type} '{n.name}' changes the domain of {second.op_type}")
+        if any(x in before for x in n.input):
+            raise Unsupported(f"epilogue {n.op_type} '{n.name}' reads a prologue value")
+    return ChainMatch(first, second, tuple(middle), tuple(desc))

@@ -12,12 +12,11 @@ from collections.abc import Collection
 from ..ir import Graph, Node
 from ..lower.values import Unsupported
 from ..ops import OpKind
-from .anchor_match import EPILOGUE_VIEW_OPS, match_anchor
+from .anchor_match import EPILOGUE_VIEW_OPS, match_anchor, match_chain
 from .reduction_match import group_spec, match_reduction
 
 POINTWISE_KINDS = {OpKind.VIEW, OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.INJECTIVE}
 EPILOGUE_KINDS = {OpKind.ELEMENTWISE, OpKind.BROADCAST}
-CHAIN_ANCHORS = {"MatMul", "Gemm"}
 
 
 class Misfit(Exception):
@@ -161,36 +160,15 @@ def _anchor(
 
 
 def _anchor_chain(graph: Graph, members: Collection[int], anchors: list[Node]) -> None:
-    first, second = sorted(anchors, key=lambda n: n.index)
-    if first.op_type not in CHAIN_ANCHORS or second.op_type not in CHAIN_ANCHORS:
-        raise Misfit("only MatMul/Gemm pairs share a kernel")
+    """Two GEMMs in one kernel: the group is one exactly when the chain match succeeds, given
+    weights known before the kernel runs (which only the graph can tell)."""
+    second = max(anchors, key=lambda n: n.index)
     if any(graph.producer(x) is not None for x in second.inputs[1:] if x):
         raise Misfit("the second contraction of a chain needs constant weights")
-    # Walk back from the second anchor's left operand to the first anchor through epilogue/view ops.
-    middle: set[int] = set()
-    node = graph.producer(second.inputs[0])
-    while node is not None and node.index in members and node.index != first.index:
-        if node.kind not in EPILOGUE_KINDS | {OpKind.VIEW}:
-            raise Misfit(f"{node.op_type} between the two contractions is not elementwise")
-        middle.add(node.index)
-        node = graph.producer(node.inputs[0])
-    if node is None or node.index != first.index:
-        raise Misfit("the second contraction does not consume the first")
-    n1 = (graph.shape(_out(first)) or (0,))[-1]
-    k2 = (graph.shape(second.inputs[0]) or (0,))[-1]
-    if n1 != k2 or _numel(graph, _out(first)) // max(n1, 1) != _numel(graph, second.inputs[0]) // max(k2, 1):
-        raise Misfit("the reshape between the contractions does not keep rows")
-    for i in middle | {first.index}:
-        for o in graph.nodes[i].outputs:
-            v = graph.values[o]
-            if v.is_output or any(c not in members for c in v.consumers):
-                raise Misfit("the intermediate of a contraction chain is read outside the kernel")
-    first_epi = {i for i in middle if graph.nodes[i].kind != OpKind.VIEW}
-    for i in first_epi:
-        if _numel(graph, _out(graph.nodes[i])) != _numel(graph, _out(first)):
-            raise Misfit("the first contraction's epilogue changes its domain")
-    rest = set(members) - middle - {first.index}
-    _epilogue_only(graph, rest, second, views=True)
+    try:
+        match_chain(group_spec(graph, members))
+    except Unsupported as why:
+        raise Misfit(str(why)) from None
 
 
 def _reduction(graph: Graph, members: Collection[int], private: frozenset[int]) -> None:

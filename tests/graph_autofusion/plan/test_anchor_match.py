@@ -12,7 +12,7 @@ from graphs import model, node
 import graph_autofusion as gaf
 from graph_autofusion.backend.cpu.extract import extract
 from graph_autofusion.ir import Graph
-from graph_autofusion.plan.anchor_match import AnchorMatch, match_anchor
+from graph_autofusion.plan.anchor_match import AnchorMatch, match_anchor, match_chain
 from graph_autofusion.plan.reduction_match import group_spec
 from graph_autofusion.plan.templates import classify
 
@@ -120,3 +120,47 @@ def test_the_fused_model_carries_the_match_in_local_names() -> None:
     again = match_anchor(spec).to_json(node=lambda name: name if name.startswith("n") else f"n{local[name]}")
     assert again["contraction"] == recorded["contraction"]
     assert again["operands"][1]["strides"] == recorded["operands"][1]["strides"]
+
+
+def _mlp_chain(reshape_rows: bool = False) -> onnx.ModelProto:
+    """x @ w1 + b1 -> Relu -> [Reshape] -> @ w2 -> Tanh."""
+    nodes = [
+        node("MatMul", ["x", "w1"], ["h"], "fc1"),
+        node("Add", ["h", "b1"], ["hb"], "bias1"),
+        node("Relu", ["hb"], ["a"], "act"),
+    ]
+    left = "a"
+    if reshape_rows:
+        nodes.append(node("Reshape", ["a", "rows"], ["ar"], "fold"))
+        left = "ar"
+    nodes += [node("MatMul", [left, "w2"], ["y"], "fc2"), node("Tanh", ["y"], ["o"], "out")]
+    k2 = 32 if reshape_rows else 16
+    return model(
+        nodes,
+        [("x", [8, 8])],
+        ["o"],
+        [
+            ("w1", np.ones((8, 16), np.float32)),
+            ("b1", np.ones((16,), np.float32)),
+            ("rows", np.array([4, 32], np.int64)),
+            ("w2", np.ones((k2, 5), np.float32)),
+        ],
+    )
+
+
+def test_chain_match_names_both_products_and_what_runs_between() -> None:
+    g = _graph(_mlp_chain())
+    assert classify(g, range(5)) == ("anchor_chain", "")
+    chain = match_chain(group_spec(g, range(5)))
+    assert (chain.first.name, chain.second.name) == ("fc1", "fc2")
+    assert [n.name for n in chain.middle] == ["bias1", "act"] and [n.name for n in chain.epilogue] == ["out"]
+    fused = gaf.fuse(_mlp_chain()).model
+    docs = [json.loads(f.doc_string) for f in fused.functions]
+    (recorded,) = [d["match"] for d in docs if d["template"] == "anchor_chain"]
+    assert recorded["middle"] == ["n1", "n2"]
+
+
+def test_a_reshape_that_changes_the_row_length_is_refused() -> None:
+    # [8, 16] -> [4, 32]: row blocks of the first product are not rows of the second's operand.
+    kind, why = classify(_graph(_mlp_chain(reshape_rows=True)), range(6))
+    assert kind is None and why == "the reshape between the contractions does not keep rows"
