@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 import onnx
 
 from ....lower.anchor import lower_anchor, method_of
+from ....plan.anchor_match import AnchorMatch, match_anchor
 from ..blas import BLAS_PREAMBLE
 from ..kernel_spec import KernelSpec
 from ..render_c import WORKSPACE_SUFFIX, c_comment, render_kernel
@@ -34,7 +35,6 @@ from .epilogue import (
     Operands,
     Step,
     build_epilogue,
-    contiguous_strides,
     emit_epilogue,
     plan_destination,
 )
@@ -43,7 +43,6 @@ from .gemm import (
     EpilogueCall,
     GemmProblem,
     Matrix,
-    View,
     emit_chain_body,
     gemm_c_shape,
     gemm_problem,
@@ -158,21 +157,16 @@ def emit_anchor(spec: KernelSpec) -> AnchorKernel:
         return _emit_chain(kernel, anchors)
     if len(anchors) != 1:
         raise CodegenUnsupported(f"an anchor kernel has exactly one anchor, found {len(anchors)}")
-    node = spec.nodes[anchors[0]]
-    prologue = kernel.view_nodes_feeding([i for i in node.input if i])
-    rest = [n for k, n in enumerate(spec.nodes) if k not in prologue and k != anchors[0]]
-    if node.op_type in ("Conv", "ConvTranspose"):
-        for n in rest:
-            if n.op_type == "Transpose":
-                raise CodegenUnsupported(f"a Transpose after {node.op_type} would need a copy")
-        return _emit_conv(kernel, node, rest)
-    return _emit_gemm(spec)
+    match = match_anchor(spec)
+    if match.contraction is None:
+        return _emit_conv(kernel, match)
+    return _emit_gemm(spec, match)
 
 
-def _emit_gemm(spec: KernelSpec) -> AnchorKernel:
+def _emit_gemm(spec: KernelSpec, match: AnchorMatch) -> AnchorKernel:
     """A MatMul/Gemm anchor: its match lowered to the kernel IR (lower/anchor.py) and rendered,
     behind the declarations of the contraction routine it calls."""
-    lowered = lower_anchor(spec)
+    lowered = lower_anchor(spec, match)
     return AnchorKernel(BLAS_PREAMBLE + render_kernel(lowered), method_of(lowered), True)
 
 
@@ -182,9 +176,10 @@ def _destination(kernel: _Kernel, epi: Epilogue, anchor_output: str) -> tuple[st
     return kernel.ops.output_pointer(dest), call
 
 
-def _emit_conv(kernel: _Kernel, node: onnx.NodeProto, rest: list[onnx.NodeProto]) -> AnchorKernel:
+def _emit_conv(kernel: _Kernel, match: AnchorMatch) -> AnchorKernel:
+    """A Conv/ConvTranspose anchor from its match (dense operands: a conv takes no prologue)."""
     ops = kernel.ops
-    views = [trace_view(name, ops, kernel.producers) for name in node.input[:2]]
+    node, rest = match.anchor, list(match.epilogue)
     geom = conv_geometry(node, ops)
     y = node.output[0]
     y_shape = ops.shape(y)
@@ -207,25 +202,12 @@ def _emit_conv(kernel: _Kernel, node: onnx.NodeProto, rest: list[onnx.NodeProto]
         shape_overrides=overrides,
     )
     y_ptr, call = _destination(kernel, epi, y)
-    pre_lines: list[str] = []
-    post_lines: list[str] = []
-    ptrs = []
-    for k, view in enumerate(views):
-        if view.strides == contiguous_strides(view.shape):
-            ptrs.append(view.pointer(ops))
-            continue
-        # A transposing prologue (NHWC -> NCHW, ...): one strided copy into a dense buffer.
-        name = f"dense{k}"
-        pre_lines += _gather_view(name, view, ops)
-        post_lines.append(f"  free({name});")
-        ptrs.append(name)
-    x_ptr, w_ptr = ptrs
+    x_ptr, w_ptr = (ops.pointer(view.tensor) for view in match.operands[:2])
     if node.op_type == "ConvTranspose":
         body, method = emit_conv_transpose_body(geom, x_ptr, w_ptr, y_ptr, call)
     else:
         helpers, body, method = emit_conv_body(geom, x_ptr, w_ptr, y_ptr, call, kernel.spec.symbol)
         kernel.helpers = helpers + kernel.helpers
-    body = [*pre_lines, "  {", *body, "  }", *post_lines] if pre_lines else body
     desc = (
         f"{node.op_type} {geom.n}x{geom.cin}x{geom.d}x{geom.h}x{geom.w} -> {geom.cout}x{geom.od}x{geom.oh}x"
         f"{geom.ow}, kernel {geom.kd}x{geom.kh}x{geom.kw}, stride {geom.sd}x{geom.sh}x{geom.sw}, "
@@ -234,23 +216,6 @@ def _emit_conv(kernel: _Kernel, node: onnx.NodeProto, rest: list[onnx.NodeProto]
     )
     uses_blas = method != "conv_depthwise"
     return kernel.assemble(body, method, uses_blas, desc)
-
-
-def _gather_view(name: str, view: View, ops: Operands) -> list[str]:
-    """C statements copying a strided view into a new dense buffer `name` (freed by the caller)."""
-    numel = math.prod(view.shape)
-    lines = [f"  float *{name} = (float *)malloc(sizeof(float) * {max(1, numel)});", "  {"]
-    lines.append(f"    const float *restrict src = {view.pointer(ops)};")
-    lines.append("    long o = 0;")
-    indent = "    "
-    offset = []
-    for a, (d, st) in enumerate(zip(view.shape, view.strides, strict=True)):
-        lines.append(f"{indent}for (long i{a} = 0; i{a} < {d}L; ++i{a})")
-        indent += "  "
-        offset.append(f"i{a} * {st}L")
-    lines.append(f"{indent}{name}[o++] = src[{' + '.join(offset) or '0'}];")
-    lines.append("  }")
-    return lines
 
 
 def _gemm_pre_steps(

@@ -359,7 +359,7 @@ def test_conv_then_transpose_is_refused(rng: np.random.Generator) -> None:
         ["o"],
         {"w": rand(rng, 5, 3, 1, 1)},
     )
-    _refused(case, "conv_transpose_tail", "Transpose after Conv")
+    _refused(case, "conv_transpose_tail", "Transpose 'o' after Conv 'y' would need a copy")
 
 
 def test_two_transposed_outputs_are_refused(rng: np.random.Generator) -> None:
