@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from ..backend.cpu.kernel_spec import KernelSpec
 from ..kernel_ir import Buffer, Call, DType, Expr, Kernel, Let, Loop, Stmt, Store, TensorAt
 from ..kernel_ir import nodes as ir
-from ..plan.anchor_match import AnchorMatch, Contraction, MatrixView, match_anchor
+from ..plan.anchor_match import EPILOGUE_VIEW_OPS, AnchorMatch, Contraction, MatrixView, match_anchor
 from .pointwise import KernelValues
 from .values import IndexGroup, Unsupported, broadcast_index
 
@@ -165,16 +165,9 @@ class _EpilogueValues(KernelValues):
         return value
 
 
-def _views(match: AnchorMatch) -> dict[str, str]:
-    return {n.output[0]: n.input[0] for n in match.epilogue if n.op_type in _VIEW_STEPS}
-
-
-_VIEW_STEPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
-
-
 def _is_raw(match: AnchorMatch, value: str) -> bool:
     """Whether `value` is the raw product itself (the anchor output, or a view of it, no addend)."""
-    views = _views(match)
+    views = {n.output[0]: n.input[0] for n in match.epilogue if n.op_type in EPILOGUE_VIEW_OPS}
     while value in views:
         value = views[value]
     return value == match.anchor.output[0] and match.addend is None
