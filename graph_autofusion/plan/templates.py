@@ -12,7 +12,7 @@ from collections.abc import Collection
 from ..ir import Graph, Node
 from ..lower.values import Unsupported
 from ..ops import OpKind
-from .anchor_match import EPILOGUE_VIEW_OPS, match_anchor, match_chain
+from .anchor_match import EPILOGUE_VIEW_OPS, INLINED_INT_CONSTANT, match_anchor, match_chain
 from .reduction_match import group_spec, match_reduction
 
 POINTWISE_KINDS = {OpKind.VIEW, OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.INJECTIVE}
@@ -154,7 +154,7 @@ def _anchor(
 ) -> None:
     """One anchor kernel: the group is one exactly when the anchor match succeeds on it."""
     try:
-        match_anchor(group_spec(graph, members, private))
+        match_anchor(group_spec(graph, members, private, max_constant=INLINED_INT_CONSTANT))
     except Unsupported as why:
         raise Misfit(str(why)) from None
 
@@ -166,7 +166,7 @@ def _anchor_chain(graph: Graph, members: Collection[int], anchors: list[Node]) -
     if any(graph.producer(x) is not None for x in second.inputs[1:] if x):
         raise Misfit("the second contraction of a chain needs constant weights")
     try:
-        match_chain(group_spec(graph, members))
+        match_chain(group_spec(graph, members, max_constant=INLINED_INT_CONSTANT))
     except Unsupported as why:
         raise Misfit(str(why)) from None
 
