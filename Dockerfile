@@ -1,12 +1,15 @@
 # syntax=docker/dockerfile:1.7
 #
-# Two images from one file (see docs/deploy.md):
-#   docker build --target api    -t graph-autofusion-api .      # FastAPI service: no compiler, no BLAS
-#   docker build --target worker -t graph-autofusion-worker .   # Celery worker: gcc + OpenBLAS for `cpu`
+# Three images from one file (see docs/deploy.md):
+#   docker build --target api         -t graph-autofusion-api .          # FastAPI service: no compiler, no BLAS
+#   docker build --target worker      -t graph-autofusion-worker .       # Celery worker: gcc + OpenBLAS for `cpu`
+#   docker build --target worker-cuda -t graph-autofusion-worker-cuda .  # + torch (CUDA build), triton: `cuda`
+# The Ascend worker needs CANN's base image: deploy/docker/ascend910.Dockerfile.
 #
 # Dependencies are installed by `./run install`, the same step CI runs (.ci/run), from the pinned
-# pyproject.toml; `--no-dev` leaves out the test and lint tools. Nothing secret is baked in: API keys
-# and the Redis URL come from the environment at run time.
+# pyproject.toml; `--no-dev` leaves out the test and lint tools, `--extra cuda` adds the GPU worker's
+# torch and triton. Nothing secret is baked in: API keys and the Redis URL come from the environment
+# at run time.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
@@ -29,6 +32,13 @@ COPY worker/ worker/
 RUN ./run install --no-dev \
     && .venv/bin/python -m compileall -q graph_autofusion core service worker
 COPY deploy/docker/healthcheck.py deploy/docker/healthcheck.py
+
+# ---- build-cuda: the same environment plus the `cuda` extra (torch's CUDA build, triton) ----------
+# torch's Linux wheel carries the CUDA runtime libraries and triton's wheel its ptxas, so no CUDA
+# base image is needed: only the driver comes from the host (the NVIDIA Container Toolkit mounts it).
+FROM build AS build-cuda
+RUN ./run install --no-dev --extra cuda \
+    && .venv/bin/python -m compileall -q graph_autofusion core service worker
 
 # ---- build-api: the same environment without the BLAS only the worker's kernels link against -----
 FROM build AS build-api
@@ -63,11 +73,30 @@ ENV PATH=/app/.venv/bin:$PATH \
 VOLUME ["/data"]
 ENTRYPOINT ["tini", "--", "autofusion"]
 
-# ---- worker: serves the `fuse.cpu` queue; compiles C kernels with gcc against OpenBLAS ------------
-FROM runtime AS worker
+# ---- worker-base: the runtime plus a C compiler (the `cpu` kernels; Triton's launcher stubs) ------
+FROM runtime AS worker-base
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
+
+# ---- worker-cuda: serves `fuse.cuda`; Triton kernels, cubins, verification on the GPU -------------
+# `docker run --gpus 1 …` (Compose profile `gpu`, deploy/k8s/worker-cuda.yaml). It refuses to start,
+# exit status 3 and one line saying what is missing, on a host whose GPU it cannot see.
+FROM worker-base AS worker-cuda
+COPY --from=build-cuda /app /app
+# Triton's scratch files under /tmp (the Kubernetes pods' root file system is read-only); its binary
+# cache goes beside the kernel cache on the shared volume (the worker sets TRITON_CACHE_DIR).
+ENV TRITON_HOME=/tmp/triton \
+    NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility
+USER autofusion
+STOPSIGNAL SIGTERM
+HEALTHCHECK --interval=30s --timeout=10s --start-period=120s --retries=3 \
+    CMD ["python", "/app/deploy/docker/healthcheck.py", "worker"]
+CMD ["worker", "--targets", "cuda"]
+
+# ---- worker: serves the `fuse.cpu` queue; compiles C kernels with gcc against OpenBLAS ------------
+FROM worker-base AS worker
 COPY --from=build /app /app
 USER autofusion
 # Celery's warm shutdown on SIGTERM: finish the running job (or hand its message back), then exit.

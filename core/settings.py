@@ -8,6 +8,7 @@ configured once and both sides agree on limits, leases and storage paths.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -93,6 +94,18 @@ class Settings(BaseSettings):
         description="OpenBLAS threads of BLAS-backed kernels (read by the engine; default 1, since the "
         "kernels of a job already run in parallel).",
     )
+    contraction: Literal["blas", "library"] | None = Field(
+        default=None,
+        description="How Conv/MatMul/Gemm kernels contract a constant weight operand: `library` (the "
+        "engine's contraction library, weights packed once at load) or `blas` (OpenBLAS per tile); "
+        "read by the engine; default `library`.",
+    )
+    triton_interpret: bool = Field(
+        default=False,
+        description="Workers of the Triton targets (`cuda`, `ascend910`) run their kernels in Triton's CPU "
+        "interpreter instead of on the device (`autofusion worker --interpret`): for CI and hosts "
+        "without the accelerator. The device checks at start are skipped; only triton is needed.",
+    )
     log_level: str = Field(default="INFO", description="Log level of the API and the workers.")
     retry_after: int = Field(default=1, ge=1, description="`Retry-After` seconds on unfinished jobs.")
     debug_stage_delay: float = Field(
@@ -162,9 +175,14 @@ class Settings(BaseSettings):
             "CC": self.cc,
             "CC_TIMEOUT": self.cc_timeout,
             "BLAS_THREADS": self.blas_threads,
+            "CONTRACTION": self.contraction,
         }
         prefix = self.model_config["env_prefix"]
-        return {f"{prefix}{name}": str(value) for name, value in values.items() if value is not None}
+        env = {f"{prefix}{name}": str(value) for name, value in values.items() if value is not None}
+        if self.triton_interpret:
+            # Triton reads it once, when it is first imported (the worker sets it before that).
+            env["TRITON_INTERPRET"] = "1"
+        return env
 
     @property
     def max_upload_bytes(self) -> int:

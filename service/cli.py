@@ -51,6 +51,12 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--targets", default="cpu", help="targets of the embedded worker (default: cpu)")
     p.add_argument("--no-worker", action="store_true", help="embedded mode: do not start a worker")
     p.add_argument(
+        "--interpret",
+        action="store_true",
+        help="embedded worker: run cuda/ascend910 kernels in Triton's CPU interpreter "
+        "(AUTOFUSION_TRITON_INTERPRET=1)",
+    )
+    p.add_argument(
         "--api-workers",
         type=int,
         default=None,
@@ -79,6 +85,8 @@ def serve_command(args: argparse.Namespace) -> int:
         os.environ["AUTOFUSION_DATA_DIR"] = str(args.data_dir)
     if args.log_level:
         os.environ["AUTOFUSION_LOG_LEVEL"] = args.log_level
+    if args.interpret:
+        os.environ["AUTOFUSION_TRITON_INTERPRET"] = "1"  # the embedded worker inherits it
     settings = Settings()
     return serve(
         settings,
@@ -234,9 +242,16 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
+#: Exit statuses of a worker that cannot start as configured (an unknown target; a target whose
+#: toolchain or device is missing): restarting it would only repeat its message every two seconds.
+WORKER_CANNOT_START = frozenset({2, 3})
+
+
 class WorkerSupervisor(threading.Thread):
     """Keeps the embedded worker process running: a worker that dies (a model crashed it, it was
-    killed) is restarted, and the job it held is picked up again through the lease sweep."""
+    killed) is restarted, and the job it held is picked up again through the lease sweep. A worker
+    that refused to start (`WORKER_CANNOT_START`: it printed why) is not restarted; the API goes on
+    serving, and jobs wait (`waiting_for_worker`) until `serve` is restarted as it should be."""
 
     def __init__(self, args: list[str], env: dict[str, str]) -> None:
         super().__init__(name="autofusion-worker-supervisor", daemon=True)
@@ -253,6 +268,13 @@ class WorkerSupervisor(threading.Thread):
             started = time.monotonic()
             self.child.wait()
             if self._stopping.is_set():
+                return
+            if self.child.returncode in WORKER_CANNOT_START:
+                print(
+                    f"autofusion serve: the worker cannot start (exit status {self.child.returncode}, "
+                    "its message is above); not restarting it — the API serves, jobs wait",
+                    flush=True,
+                )
                 return
             # wait before restarting: a crash loop should not spin
             if self._stopping.wait(max(1.0, 2.0 - (time.monotonic() - started))):

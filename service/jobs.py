@@ -173,8 +173,6 @@ def _model_for(
     return claimed, state.blobs.size(claimed), filename
 
 
-
-
 def is_job_id(job_id: str) -> bool:
     return job_id.isalnum() and len(job_id) <= 64
 

@@ -35,6 +35,11 @@ class ArtifactInfo(BaseModel):
 class Artifacts(BaseModel):
     model: ArtifactInfo | None = None
     bundle: ArtifactInfo | None = None
+    kernels: ArtifactInfo | None = Field(
+        None,
+        description="Triton targets: the kernel manifest (JSON: launch metadata of every kernel; each "
+        "kernel file, source or cubin, named by the digest it is served under at `/artifacts/{digest}`).",
+    )
 
 
 class Links(BaseModel):
@@ -78,6 +83,18 @@ class TargetInfo(BaseModel):
     name: str
     workers: int
     last_seen: datetime
+    description: str = Field("", description="What a job for this target does.")
+    compiles: bool = Field(
+        False, description="Whether its workers compile and verify kernels (else plan and export only)."
+    )
+    backend: str | None = Field(None, description="The kernel backend: `c` or `triton`; null: plan only.")
+    toolchain: str = Field("", description="What a worker host of this target needs installed.")
+    device: str = Field("", description="Where its kernels run (checked when a worker starts).")
+    modes: dict[str, int] = Field(
+        default_factory=dict,
+        description="Live workers by where they run the kernels: `device`, or `interpret` (Triton's CPU "
+        "interpreter, `autofusion worker --interpret`: for CI, not production).",
+    )
 
 
 class TargetList(BaseModel):
@@ -149,5 +166,9 @@ def job_view(record: JobRecord, *, waiting: bool = False) -> Job:
             bundle=f"{base}/bundle",
             cancel=f"{base}/cancel",
         ),
-        artifacts=Artifacts(model=art(record.model_artifact), bundle=art(record.bundle_artifact)),
+        artifacts=Artifacts(
+            model=art(record.model_artifact),
+            bundle=art(record.bundle_artifact),
+            kernels=art(record.kernels_artifact),
+        ),
     )

@@ -15,6 +15,7 @@ from typing import Any
 
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
 from autofusion_core.blobs import BlobStore, StagedBlob
@@ -194,7 +195,12 @@ async def read_submission(request: Request, blobs: BlobStore, max_model_bytes: i
             if not collector.ended:
                 raise _invalid("the multipart body ends early")
         elif media_type == URLENCODED:
-            form = await request.form(max_files=0, max_fields=len(TEXT_FIELDS) + 8)
+            try:
+                form = await request.form(max_files=0, max_fields=len(TEXT_FIELDS) + 8)
+            except HTTPException as exc:
+                # Starlette answers a form over its field limit with a bare 400; to a client it is one
+                # more malformed body, so it gets the same stable code as the rest.
+                raise _invalid(f"malformed form body: {exc.detail}") from None
             for name in TEXT_FIELDS:
                 value = form.get(name)
                 if isinstance(value, str):

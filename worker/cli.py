@@ -19,6 +19,12 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--concurrency", type=int, default=None, help="job processes (default: settings, 1)")
     p.add_argument("--data-dir", default=None, help="data dir (blobs; embedded store and broker)")
     p.add_argument("--log-level", default=None, help="log level (default: AUTOFUSION_LOG_LEVEL)")
+    p.add_argument(
+        "--interpret",
+        action="store_true",
+        help="cuda/ascend910: run the Triton kernels in Triton's CPU interpreter, no device needed "
+        "(AUTOFUSION_TRITON_INTERPRET=1; for CI and hosts without the accelerator)",
+    )
     p.set_defaults(func=worker_command)
 
 
@@ -30,14 +36,31 @@ def worker_command(args: argparse.Namespace) -> int:
         os.environ["AUTOFUSION_LOG_LEVEL"] = args.log_level
     if args.concurrency:
         os.environ["AUTOFUSION_WORKER_CONCURRENCY"] = str(args.concurrency)
+    if args.interpret:
+        os.environ["AUTOFUSION_TRITON_INTERPRET"] = "1"
     targets = [t.strip() for t in args.targets.split(",") if t.strip()]
     return run_worker(Settings(), targets)
 
 
 def apply_engine_environment(settings: Settings) -> None:
-    """Put the engine's settings (ISA, compiler, kernel cache, BLAS threads) into this process's
-    environment, where the engine reads them; the job processes inherit it."""
+    """Put the engine's settings (ISA, compiler, kernel cache, BLAS threads, Triton's interpreter)
+    into this process's environment, where the engine reads them; the job processes inherit it.
+    Triton's own binary cache goes beside the engine's kernel cache (shared by the workers of a
+    volume, keyed by content like it) unless TRITON_CACHE_DIR is set already."""
     os.environ.update(settings.engine_environment())
+    os.environ.setdefault("TRITON_CACHE_DIR", str((settings.kernel_cache_dir / "triton-binaries").resolve()))
+
+
+def check_toolchains(settings: Settings, targets: list[str]) -> dict[str, dict[str, str]] | None:
+    """The start-up check of every target's toolchain and device (`toolchain.py`); None, after a
+    one-line message on stderr, when one is missing."""
+    from .toolchain import ToolchainMissing, check_targets, interpret_requested
+
+    try:
+        return check_targets(targets, interpret=interpret_requested(settings.triton_interpret))
+    except ToolchainMissing as exc:
+        print(f"autofusion worker: {exc}", file=sys.stderr)
+        return None
 
 
 def stop_consuming(consumers: list[Any]) -> None:
@@ -71,6 +94,7 @@ def run_worker(settings: Settings, targets: list[str]) -> int:
     from .app import make_celery
     from .consumer import watch_consumer
     from .heartbeat import Heartbeat
+    from .toolchain import EXIT_TOOLCHAIN
 
     unknown = [t for t in targets if t not in TARGETS]
     if unknown or not targets:
@@ -82,6 +106,14 @@ def run_worker(settings: Settings, targets: list[str]) -> int:
     private_umask()
     private_dir(settings.data_dir)
     apply_engine_environment(settings)
+    found = check_toolchains(settings, targets)
+    if found is None:
+        return EXIT_TOOLCHAIN
+    for target, parts in found.items():
+        if parts:
+            logging.getLogger("autofusion_worker").info(
+                "target %s: %s", target, ", ".join(f"{k} {v}" for k, v in parts.items())
+            )
     app = make_celery(settings, targets)
     name = f"{'+'.join(targets)}@{socket.gethostname()}-{os.getpid()}"
     heartbeat = Heartbeat(
@@ -92,6 +124,7 @@ def run_worker(settings: Settings, targets: list[str]) -> int:
         targets,
         settings.worker_concurrency,
         watch=watch_consumer(app),
+        modes={t: found[t].get("mode", "device") for t in targets},
     )
     consumers: list[Any] = []
 

@@ -45,6 +45,7 @@ class Heartbeat(threading.Thread):
         targets: list[str],
         concurrency: int,
         watch: ConsumerWatch | None = None,
+        modes: dict[str, str] | None = None,
     ) -> None:
         super().__init__(name="autofusion-heartbeat", daemon=True)
         self.settings, self.store, self.queue, self.watch = settings, store, queue, watch
@@ -54,6 +55,7 @@ class Heartbeat(threading.Thread):
             pid=os.getpid(),
             targets=targets,
             concurrency=concurrency,
+            modes=modes or {},
             last_seen=time.time(),
         )
         self._stop_event = threading.Event()

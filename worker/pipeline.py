@@ -1,7 +1,8 @@
 """One fusion job from claim to stored artifacts: the whole worker pipeline in one place.
 
-    claim (lease) ─► fuse (loading … exporting) ─► compile (cpu targets, when the backend exists)
-                  ─► package (fused.onnx, report.json, manifest.json → tar.gz) ─► store ─► finish
+    claim (lease) ─► fuse (loading … exporting) ─► compile (C for cpu, Triton for cuda/ascend910)
+                  ─► verify (against onnxruntime, on the target's device or Triton's interpreter)
+                  ─► package (fused.onnx, report.json, manifest.json, kernels/ → tar.gz) ─► store ─► finish
 
 The engine does the work; this module adds what a service needs around it: progress written to the
 job store (which also renews the lease and notices cancellation), stage durations for metrics,
@@ -34,6 +35,7 @@ from autofusion_core.store import Artifact, JobRecord, JobStore, Lease
 from autofusion_core.targets import get_target
 
 from .bundle import write_bundle
+from .kernels import KernelArtifacts, store_kernels
 
 log = logging.getLogger("autofusion_worker")
 STAGE_METRIC = "autofusion_stage_duration_seconds"
@@ -145,7 +147,7 @@ def run_job(job_id: str, ctx: JobContext) -> JobRecord | None:
     log.info("job %s: attempt %d started by %s", job_id, job.attempt, owner)
     with ProgressReporter(ctx, job_id, owner) as reporter:
         try:
-            artifacts = _execute(job, ctx, reporter)
+            artifacts, kernel_files = _execute(job, ctx, reporter)
             reporter.check()
         except (JobCancelled, LeaseLost) as exc:
             return _stopped(ctx, job_id, owner, exc)
@@ -159,7 +161,8 @@ def run_job(job_id: str, ctx: JobContext) -> JobRecord | None:
             error = problem_for(exc)
             return until_available(lambda: ctx.store.finish(job_id, owner, "failed", error=error), wait)
     finished = until_available(
-        lambda: ctx.store.finish(job_id, owner, "succeeded", artifacts=artifacts), wait
+        lambda: ctx.store.finish(job_id, owner, "succeeded", artifacts=artifacts, kernel_files=kernel_files),
+        wait,
     )
     log.info("job %s: %s", job_id, finished.status if finished else "lease lost before finishing")
     return finished
@@ -211,30 +214,48 @@ def _jsonable(value: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(value, default=str))
 
 
-def _execute(job: JobRecord, ctx: JobContext, progress: ProgressReporter) -> dict[str, Artifact]:
+def _execute(
+    job: JobRecord, ctx: JobContext, progress: ProgressReporter
+) -> tuple[dict[str, Artifact], list[Artifact]]:
+    """Fuse, compile for the job's target, verify, package. Returns the artifacts by name and the
+    kernel files a Triton target's manifest names (stored as blobs of their own)."""
     model_bytes = ctx.blobs.read(job.model_digest)
     config = gaf.FusionConfig.model_validate(job.config)
     fused = gaf.fuse(model_bytes, config=config, progress=progress)
-    report = fused.report()
     target = get_target(job.target)
-    compiled = target is not None and target.compiles and hasattr(fused, "compile")
-    if compiled:
+    backend = target.backend if target is not None and target.compiles else None
+    result: Any = None
+    if backend is not None:
         ctx.settings.kernel_cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         progress("compiling", 0, None)
-        result = fused.compile(
-            cache_dir=ctx.settings.kernel_cache_dir,
-            progress=lambda done, total: progress("compiling", done, total),
-        )
+        if backend == "triton":
+            # Rendered kernels are content-addressed under <cache>/triton/; Triton keeps the
+            # binaries in TRITON_CACHE_DIR (the worker puts it beside, see cli.py).
+            result = fused.compile(target=job.target, cache_dir=ctx.settings.kernel_cache_dir)
+        else:
+            result = fused.compile(
+                cache_dir=ctx.settings.kernel_cache_dir,
+                progress=lambda done, total: progress("compiling", done, total),
+            )
+    report = fused.report()  # after compiling: the compiled model has the last word on host ops
+    if result is not None:
         stats = getattr(result, "stats", {}) or {}
         report.setdefault("compile", _jsonable(stats))
         _count_cache(ctx.store, stats.get("cache"))
-    with Packager(ctx.blobs, fused, compiled) as packager:
-        if compiled:
+    kernels = KernelArtifacts()
+    with Packager(ctx.blobs, fused, backend) as packager:
+        if backend is not None:
             progress("verifying")  # while the packager writes the model and the bundle
-            verification = fused.verify(raise_on_failure=True)
+            verification = fused.verify(raise_on_failure=True, target=job.target)
             report.setdefault("verification", _jsonable(verification.to_dict()))
         progress("packaging")
-        return packager.finish(json.dumps(report, sort_keys=True, default=str).encode())
+        if backend == "triton":
+            kernels = store_kernels(ctx.blobs, result)  # after verifying: tuned on the device
+            report["kernels_manifest"] = kernels.manifest.digest if kernels.manifest else None
+        artifacts = packager.finish(json.dumps(report, sort_keys=True, default=str).encode(), kernels.members)
+    if kernels.manifest is not None:
+        artifacts["kernels"] = kernels.manifest
+    return artifacts, kernels.files
 
 
 class Packager(threading.Thread):
@@ -244,11 +265,17 @@ class Packager(threading.Thread):
     so only it and the blob commits are left for the `packaging` stage. On a large model this hides
     serialization and copying that took a third of the job. Leaving the `with` block without
     `finish()` (verification failed, the job was cancelled) waits for the thread and discards the
-    staged bundle."""
+    staged bundle.
 
-    def __init__(self, blobs: BlobStore, fused: Any, compiled: bool) -> None:
+    `backend` is the target's: `c` writes the CPU runtime's bundle (model.onnx, kernels/, its
+    manifest); `triton` writes model.onnx early and the kernel files and their manifest late, with
+    the report (they are known only after verification, see kernels.py); None (a target that only
+    plans) writes model.onnx and a manifest of every file's sha256 and size."""
+
+    def __init__(self, blobs: BlobStore, fused: Any, backend: str | None) -> None:
         super().__init__(name="autofusion-packager", daemon=True)
-        self.blobs, self.fused, self.compiled = blobs, fused, compiled
+        self.blobs, self.fused, self.backend = blobs, fused, backend
+        self._late: dict[str, bytes] = {}
         self._report: bytes | None = None
         self._report_ready = threading.Event()
         self._artifacts: dict[str, Artifact] = {}
@@ -262,7 +289,9 @@ class Packager(threading.Thread):
         self._report_ready.set()  # unblock the thread; without a report it gives up
         self.join()
 
-    def finish(self, report_data: bytes) -> dict[str, Artifact]:
+    def finish(self, report_data: bytes, members: dict[str, bytes] | None = None) -> dict[str, Artifact]:
+        """Hand over the report (and late bundle `members`), wait for the bundle, store the report."""
+        self._late = dict(members or {})
         self._report = report_data
         self._report_ready.set()
         self.join()
@@ -275,7 +304,7 @@ class Packager(threading.Thread):
         self._report_ready.wait()
         if self._report is None:
             raise _Abandoned
-        return {"report.json": self._report}
+        return {**self._late, "report.json": self._report}
 
     def run(self) -> None:
         staged = None
@@ -284,14 +313,14 @@ class Packager(threading.Thread):
             # rename: the fused model is serialized and written once, not twice.
             with tempfile.TemporaryDirectory(prefix="bundle-", dir=self.blobs.staging_dir) as tmp:
                 bundle_dir = Path(tmp) / "bundle"
-                if self.compiled:
+                if self.backend == "c":
                     # the runtime's layout: model.onnx (the fused model), kernels/, manifest.json
                     self.fused.save_bundle(bundle_dir)
                 else:
                     bundle_dir.mkdir()
                     (bundle_dir / "model.onnx").write_bytes(self.fused.model.SerializeToString())
                 staged = self.blobs.stage()
-                write_bundle(bundle_dir, staged, write_manifest=not self.compiled, late=self._late_members)
+                write_bundle(bundle_dir, staged, write_manifest=self.backend is None, late=self._late_members)
                 staged.commit()
                 self._artifacts["bundle"] = Artifact(digest=staged.digest, size=staged.size)
                 digest, size = self.blobs.adopt(bundle_dir / "model.onnx")

@@ -200,8 +200,11 @@ class JobStore(ABC):
         *,
         error: dict | None = None,
         artifacts: dict[str, Artifact] | None = None,
+        kernel_files: list[Artifact] | None = None,
     ) -> JobRecord | None:
-        """End a run that still holds its lease. A run that lost its lease changes nothing."""
+        """End a run that still holds its lease. A run that lost its lease changes nothing.
+        `artifacts` by name (`model`, `bundle`, `report`, `kernels`); `kernel_files`, the blobs the
+        kernel manifest names. A succeeded job's tenant may download all of them."""
 
         def change(r: JobRecord) -> JobRecord | None:
             if r.lease is None or r.lease.owner != owner or r.status not in ("running", "cancelling"):
@@ -211,6 +214,8 @@ class JobStore(ABC):
             done = (
                 {"stage": None, "progress_done": None, "progress_total": None} if final == "succeeded" else {}
             )
+            if final == "succeeded" and kernel_files:
+                done["kernel_files"] = list(kernel_files)
             return _finished(
                 r, final, time.time(), error=error if final == "failed" else None, **_arts(artifacts), **done
             )

@@ -36,6 +36,8 @@ class WorkerInfo(BaseModel):
     pid: int
     targets: list[str]
     concurrency: int = 1
+    #: per target, where its kernels run: `device`, or `interpret` (Triton's CPU interpreter)
+    modes: dict[str, str] = Field(default_factory=dict)
     last_seen: float
 
 
@@ -77,6 +79,10 @@ class JobRecord(BaseModel):
     model_artifact: Artifact | None = None
     bundle_artifact: Artifact | None = None
     report_artifact: Artifact | None = None
+    #: Triton targets: the kernel manifest (launch metadata; each kernel file named by its digest)
+    kernels_artifact: Artifact | None = None
+    #: the kernel files that manifest names (sources, cubins), each a blob of its own
+    kernel_files: list[Artifact] = Field(default_factory=list)
     lease: Lease | None = None
 
     @property
@@ -84,5 +90,5 @@ class JobRecord(BaseModel):
         return self.status in TERMINAL
 
     def artifact_digests(self) -> list[str]:
-        found = (self.model_artifact, self.bundle_artifact, self.report_artifact)
-        return [a.digest for a in found if a is not None]
+        found = (self.model_artifact, self.bundle_artifact, self.report_artifact, self.kernels_artifact)
+        return [a.digest for a in (*found, *self.kernel_files) if a is not None]

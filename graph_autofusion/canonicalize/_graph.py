@@ -10,6 +10,7 @@ result once.  New constants are stored as TensorProtos too; numpy views are made
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from typing import TypeVar
 
 import numpy as np
@@ -37,6 +38,8 @@ from ..onnx_utils import (
 )
 
 _Message = TypeVar("_Message", NodeProto, ValueInfoProto, TypeProto)
+
+DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
 def _copy(message: _Message) -> _Message:
@@ -105,7 +108,7 @@ class WorkGraph:
 
     def set_default_opset(self, version: int) -> None:
         """Declare the default domain at `version` (after a pass rewrote the nodes to it)."""
-        others = [(d, v) for d, v in self.opset_imports if d not in ("", "ai.onnx")]
+        others = [(d, v) for d, v in self.opset_imports if d not in DEFAULT_DOMAINS]
         self.opset_imports = [("", version), *others]
         self.opset = version
 
@@ -144,6 +147,25 @@ class WorkGraph:
         self._arrays.pop(name, None)
 
     # -- structure ------------------------------------------------------------------------------
+    def replace_each(self, op_type: str, rewrite: Callable[[NodeProto], list[NodeProto] | None]) -> int:
+        """Offer every default-domain `op_type` node to `rewrite`, splicing in the nodes it returns
+        (None keeps the node); returns how many were replaced.
+
+        The one driver of the local-rewrite passes, so each pass states only its rule. Nodes are
+        visited in order and a replacement keeps its predecessor's place, so topological order holds.
+        """
+        nodes: list[NodeProto] = []
+        replaced = 0
+        for node in self.nodes:
+            found = rewrite(node) if node.op_type == op_type and node.domain in DEFAULT_DOMAINS else None
+            if found is None:
+                nodes.append(node)
+                continue
+            nodes.extend(found)
+            replaced += 1
+        self.nodes = nodes
+        return replaced
+
     def producers(self) -> dict[str, NodeProto]:
         return {out: node for node in self.nodes for out in node.output if out}
 

@@ -20,7 +20,7 @@ from onnx import AttributeProto, NodeProto, helper
 from onnx.reference import ReferenceEvaluator
 
 from ..onnx_utils import has_subgraph, static_shape, tensor_nbytes
-from ._graph import WorkGraph
+from ._graph import DEFAULT_DOMAINS, WorkGraph
 from .shape_inference import infer_node
 
 #: A folded output above this many elements that is also larger than the node's inputs is not folded.
@@ -66,7 +66,7 @@ class ConstantFolder:
 
     def _fold(self, node: NodeProto) -> bool:
         work = self.work
-        if node.domain not in ("", "ai.onnx") or node.op_type in NEVER_FOLD or has_subgraph(node):
+        if node.domain not in DEFAULT_DOMAINS or node.op_type in NEVER_FOLD or has_subgraph(node):
             return False
         outputs = [o for o in node.output if o]
         if not outputs or any(o in work.input_names for o in outputs):

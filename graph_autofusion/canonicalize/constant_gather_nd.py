@@ -21,22 +21,10 @@ from onnx import NodeProto, helper
 from ..onnx_utils import static_shape
 from ._graph import WorkGraph
 
-_DEFAULT = ("", "ai.onnx")
-
 
 def constant_gather_nd(work: WorkGraph) -> int:
     """Rewrite every GatherND with constant indices; returns how many were rewritten."""
-    nodes: list[NodeProto] = []
-    rewritten = 0
-    for node in work.nodes:
-        found = _rewrite(work, node) if node.op_type == "GatherND" and node.domain in _DEFAULT else None
-        if found is None:
-            nodes.append(node)
-            continue
-        nodes.extend(found)
-        rewritten += 1
-    work.nodes = nodes
-    return rewritten
+    return work.replace_each("GatherND", lambda node: _rewrite(work, node))
 
 
 def _rewrite(work: WorkGraph, node: NodeProto) -> list[NodeProto] | None:

@@ -14,9 +14,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import NodeProto
 
-from ._graph import WorkGraph
-
-_DEFAULT = ("", "ai.onnx")
+from ._graph import DEFAULT_DOMAINS, WorkGraph
 
 
 def fold_batchnorm(work: WorkGraph) -> int:
@@ -26,10 +24,12 @@ def fold_batchnorm(work: WorkGraph) -> int:
     graph_outputs = set(work.output_names)
     removed: set[int] = set()
     for bn in work.nodes:
-        if bn.op_type != "BatchNormalization" or bn.domain not in _DEFAULT:
+        if bn.op_type != "BatchNormalization" or bn.domain not in DEFAULT_DOMAINS:
             continue
         conv = producers.get(bn.input[0])
-        if conv is None or conv.op_type not in ("Conv", "ConvTranspose") or conv.domain not in _DEFAULT:
+        if conv is None or conv.domain not in DEFAULT_DOMAINS:
+            continue
+        if conv.op_type not in ("Conv", "ConvTranspose"):
             continue
         if bn.input[0] in graph_outputs or len(consumers.get(bn.input[0], ())) != 1:
             continue

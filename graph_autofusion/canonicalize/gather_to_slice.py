@@ -17,22 +17,10 @@ from onnx import NodeProto, helper
 from ..onnx_utils import static_shape
 from ._graph import WorkGraph
 
-_DEFAULT = ("", "ai.onnx")
-
 
 def gather_to_slice(work: WorkGraph) -> int:
     """Rewrite every qualifying Gather; returns how many were rewritten."""
-    nodes: list[NodeProto] = []
-    rewritten = 0
-    for node in work.nodes:
-        found = _rewrite(work, node) if node.op_type == "Gather" and node.domain in _DEFAULT else None
-        if found is None:
-            nodes.append(node)
-            continue
-        nodes.extend(found)
-        rewritten += 1
-    work.nodes = nodes
-    return rewritten
+    return work.replace_each("Gather", lambda node: _rewrite(work, node))
 
 
 def _rewrite(work: WorkGraph, node: NodeProto) -> list[NodeProto] | None:

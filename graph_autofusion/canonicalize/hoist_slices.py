@@ -31,9 +31,8 @@ from onnx import NodeProto, helper
 
 from ..layout import axis_groups, slice_window, split_sizes
 from ..onnx_utils import static_shape
-from ._graph import WorkGraph, transpose_perm
+from ._graph import DEFAULT_DOMAINS, WorkGraph, transpose_perm
 
-_DEFAULT = ("", "ai.onnx")
 _VIEWS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
 
 #: One window of a tensor: {axis: (start, end)} over the axes it narrows, in that tensor's axes.
@@ -62,7 +61,7 @@ def _sweep(work: WorkGraph) -> bool:
     consumers = work.consumers()
     graph_outputs = set(work.output_names)
     for layout in work.nodes:
-        if layout.domain not in _DEFAULT or layout.op_type not in _VIEWS | {"Transpose"}:
+        if layout.domain not in DEFAULT_DOMAINS or layout.op_type not in _VIEWS | {"Transpose"}:
             continue
         out = layout.output[0]
         readers = consumers.get(out, [])
@@ -105,7 +104,7 @@ def _reader(
     graph_outputs: set[str],
 ) -> _Reader | None:
     """The windows `node` takes of its first input (of `shape`), or None if it is no constant window."""
-    if node.domain not in _DEFAULT or node.op_type not in ("Slice", "Split") or len(node.input) < 1:
+    if node.domain not in DEFAULT_DOMAINS or node.op_type not in ("Slice", "Split") or len(node.input) < 1:
         return None
     if not shape or list(node.input).count(layout_out) != 1 or node.input[0] != layout_out:
         return None  # the layout output is a window parameter too

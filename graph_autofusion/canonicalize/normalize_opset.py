@@ -32,7 +32,7 @@ import logging
 from onnx import NodeProto, helper, version_converter
 
 from ..onnx_utils import subgraphs
-from ._graph import WorkGraph
+from ._graph import DEFAULT_DOMAINS, WorkGraph
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,6 @@ log = logging.getLogger(__name__)
 TARGET_OPSET = 18
 #: Opset 18 needs IR version 8.
 TARGET_IR_VERSION = 8
-_DEFAULT = ("", "ai.onnx")
 _SOFTMAX_FAMILY = frozenset({"Softmax", "LogSoftmax", "Hardmax"})
 _COERCED_BEFORE = 13  # the opset from which the Softmax family stopped flattening to 2-D
 
@@ -100,7 +99,7 @@ def _coerce_softmax_family(work: WorkGraph) -> int:
     nodes: list[NodeProto] = []
     rewritten = 0
     for node in work.nodes:
-        if node.op_type not in _SOFTMAX_FAMILY or node.domain not in _DEFAULT:
+        if node.op_type not in _SOFTMAX_FAMILY or node.domain not in DEFAULT_DOMAINS:
             nodes.append(node)
             continue
         axis = int(next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 1))

@@ -14,9 +14,7 @@ from __future__ import annotations
 from onnx import NodeProto
 
 from ..onnx_utils import outer_scope_inputs, subgraphs
-from ._graph import WorkGraph, rename_in_graph
-
-_DEFAULT = ("", "ai.onnx")
+from ._graph import DEFAULT_DOMAINS, WorkGraph, rename_in_graph
 
 
 def remove_identity(work: WorkGraph) -> int:
@@ -69,7 +67,7 @@ def remove_identity(work: WorkGraph) -> int:
 def _is_identity(
     work: WorkGraph, node: NodeProto, consumers: dict[str, list[NodeProto]], graph_outputs: set[str]
 ) -> bool:
-    if node.domain not in _DEFAULT or not node.input or not node.input[0] or not node.output[0]:
+    if node.domain not in DEFAULT_DOMAINS or not node.input or not node.input[0] or not node.output[0]:
         return False
     if node.op_type == "Identity":
         return True

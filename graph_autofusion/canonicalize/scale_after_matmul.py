@@ -17,9 +17,8 @@ import numpy as np
 from onnx import NodeProto, helper
 
 from ..onnx_utils import static_shape
-from ._graph import WorkGraph
+from ._graph import DEFAULT_DOMAINS, WorkGraph
 
-_DEFAULT = ("", "ai.onnx")
 _VIEWS = frozenset({"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze"})
 
 
@@ -31,7 +30,9 @@ def scale_after_matmul(work: WorkGraph) -> int:
     removed: set[int] = set()
     after: dict[int, NodeProto] = {}  # id(MatMul) -> the scaling node that now follows it
     for matmul in work.nodes:
-        if matmul.op_type != "MatMul" or matmul.domain not in _DEFAULT or matmul.output[0] not in work.types:
+        if matmul.op_type != "MatMul" or matmul.domain not in DEFAULT_DOMAINS:
+            continue
+        if matmul.output[0] not in work.types:
             continue
         factors: list[tuple[NodeProto, NodeProto, int, float, bool]] = []
         for slot in (0, 1):
@@ -89,7 +90,7 @@ def _scaled_operand(
         if value in graph_outputs or len(consumers.get(value, ())) != 1:
             return None
         node = producers.get(value)
-        if node is None or node.domain not in _DEFAULT:
+        if node is None or node.domain not in DEFAULT_DOMAINS:
             return None
         if node.op_type in _VIEWS:
             reader, position, value = node, 0, node.input[0]

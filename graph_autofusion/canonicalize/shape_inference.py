@@ -25,7 +25,7 @@ from onnx import NodeProto, TensorProto, TypeProto, helper
 
 from ..errors import InvalidModelError, UnsupportedModelError
 from ..onnx_utils import LIGHT_MAX_BYTES, has_subgraph, static_shape, tensor_nbytes
-from ._graph import WorkGraph
+from ._graph import DEFAULT_DOMAINS, WorkGraph
 
 
 def infer_shapes(work: WorkGraph) -> None:
@@ -52,7 +52,7 @@ def infer_node(work: WorkGraph, node: NodeProto) -> int:
     of `infer_shapes` would.  Anything ONNX cannot type here is left to `infer_shapes`, which also
     re-checks what this records against the declared outputs.
     """
-    if node.domain not in ("", "ai.onnx") or has_subgraph(node):
+    if node.domain not in DEFAULT_DOMAINS or has_subgraph(node):
         return 0
     if all(_is_static(work.types.get(name)) for name in node.output if name):
         return 0

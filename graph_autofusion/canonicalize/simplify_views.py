@@ -27,9 +27,8 @@ from onnx import NodeProto, helper
 
 from ..layout import axis_groups
 from ..onnx_utils import has_subgraph, static_shape
-from ._graph import WorkGraph, transpose_perm
+from ._graph import DEFAULT_DOMAINS, WorkGraph, transpose_perm
 
-_DEFAULT = ("", "ai.onnx")
 _RESHAPES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
 
 
@@ -42,7 +41,7 @@ def simplify_views(work: WorkGraph) -> int:
 
 
 def _kind(node: NodeProto) -> str | None:
-    if node.domain not in _DEFAULT:
+    if node.domain not in DEFAULT_DOMAINS:
         return None
     if node.op_type in _RESHAPES:
         return "reshape"

@@ -13,9 +13,8 @@ from __future__ import annotations
 import numpy as np
 from onnx import NodeProto, helper
 
-from ._graph import WorkGraph
+from ._graph import DEFAULT_DOMAINS, WorkGraph
 
-_DEFAULT = ("", "ai.onnx")
 _VIEWS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
 _MATERIALIZED = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose"})
 
@@ -24,23 +23,12 @@ def split_to_slices(work: WorkGraph) -> int:
     """Rewrite what qualifies; returns the number of Split nodes rewritten."""
     producers = work.producers()
     read = set(work.consumers()) | set(work.output_names)
-    rewritten = 0
-    nodes: list[NodeProto] = []
-    for node in work.nodes:
-        is_split = node.op_type == "Split" and node.domain in _DEFAULT
-        slices = _as_slices(work, node, producers, read) if is_split else None
-        if slices is None:
-            nodes.append(node)
-            continue
-        nodes.extend(slices)
-        rewritten += 1
-    work.nodes = nodes
-    return rewritten
+    return work.replace_each("Split", lambda node: _as_slices(work, node, producers, read))
 
 
 def _materialized(name: str, producers: dict[str, NodeProto]) -> bool:
     node = producers.get(name)
-    while node is not None and node.op_type in _VIEWS and node.domain in _DEFAULT:
+    while node is not None and node.op_type in _VIEWS and node.domain in DEFAULT_DOMAINS:
         node = producers.get(node.input[0])
     return node is None or node.op_type in _MATERIALIZED
 

@@ -15,35 +15,26 @@ from __future__ import annotations
 import numpy as np
 from onnx import NodeProto, helper
 
-from ._graph import WorkGraph
+from ._graph import DEFAULT_DOMAINS, WorkGraph
 
-_DEFAULT = ("", "ai.onnx")
 _VIEWS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
 
 
 def windowed_gemm(work: WorkGraph) -> int:
     """Rewrite every qualifying Gemm; returns how many were rewritten."""
     producers = work.producers()
-    nodes: list[NodeProto] = []
-    rewritten = 0
-    for node in work.nodes:
-        found = None
-        if node.op_type == "Gemm" and node.domain in _DEFAULT and _windowed(node.input[0], producers):
-            found = _rewrite(work, node)
-        if found is None:
-            nodes.append(node)
-            continue
-        nodes.extend(found)
-        rewritten += 1
-    work.nodes = nodes
-    return rewritten
+
+    def rewrite(node: NodeProto) -> list[NodeProto] | None:
+        return _rewrite(work, node) if _windowed(node.input[0], producers) else None
+
+    return work.replace_each("Gemm", rewrite)
 
 
 def _windowed(value: str, producers: dict[str, NodeProto]) -> bool:
     node = producers.get(value)
-    while node is not None and node.domain in _DEFAULT and node.op_type in _VIEWS:
+    while node is not None and node.domain in DEFAULT_DOMAINS and node.op_type in _VIEWS:
         node = producers.get(node.input[0])
-    return node is not None and node.domain in _DEFAULT and node.op_type == "Slice"
+    return node is not None and node.domain in DEFAULT_DOMAINS and node.op_type == "Slice"
 
 
 def _rewrite(work: WorkGraph, gemm: NodeProto) -> list[NodeProto] | None:

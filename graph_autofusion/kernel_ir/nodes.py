@@ -15,6 +15,8 @@ it). Builders fold constants and drop neutral operands, so index arithmetic stay
 Statements: `Let` (a named value), `Declare`/`Assign` (a mutable accumulator), `Store`, `Loop`
 (extent, parallel / vector / dynamic marks), `If`, and `Call` (a contraction micro-kernel or library
 routine), whose pointer arguments are `Addr` expressions (the address of a buffer element).
+A kernel may also hold `packed` buffers, weights rearranged once at load by its `prepack`
+statements (`Kernel`), which its body reads like any input.
 
 Values flow in the *compute* type of their element type (`DType.compute`: fp16/bf16 compute in
 fp32); `Load` widens from the buffer's storage type and `Store` narrows to it. `TensorAt` is a
@@ -140,12 +142,17 @@ class Raw(Expr):
 
 @dataclass(frozen=True)
 class Buffer:
-    """A kernel parameter, a compile-time constant array, or scratch; `size` in elements."""
+    """A kernel parameter, a compile-time constant array, scratch, or a packed weight; `size` in
+    elements.
+
+    `packed`: a weight operand rearranged once, at load, for a contraction routine (the panel
+    layout of backend/cpu/contraction): a block of the one packed-weights argument that the
+    kernel's `prepack` statements fill and its body only reads (`Kernel.packed`)."""
 
     name: str
     dtype: DType
     size: int
-    role: str = "input"  # input | output | const | scratch
+    role: str = "input"  # input | output | const | scratch | packed
 
     def __str__(self) -> str:
         return f"{self.name}: {self.dtype.value}[{self.size}]"
@@ -558,10 +565,18 @@ Stmt = Let | Declare | Assign | Store | Loop | If | Call
 
 @dataclass(frozen=True)
 class Kernel:
-    """One kernel: parameters in call order (inputs, then outputs), constant arrays, a body."""
+    """One kernel: parameters in call order (inputs, then outputs), constant arrays, a body.
+
+    `packed` buffers (role `packed`) are weights packed once at load rather than per call:
+    `prepack` is the statements that fill them from the parameters (run once by the runtime,
+    with the weights in place; outputs are not to be touched), and the body reads them. Why
+    here: a constant weight is the same at every call, so rearranging it into a contraction
+    routine's panel layout per tile would repeat the same work on every tile of every call."""
 
     name: str
     params: tuple[Buffer, ...]
     body: tuple[Stmt, ...]
     constants: tuple[tuple[Buffer, np.ndarray], ...] = field(default=(), compare=False)
     description: str = ""
+    packed: tuple[Buffer, ...] = ()
+    prepack: tuple[Stmt, ...] = ()

@@ -156,4 +156,8 @@ def format_kernel(kernel: Kernel) -> str:
     if kernel.description:
         head.append(f"  # {kernel.description}")
     head += [f"  const {b}" for b, _ in kernel.constants]
+    head += [f"  packed {b}" for b in kernel.packed]
+    if kernel.prepack:
+        head.append("  prepack:")
+        head += format_stmts(kernel.prepack, 2)
     return "\n".join(head + format_stmts(kernel.body)) + "\n"

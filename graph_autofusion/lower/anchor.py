@@ -25,14 +25,21 @@ Views among the epilogue keep the linear order, so every value leaving the kerne
 tile element's linear index `r * L + c`, except the destination, which may be a permuted layout
 (an output Transpose folded into the contraction's `ldc` and batch offsets).
 
-`contraction(...)` is the one place that chooses the routine computing a tile product.
+`contraction(...)` is the one place that chooses the routine computing a tile product: OpenBLAS
+(`af_sgemm_tile`), or, when the right operand is a constant weight shared across the batch and
+`AUTOFUSION_CONTRACTION=library` (backend/cpu/contraction), the library's `afc_gemm_bp` on that
+weight packed once at load. The kernel then holds the packed weight as a `packed` buffer (one
+block of B-panels per column tile) and the `prepack` loop filling it (`pack_weights`), so the
+per-call work is only the activation's per-tile packing inside the library.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+from ..backend.cpu.contraction import PANEL_QUANTUM, contraction_mode
 from ..backend.cpu.kernel_spec import KernelSpec
 from ..kernel_ir import Buffer, Call, DType, Expr, Kernel, Let, Loop, Stmt, Store, TensorAt
 from ..kernel_ir import nodes as ir
@@ -55,28 +62,46 @@ MIN_TILES = 4
 # more than it saves, DESIGN.md §1).
 PARALLEL_MIN_MACS = 1 << 19
 
-# The routine `contraction` calls: backend/cpu/blas.py's single-threaded sgemm on row-major tiles.
+# The routines `contraction` calls: backend/cpu/blas.py's single-threaded sgemm on row-major tiles,
+# or the contraction library's tile with a right operand packed once (backend/cpu/contraction/afc.h).
 CONTRACTION_ROUTINE = "af_sgemm_tile"
+PACKED_B_ROUTINE = "afc_gemm_bp"
+PACK_B_ROUTINE = "afc_pack_b"
+
+
+@dataclass(frozen=True)
+class PackedPanels:
+    """The right operand of one tile as the library's B-panels, packed once at load: `at` (an
+    `ir.addr` into a `packed` buffer) is the first panel of the tile's block."""
+
+    at: Expr
 
 
 def contraction(
     *,
     trans_a: bool,
-    trans_b: bool,
     m: Expr,
     n: Expr,
     k: int,
     alpha: float,
     a: Expr,
     lda: Expr | int,
-    b: Expr,
-    ldb: Expr | int,
+    b: Expr | PackedPanels,
     c: Expr,
     ldc: Expr | int,
+    trans_b: bool = False,
+    ldb: Expr | int = 0,
 ) -> Call:
     """`c[m x n] = alpha * op(a)[m x k] @ op(b)[k x n]` for one tile, row-major, `a`/`b`/`c` the
-    addresses (`ir.addr`) of the tiles' first elements. Every anchor kernel computes its products
-    through this one call, so a faster routine (packed weights, a micro-kernel) plugs in here."""
+    addresses (`ir.addr`) of the tiles' first elements, or `b` the tile's packed panels
+    (`trans_b`/`ldb` then unused). Every anchor kernel computes its products through this one
+    call, so a faster routine plugs in here."""
+    if isinstance(b, PackedPanels):
+        a_rs, a_cs = (ir.index(1), ir.index(lda)) if trans_a else (ir.index(lda), ir.index(1))
+        return Call(
+            PACKED_B_ROUTINE,
+            (m, n, ir.index(k), ir.const(alpha, DType.F32), a, a_rs, a_cs, b.at, c, ir.index(ldc)),
+        )
     return Call(
         CONTRACTION_ROUTINE,
         (
@@ -94,6 +119,41 @@ def contraction(
             ir.index(ldc),
         ),
     )
+
+
+def pack_weights(
+    *, k: int, n: int, nb: int, b: Buffer, offset: Expr | int, rs: int, cs: int, name: str = "packed_b"
+) -> tuple[Buffer, Loop, int]:
+    """The prepack of a constant `k x n` right operand (element (i, j) at `b[offset + i*rs + j*cs]`)
+    as one block of B-panels per column tile of `nb` columns: the `packed` buffer, the loop
+    filling it at load, and the floats between blocks.
+
+    A block is sized for whole PANEL_QUANTUM-column panels, a multiple of every ISA's panel width
+    (AFC_NR), so the layout is the same Python arithmetic whatever -march the kernel is built
+    for, at most 16 x k floats per block more than an AVX2 build needs."""
+    nt = -(-n // nb)
+    block = _round_up(-(-nb // PANEL_QUANTUM) * PANEL_QUANTUM * max(k, 1), 16)
+    packed = Buffer(name, DType.F32, nt * block, "packed")
+    t, n0 = ir.var("t"), ir.var("n0")
+    fill = Loop(
+        t,
+        nt,
+        (
+            Let(n0, t * nb),
+            Call(
+                PACK_B_ROUTINE,
+                (
+                    ir.index(k),
+                    ir.minimum(n0 + nb, n) - n0,
+                    ir.addr(b, offset + n0 * cs),
+                    ir.index(rs),
+                    ir.index(cs),
+                    ir.addr(packed, t * block),
+                ),
+            ),
+        ),
+    )
+    return packed, fill, block
 
 
 def _round_up(x: int, q: int) -> int:
@@ -195,11 +255,13 @@ def lower_anchor(spec: KernelSpec, match: AnchorMatch | None = None) -> Kernel:
     values.raw_at = (out_buf[dest], strides)
     write_back = None if _is_raw(match, value) else value
     method = "batched_gemm" if p.batch else "gemm"
+    weights: tuple[Buffer, Loop, int] | None = None
     if math.prod(match.domain) == 0:
         body: list[Stmt] = []
     else:
-        body, packed = _tiles(values, match, p, out_buf[dest], write_back, flat, out_buf)
-        method += "_packed" if packed else ""
+        weights = _packed_weights(values, p)
+        body, scratch = _tiles(values, match, p, out_buf[dest], write_back, flat, out_buf, weights)
+        method += "_packed" if scratch else ""
     what = (
         f"method: {method}; {match.anchor.op_type} batch {list(p.batch)} M={p.m} N={p.n} K={p.k}"
         f" (A {_layout(p.a)}, B {_layout(p.b)}); epilogue "
@@ -209,6 +271,7 @@ def lower_anchor(spec: KernelSpec, match: AnchorMatch | None = None) -> Kernel:
             if match.tail
             else ""
         )
+        + ("; the weight packed once at load (contraction library)" if weights else "")
     )
     kernel = Kernel(
         spec.symbol,
@@ -216,8 +279,22 @@ def lower_anchor(spec: KernelSpec, match: AnchorMatch | None = None) -> Kernel:
         tuple(body),
         tuple(values.const_buffers.values()),
         spec.describe(what),
+        packed=(weights[0],) if weights else (),
+        prepack=(weights[1],) if weights else (),
     )
     return kernel
+
+
+def _packed_weights(values: _EpilogueValues, p: Contraction) -> tuple[Buffer, Loop, int] | None:
+    """`pack_weights` of the right operand when the library contracts this anchor: the operand
+    is a weight (bound to an initializer at every call, `KernelSpec.weights`) passed as an fp32
+    parameter, shared across the batch; None: OpenBLAS, which reads both operands in place."""
+    if contraction_mode() != "library" or p.b.tensor not in values.spec.weights or p.k < 1 or p.n < 1:
+        return None
+    b = values.buffer_of(p.b.tensor)
+    if b.role != "input" or b.dtype is not DType.F32 or any(p.b.batch_strides):
+        return None
+    return pack_weights(k=p.k, n=p.n, nb=tile_sizes(p)[1], b=b, offset=p.b.offset, rs=p.b.rs, cs=p.b.cs)
 
 
 def method_of(kernel: Kernel) -> str:
@@ -243,6 +320,7 @@ def _tiles(
     write_back: str | None,
     flat: list[str],
     out_buf: dict[str, Buffer],
+    weights: tuple[Buffer, Loop, int] | None,
 ) -> tuple[list[Stmt], bool]:
     mb, nb = tile_sizes(p)
     mt, nt = -(-p.m // mb), -(-p.n // nb)
@@ -273,13 +351,17 @@ def _tiles(
         head.append(Loop(i, m1 - m0, (Loop(j, p.k, (copy,)),)))
         a_ptr, a_layout = ir.addr(pa, 0), (False, p.k)
     ldb = b_layout[1] if b_layout is not None else 0
-    if b_layout is None:
+    b_arg: Expr | PackedPanels = b_ptr
+    if weights is not None:  # the tile's block of the weight packed at load (any strides)
+        packed, _, block = weights
+        b_arg, b_layout = PackedPanels(ir.addr(packed, (rest % nt) * block)), (False, 0)
+    elif b_layout is None:
         pb = Buffer("pb", DType.F32, p.k * nb, "scratch")
         scratch.append(pb)
         i, j = ir.var("pi"), ir.var("pj")
         copy = Store(pb, i * (n1 - n0) + j, ir.load(b_buf, b_at + i * p.b.rs + j * p.b.cs))
         head.append(Loop(i, p.k, (Loop(j, n1 - n0, (copy,), vector=True),)))
-        b_ptr, b_layout, ldb = ir.addr(pb, 0), (False, 0), n1 - n0
+        b_arg, b_layout, ldb = ir.addr(pb, 0), (False, 0), n1 - n0
     y_at = batch_offset(bi, p.batch, p.c_batch_strides) + m0 * p.c_rs + n0
     head.append(
         contraction(
@@ -291,7 +373,7 @@ def _tiles(
             alpha=p.alpha,
             a=a_ptr,
             lda=a_layout[1],
-            b=b_ptr,
+            b=b_arg,
             ldb=ldb,
             c=ir.addr(dest, y_at),
             ldc=p.c_rs,

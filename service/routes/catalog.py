@@ -7,6 +7,8 @@ from datetime import UTC, datetime
 
 from fastapi import APIRouter
 
+from autofusion_core.targets import get_target
+
 from ..deps import State, Tenant
 from ..problems import problem_responses
 from ..schemas import PatternInfo, PatternList, TargetInfo, TargetList
@@ -17,19 +19,38 @@ router = APIRouter(tags=["catalog"])
 @router.get(
     "/targets",
     response_model=TargetList,
-    summary="Targets served by live workers",
+    summary="Targets served by live workers, with what each compiles",
     responses=problem_responses(401, 503),
 )
 def list_targets(state: State, tenant: Tenant) -> TargetList:
     by_target: dict[str, list[float]] = {}
+    modes: dict[str, dict[str, int]] = {}
     for worker in state.store.workers():
         for target in worker.targets:
             by_target.setdefault(target, []).append(worker.last_seen)
-    return TargetList(
-        targets=[
-            TargetInfo(name=name, workers=len(seen), last_seen=datetime.fromtimestamp(max(seen), tz=UTC))
-            for name, seen in sorted(by_target.items())
-        ]
+            mode = worker.modes.get(target, "device")
+            counts = modes.setdefault(target, {})
+            counts[mode] = counts.get(mode, 0) + 1
+    return TargetList(targets=[_info(name, seen, modes[name]) for name, seen in sorted(by_target.items())])
+
+
+def _info(name: str, seen: list[float], modes: dict[str, int]) -> TargetInfo:
+    """A served target with what the catalogue says of it (a worker may serve a target this API's
+    catalogue does not know yet, during a rolling upgrade: then only its name and workers)."""
+    last_seen = datetime.fromtimestamp(max(seen), tz=UTC)
+    target = get_target(name)
+    if target is None:
+        return TargetInfo(name=name, workers=len(seen), last_seen=last_seen, modes=modes)
+    return TargetInfo(
+        name=name,
+        workers=len(seen),
+        last_seen=last_seen,
+        description=target.description,
+        compiles=target.compiles,
+        backend=target.backend,
+        toolchain=target.toolchain,
+        device=target.device,
+        modes=modes,
     )
 
 

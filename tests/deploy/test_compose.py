@@ -154,3 +154,17 @@ def test_files_mounted_from_the_repository_exist(compose: dict[str, Any]) -> Non
         for target, source in _mounts(service).items():
             if source.startswith("."):
                 assert (REPO / source).exists(), f"{name}: {source} (mounted at {target}) is missing"
+
+
+def test_the_gpu_profile_adds_a_cuda_worker_on_an_nvidia_device(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    worker = services["worker-cuda"]
+    assert worker["profiles"] == ["gpu"] and worker["build"]["target"] == "worker-cuda"
+    args = autofusion_parser().parse_args(worker["command"])
+    assert args.command == "worker" and args.targets == "cuda" and TARGETS["cuda"].compiles
+    (device,) = worker["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
+    assert _mounts(worker) == _mounts(services["worker"])  # the same blobs and kernel cache
+    assert _env(worker) == _env(services["worker"])
+    assert compose_duration_s(worker["stop_grace_period"]) > settings_from_env(_env(worker)).hard_time_limit
+    assert _healthcheck_argv(worker)[:3] == ["python", IMAGE_HEALTHCHECK, "worker"]

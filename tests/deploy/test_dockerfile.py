@@ -60,11 +60,11 @@ def _instructions(text: str) -> list[tuple[str, str]]:
     return out
 
 
-def _stages() -> dict[str, Stage]:
+def _stages(dockerfile: Path = DOCKERFILE) -> dict[str, Stage]:
     global_args: dict[str, str] = {}
     stages: dict[str, Stage] = {}
     current: Stage | None = None
-    for keyword, args in _instructions(DOCKERFILE.read_text()):
+    for keyword, args in _instructions(dockerfile.read_text()):
         if keyword == "FROM":
             parts = args.split()
             base = re.sub(r"\$\{(\w+)\}", lambda m: global_args.get(m[1], m[0]), parts[0])
@@ -117,9 +117,15 @@ def test_images_install_with_the_command_ci_uses(stages: dict[str, Stage]) -> No
     runs = [a for s in stages.values() for a in s.args("RUN")]
     installs = [shlex.split(cmd.strip()) for a in runs for cmd in a.split("&&") if "./run install" in cmd]
     assert installs, "the Dockerfile must install with ./run install"
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     for cmd in installs:
-        # the same program and subcommand; images only leave out the dev extras
-        assert cmd[:2] == ci_cmd[:2] and cmd[2:] == [*ci_cmd[2:], "--no-dev"], cmd
+        # the same program and subcommand; images only leave out the dev extras, and an
+        # accelerator image adds its own extra of pyproject.toml
+        common = [*ci_cmd, "--no-dev"]
+        assert cmd[: len(common)] == common, cmd
+        rest = cmd[len(common) :]
+        assert rest == [] or (len(rest) == 2 and rest[0] == "--extra" and rest[1] in extras), cmd
+        assert "dev" not in rest, cmd
     assert "--no-dev" in RUN.read_text()
     # Nothing else installs Python packages behind the shared step's back.
     assert not [a for a in runs if re.search(r"pip3? install", a)], runs
@@ -179,6 +185,31 @@ def test_entrypoint_and_commands_are_real_autofusion_commands(stages: dict[str, 
     assert api.command == "serve" and api.host == "0.0.0.0"
     assert f"{api.port}" in stages["api"].args("EXPOSE")
     assert worker.command == "worker" and worker.targets == "cpu"
+
+
+def test_the_cuda_worker_image_serves_cuda_with_the_cuda_extra(stages: dict[str, Stage]) -> None:
+    """`worker-cuda` is the worker image plus torch and triton: the same compiler stage, an
+    environment built with `./run install --no-dev --extra cuda`, a non-root user, the worker's
+    health check, and `worker --targets cuda` (a registered target whose backend is Triton)."""
+    from autofusion_core.targets import TARGETS
+
+    chain = _chain(stages, "worker-cuda")
+    assert "worker-base" in {s.name for s in chain} and "worker-base" in {
+        s.name for s in _chain(stages, "worker")
+    }
+    (source,) = _copied_from(stages["worker-cuda"])
+    runs = " ".join(a for s in _chain(stages, source) for a in s.args("RUN"))
+    assert "./run install --no-dev --extra cuda" in runs
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert {p.split("==")[0] for p in extras["cuda"]} >= {"torch", "triton"}
+    assert all("==" in p for p in extras["cuda"] + extras["ascend910"])  # pinned
+    users = [a for s in reversed(chain) for a in s.args("USER")]
+    assert users and users[-1] not in ("root", "0")
+    checks = [a for s in chain for a in s.args("HEALTHCHECK")]
+    assert _exec_form(checks[0].split("CMD", 1)[1])[:3] == ["python", IMAGE_HEALTHCHECK, "worker"]
+    worker = autofusion_parser().parse_args(_exec_form(stages["worker-cuda"].args("CMD")[-1]))
+    assert worker.command == "worker" and worker.targets == "cuda"
+    assert TARGETS["cuda"].compiles and TARGETS["cuda"].backend == "triton"
 
 
 def test_no_secrets_and_only_settings_variables_baked_in(stages: dict[str, Stage]) -> None:
@@ -254,3 +285,33 @@ def test_the_api_runs_without_blas(tmp_path: Path) -> None:
         timeout=120,
     )
     assert done.returncode == 0 and "api ok without blas" in done.stdout, done.stderr[-3000:]
+
+
+ASCEND_DOCKERFILE = REPO / "deploy" / "docker" / "ascend910.Dockerfile"
+
+
+def test_the_ascend_worker_image_installs_the_pinned_extra_on_cann() -> None:
+    """deploy/docker/ascend910.Dockerfile: CANN's base image (its own file: a second base), the
+    project's install step with the `ascend910` extra, the versions its header states equal to
+    pyproject's pins, a non-root user, the worker health check, `worker --targets ascend910`."""
+    stages = _stages(ASCEND_DOCKERFILE)
+    final = stages["worker-ascend910"]
+    assert re.fullmatch(r"ascendai/cann:8\.5\.0-\S+", final.base), final.base
+    (source,) = _copied_from(final)
+    runs = [shlex.split(cmd.strip()) for a in stages[source].args("RUN") for cmd in a.split("&&")]
+    assert ["./run", "install", "--no-dev", "--extra", "ascend910"] in runs
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    pins = dict(p.split("==") for p in extras["ascend910"])
+    assert set(pins) == {"torch", "torch-npu", "triton-ascend"}  # never upstream triton beside it
+    header = ASCEND_DOCKERFILE.read_text()
+    for package, version in pins.items():
+        assert re.search(rf"^#\s+{re.escape(package)}\s+{re.escape(version)}\b", header, re.M), package
+    assert pins["torch-npu"].split(".")[:2] == pins["torch"].split(".")[:2]
+    users = [a for a in final.args("USER")]
+    assert users and users[-1] not in ("root", "0")
+    (check,) = final.args("HEALTHCHECK")
+    assert _exec_form(check.split("CMD", 1)[1])[:3] == ["python", IMAGE_HEALTHCHECK, "worker"]
+    worker = autofusion_parser().parse_args(_exec_form(final.args("CMD")[-1]))
+    assert worker.command == "worker" and worker.targets == "ascend910"
+    entry = _exec_form(final.args("ENTRYPOINT")[-1])
+    assert entry[:2] == ["tini", "--"] and "set_env.sh" in " ".join(entry)  # CANN's environment

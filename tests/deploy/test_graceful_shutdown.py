@@ -2,8 +2,8 @@
 
 A worker (Celery's warm shutdown) must let the running job finish, take no new job, and leave the
 queue with the jobs it did not start: a real worker process on a private redis-server (the broker
-of the Compose and Kubernetes set-ups) runs an `ascend910` job (no compiler needed) slowed by the
-fault-injection delay. The API (uvicorn) must stop accepting connections and finish the requests
+of the Compose and Kubernetes set-ups) runs an `ascend910` job (Triton kernels in the interpreter)
+slowed by the fault-injection delay. The API (uvicorn) must stop accepting connections and finish the requests
 already in flight: an upload still streaming in when the signal arrives is answered.
 """
 

@@ -214,3 +214,16 @@ def test_pods_run_as_non_root(docs: dict[str, list[dict[str, Any]]]) -> None:
         assert _pod(workload)["securityContext"]["runAsNonRoot"] is True, workload["metadata"]["name"]
         for container in _pod(workload)["containers"]:
             assert container["securityContext"]["allowPrivilegeEscalation"] is False
+
+
+def test_accelerator_workers_take_one_device_each(docs: dict[str, list[dict[str, Any]]]) -> None:
+    """A Triton target's pod asks the device plugin for its accelerator: without one, its worker
+    would refuse to start (exit 3), so the scheduler must place it where the device is."""
+    workers = _workers(docs)
+    resource = {"cuda": "nvidia.com/gpu", "ascend910": "huawei.com/Ascend910"}
+    for target, name in resource.items():
+        assert TARGETS[target].compiles and TARGETS[target].backend == "triton"
+        (container,) = _pod(workers[target])["containers"]
+        assert int(container["resources"]["limits"][name]) == 1, target
+        assert container["image"].startswith(f"graph-autofusion-worker-{target}:"), target
+    assert "nvidia.com/gpu" not in str(_pod(workers["cpu"]))

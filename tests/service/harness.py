@@ -41,6 +41,8 @@ FAST_ENV = {
     "AUTOFUSION_HARD_TIME_LIMIT": "90",
     "AUTOFUSION_VISIBILITY_TIMEOUT": "120",
     "AUTOFUSION_LOG_LEVEL": "INFO",
+    # No accelerator here: workers of cuda/ascend910 run the Triton kernels in Triton's interpreter.
+    "AUTOFUSION_TRITON_INTERPRET": "1",
 }
 KEYS = {"alice": "alice-key-0123456789", "bob": "bob-key-0123456789"}
 API_KEYS = ",".join(f"{t}:{k}" for t, k in KEYS.items())
@@ -198,8 +200,8 @@ class Proc:
         return self.log.read_text(errors="replace")
 
 
-def start_worker(env: dict[str, str], log: Path, targets: str = "cpu") -> Proc:
-    return Proc(["-m", "autofusion_worker", "--targets", targets], env, log)
+def start_worker(env: dict[str, str], log: Path, targets: str = "cpu", *extra: str) -> Proc:
+    return Proc(["-m", "autofusion_worker", "--targets", targets, *extra], env, log)
 
 
 def start_api(env: dict[str, str], log: Path, port: int, *extra: str) -> tuple[Proc, str]:

@@ -93,6 +93,10 @@ def test_bad_digest_fields(client: httpx.Client) -> None:
     assert body["errors"][0]["loc"][-1] == "model"
     r = client.post("/fuse", content=b"{}", headers={**auth(), "Content-Type": "application/json"})
     problem(r, 422, "validation_error")
+    # a form over the field limit is one more malformed body, not a bare 400
+    crowded = {**{f"f{i}": "x" for i in range(40)}, "model_digest": "1" * 64}
+    body = problem(client.post("/fuse", data=crowded, headers=auth()), 422, "validation_error")
+    assert "fields" in body["detail"]
 
 
 @pytest.mark.parametrize(

@@ -9,13 +9,14 @@ import pytest
 
 from autofusion_core.settings import Settings
 from autofusion_worker.cli import apply_engine_environment
-from graph_autofusion.backend.cpu import blas, cache, compiler, isa
+from graph_autofusion.backend.cpu import blas, cache, compiler, contraction, isa
 
 ENGINE_VARS = (
     "AUTOFUSION_ISA",
     "AUTOFUSION_CC",
     "AUTOFUSION_CC_TIMEOUT",
     "AUTOFUSION_BLAS_THREADS",
+    "AUTOFUSION_CONTRACTION",
     "AUTOFUSION_CACHE_MAX_BYTES",
     "AUTOFUSION_CACHE_DIR",
 )
@@ -29,6 +30,7 @@ def test_every_engine_variable_is_a_documented_settings_field() -> None:
         assert fields[var].description, f"{var} has no description"
     # the engine reads exactly these names
     assert {isa.ISA_ENV, compiler.CC_ENV, compiler.CC_TIMEOUT_ENV, blas.BLAS_THREADS_ENV} <= set(ENGINE_VARS)
+    assert contraction.CONTRACTION_ENV in ENGINE_VARS
     assert {cache.CACHE_DIR_ENV, cache.CACHE_MAX_BYTES_ENV} <= set(ENGINE_VARS)
 
 
@@ -39,6 +41,7 @@ def test_every_engine_variable_is_a_documented_settings_field() -> None:
         ("isa", "pentium"),
         ("cc_timeout", "0"),
         ("blas_threads", "0"),
+        ("contraction", "mkl"),
         ("cache_max_bytes", "-1"),
     ],
 )
@@ -59,6 +62,7 @@ def test_the_worker_hands_validated_values_to_the_engine(
     monkeypatch.setenv("AUTOFUSION_CC", "ccache  gcc")
     monkeypatch.setenv("AUTOFUSION_CC_TIMEOUT", "12.5")
     monkeypatch.setenv("AUTOFUSION_BLAS_THREADS", "3")
+    monkeypatch.setenv("AUTOFUSION_CONTRACTION", "blas")
     monkeypatch.setenv("AUTOFUSION_CACHE_MAX_BYTES", "1048576")
     settings = Settings(data_dir=tmp_path)
     apply_engine_environment(settings)
@@ -67,6 +71,7 @@ def test_the_worker_hands_validated_values_to_the_engine(
         assert isa.target_isa().level == 2
     assert compiler._timeout() == 12.5
     assert blas._default_threads() == 3
+    assert contraction.contraction_mode() == "blas"
     assert cache.KernelCache().max_bytes == 1048576
     # the kernel cache defaults to the data dir's, shared by every worker on the volume
     assert cache.default_cache_dir() == (tmp_path / "cache").resolve()

@@ -18,7 +18,7 @@ from harness import enqueue_tiny_job, fast_settings, start_worker, subprocess_en
 from autofusion_core.store import open_store
 
 pytestmark = pytest.mark.integration
-TARGET = "ascend910"  # plans and exports only: no compiler in the way
+TARGET = "ascend910"  # Triton kernels in the interpreter (harness.FAST_ENV): no C compiler in the way
 STAGE_DELAY_S = 0.4
 
 

@@ -16,6 +16,7 @@ from autofusion_core.blobs import BlobStore
 from autofusion_core.store import JobRecord, Lease
 from autofusion_core.store.records import new_job_id
 from autofusion_core.store.sqlite import SqliteJobStore
+from autofusion_core.targets import TARGETS, Target
 from autofusion_worker.bundle import build_bundle
 from autofusion_worker.pipeline import JobContext, problem_for, run_job
 
@@ -67,8 +68,12 @@ def test_cpu_job_compiles_verifies_and_stores_a_loadable_bundle(ctx: JobContext,
     assert sum(v for k, v in counters.items() if k.startswith("autofusion_kernel_cache_")) >= 1
 
 
-def test_uncompiled_target_bundle_has_manifest(ctx: JobContext) -> None:
-    done = run_job(queued(ctx, tiny_model(seed=2), target="ascend910").id, ctx)
+def test_uncompiled_target_bundle_has_manifest(ctx: JobContext, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every shipped target compiles; a target registered for its cost model alone (as deploy.md's
+    # "a new target name" allows) plans and exports, and its bundle lists each file's sha256.
+    plan_only = Target("plan-only", "plans with the Ascend cost model only", "ascend910", False)
+    monkeypatch.setitem(TARGETS, plan_only.name, plan_only)
+    done = run_job(queued(ctx, tiny_model(seed=2), target=plan_only.name).id, ctx)
     assert done.status == "succeeded", done.error
     files = members(ctx.blobs.read(done.bundle_artifact.digest))
     assert set(files) == {"model.onnx", "report.json", "manifest.json"}

@@ -76,6 +76,7 @@ class ArtifactRef(_Resource):
 class Artifacts(_Resource):
     model: ArtifactRef | None = None
     bundle: ArtifactRef | None = None
+    kernels: ArtifactRef | None = None  # Triton targets: the kernel manifest (JSON)
 
 
 class Links(_Resource):

@@ -213,6 +213,8 @@ def spec_digest(spec: KernelSpec) -> str:
                 attrs,
             ]
         )
+    if spec.weights:
+        parts.append(["weights", sorted(canon(n) for n in spec.weights)])
     for name in list(names):
         info = spec.tensors.get(name)
         if info is not None:
@@ -238,6 +240,7 @@ def _finish_spec(spec: KernelSpec) -> KernelSpec:
         constants=spec.constants,
         pattern=spec.pattern,
         members=spec.members,
+        weights=spec.weights,
     )
 
 
@@ -395,6 +398,7 @@ def _single_spec(
         constants=_kernel_constants([i for i in node.input if i], initializers),
         pattern="",
         members=(node.name or node.op_type,),
+        weights=frozenset(i for i in node.input if i in initializers),
     )
 
 
@@ -460,4 +464,5 @@ def _function_spec(
         constants=constants,
         pattern=str(doc.get("pattern") or ""),
         members=tuple(str(m) for m in members),  # type: ignore[union-attr]
+        weights=frozenset(f for f, a in zip(fn.input, node.input, strict=True) if a in initializers),
     )

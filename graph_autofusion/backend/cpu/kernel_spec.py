@@ -10,6 +10,11 @@ Calling convention of every generated kernel::
 
 Each pointer addresses a dense, row-major (C-contiguous) buffer of the tensor's element type.
 Outputs never alias inputs. A kernel may use OpenMP; BLAS calls inside it run single-threaded.
+
+A kernel that exports `const int64_t <symbol>_prepack_floats` takes one more pointer after its
+outputs: a buffer of that many floats that the runtime fills once, at load, by calling
+`void <symbol>_prepack(void *const *args, float *packed)` with the weights in place (the
+constant operands of `spec.weights`, packed for the contraction library).
 """
 
 from __future__ import annotations
@@ -54,6 +59,9 @@ class KernelSpec:
     constants: dict[str, np.ndarray] = field(default_factory=dict)  # values known at compile time
     pattern: str = ""  # the planner pattern that formed the group ("" for single ops)
     members: tuple[str, ...] = ()  # original node names, for the comment atop the kernel
+    # Inputs bound to initializers at every call of the kernel (large ones included): an anchor
+    # may have the runtime pack such an operand once at load instead of per call (contraction/).
+    weights: frozenset[str] = frozenset()
 
     def describe(self, what: str) -> str:
         """The comment atop the generated kernel: template, members, ops, what it does, shapes."""

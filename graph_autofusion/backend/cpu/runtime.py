@@ -36,6 +36,7 @@ from .arena import ALIGNMENT, Buffer, plan_offsets
 from .cache import KernelCache, default_cache
 from .codegen import CodegenUnsupported, GeneratedKernel, generate
 from .compiler import Artifact, KernelSource, compile_kernels
+from .contraction import contraction_mode
 from .extract import ExecutionPlan, HostStep, KernelStep, ViewStep, extract
 from .hostops import HostOp, host_op_entry
 from .isa import ISA_ENV, IsaTarget, host_isa, target_isa
@@ -44,6 +45,7 @@ from .render_c import WORKSPACE_SUFFIX
 from .threads import available_cpus, set_omp_threads
 
 DRIVER_SYMBOL = "af_run_sequence"
+PREPACK_SUFFIX = "_prepack_floats"  # kernel_spec.py: weights packed once at load
 DRIVER_SOURCE = """\
 /* Calls a sequence of generated kernels from one foreign-function call:
  * fns[i](args[i]) for i in [0, n). */
@@ -155,14 +157,16 @@ def refuse_object_tensors(plan: ExecutionPlan) -> None:
             )
 
 
-_GENERATED: dict[str, GeneratedKernel | CodegenUnsupported] = {}
+_GENERATED: dict[tuple[str, str], GeneratedKernel | CodegenUnsupported] = {}
 _GENERATED_MAX = 4096
 
 
 def generate_once(spec: KernelSpec) -> GeneratedKernel:
     """`generate`, remembered by symbol (extract names a kernel by the digest of its canonical
-    spec): fusion asks once to list host ops, compiling asks again, repeated blocks share one."""
-    found = _GENERATED.get(spec.symbol)
+    spec): fusion asks once to list host ops, compiling asks again, repeated blocks share one.
+    The contraction mode is part of the key: it changes the source of anchors."""
+    key = (spec.symbol, contraction_mode())
+    found = _GENERATED.get(key)
     if found is None:
         try:
             found = generate(spec)
@@ -170,7 +174,7 @@ def generate_once(spec: KernelSpec) -> GeneratedKernel:
             found = exc
         if len(_GENERATED) >= _GENERATED_MAX:
             _GENERATED.clear()
-        _GENERATED[spec.symbol] = found
+        _GENERATED[key] = found
     if isinstance(found, CodegenUnsupported):
         raise CodegenUnsupported(str(found))
     return found
@@ -324,6 +328,8 @@ class CompiledModel:
         self._arena = raw[shift : shift + self.arena_bytes]
         self._offsets = offsets
         self._scratch: dict[str, np.ndarray] = {}
+        # Weights packed once for the contraction library, per (kernel, its operands).
+        self._packed: dict[tuple[str, tuple[str, ...]], np.ndarray] = {}
 
     def _workspace_slices(self) -> dict[str, int]:
         """Bytes of one thread's workspace slice per kernel that takes one (render_c.py)."""
@@ -394,6 +400,9 @@ class CompiledModel:
             params = [*spec.inputs, *spec.outputs]
             names = [*step.inputs, *step.outputs]
             ptrs = [self._pointer(n, p.numel * p.dtype.itemsize) for n, p in zip(names, params, strict=True)]
+            packed = self._prepack(step, self._lib(info.path), ptrs)
+            if packed is not None:
+                ptrs.append(packed)
             if workspace.get(step.symbol):
                 ptrs += [int(self._arena.ctypes.data) + self._workspace_offset, self.threads]
             argv = (ctypes.c_void_p * max(len(ptrs), 1))(*ptrs)
@@ -402,6 +411,27 @@ class CompiledModel:
             run_args.append(ctypes.addressof(argv))
             self._per_kernel.append((fn, argv))
         flush()
+
+    def _prepack(self, step: KernelStep, lib: ctypes.CDLL, ptrs: list[int]) -> int | None:
+        """The address of `step`'s packed weights, packed now by the kernel's own
+        `<symbol>_prepack` (kernel_spec.py), or None for a kernel that packs nothing. Call sites
+        with the same kernel and operands share one buffer."""
+        try:
+            floats = int(ctypes.c_int64.in_dll(lib, step.symbol + PREPACK_SUFFIX).value)
+        except ValueError:  # no such symbol: nothing to pack
+            return None
+        key = (step.symbol, step.inputs)
+        if key not in self._packed:
+            raw = np.zeros(floats * 4 + ALIGNMENT, dtype=np.uint8)
+            shift = (-raw.ctypes.data) % ALIGNMENT
+            buf = raw[shift : shift + floats * 4]
+            fn = lib[step.symbol + "_prepack"]
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+            fn.restype = None
+            argv = (ctypes.c_void_p * max(len(ptrs), 1))(*ptrs)
+            fn(argv, int(buf.ctypes.data))
+            self._packed[key] = buf
+        return int(self._packed[key].ctypes.data)
 
     def _stats(self) -> dict[str, Any]:
         per_kernel = []
@@ -429,6 +459,8 @@ class CompiledModel:
             "arena_bytes": self.arena_bytes,
             "workspace_bytes": self.workspace_bytes,
             "weights_bytes": int(sum(w.nbytes for w in self._weights.values())),
+            # Weights kept a second time, packed for the contraction library (contraction/).
+            "packed_weights_bytes": int(sum(b.nbytes for b in self._packed.values())),
             "threads": self.threads,
             "isa": self.isa.name,
             "per_kernel": per_kernel,

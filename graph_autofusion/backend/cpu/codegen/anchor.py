@@ -22,12 +22,22 @@ from dataclasses import dataclass, replace
 import onnx
 
 from ....lower.anchor import lower_anchor, method_of
-from ....plan.anchor_match import AnchorMatch, match_anchor
+from ....plan.anchor_match import AnchorMatch, OperandView, match_anchor
 from ..blas import BLAS_PREAMBLE
+from ..contraction import PANEL_QUANTUM, a_panels_floats, b_panels_floats, contraction_mode, library_source
 from ..kernel_spec import KernelSpec
 from ..render_c import WORKSPACE_SUFFIX, c_comment, render_kernel
 from .common import PRELUDE, CodegenUnsupported, attrs_of
-from .conv import bias_shape, conv_geometry, emit_conv_body, emit_conv_transpose_body
+from .conv import (
+    ConvGeometry,
+    PackedWeights,
+    bias_shape,
+    conv_geometry,
+    conv_method,
+    conv_tiles,
+    emit_conv_body,
+    emit_conv_transpose_body,
+)
 from .epilogue import (
     EPILOGUE_VIEWS,
     ERF_PRELUDE,
@@ -35,6 +45,7 @@ from .epilogue import (
     Operands,
     Step,
     build_epilogue,
+    contiguous_strides,
     emit_epilogue,
     plan_destination,
 )
@@ -43,6 +54,7 @@ from .gemm import (
     EpilogueCall,
     GemmProblem,
     Matrix,
+    PackedB,
     emit_chain_body,
     gemm_c_shape,
     gemm_problem,
@@ -86,6 +98,10 @@ class _Kernel:
                     self.producers[out] = node
         self.helpers: list[str] = []
         self.epilogues = 0
+        # Weights packed once at load for the contraction library: the prepack function's body
+        # and the floats of the buffer (kernel_spec.py: the `_prepack` convention).
+        self.prepack: list[str] = []
+        self.packed: list[str] = []  # C constant expressions: floats of each packed block
         for t in (*spec.inputs, *spec.outputs):
             if t.elem_type != onnx.TensorProto.FLOAT and t.name not in self._index_inputs():
                 raise CodegenUnsupported(f"anchor kernels are fp32; {t.name!r} is {t.ctype}")
@@ -130,13 +146,44 @@ class _Kernel:
         self.helpers.append(emit_epilogue(fn, epi, self.ops, write_back=dest_in_tile, flat_outputs=flat))
         return lambda tile, ldt, r0, r1, c0, c1: f"{fn}(args, {tile}, {ldt}, {r0}, {r1}, {c0}, {c1});"
 
+    def packs(self, name: str) -> bool:
+        """Whether the operand `name` (a kernel input) is to be packed once for the library."""
+        return (
+            contraction_mode() == "library"
+            and name in self.spec.weights
+            and name in self.ops.args
+            and self.ops.elem_type(name) == onnx.TensorProto.FLOAT
+        )
+
+    def pack(self, floats: str, lines: list[str]) -> str:
+        """Reserve `floats` (a C constant expression; 64-byte aligned) of the packed buffer, filled
+        at load by `lines` (C statements where `dst` is the reserved block); returns the block's
+        C expression."""
+        offset = " + ".join(self.packed) or "0"
+        self.packed.append(f"((({floats}) + 15) / 16 * 16)")
+        self.prepack += ["  {", f"    float *dst = packed + ({offset});", *lines, "  }"]
+        return f"(PK + ({offset}))"
+
     def assemble(self, body: list[str], method: str, uses_blas: bool, description: str) -> AnchorKernel:
         spec = self.spec
+        if self.packed:
+            description += f"; {len(self.packed)} weight operand(s) packed once at load (contraction library)"
         header = c_comment(spec.describe(f"method: {method}; {description}"))
         parts = [PRELUDE, ERF_PRELUDE]
         if uses_blas:
             parts.append(BLAS_PREAMBLE)
+        if self.packed:
+            parts.append(library_source())
         parts += [*self.ops.decls, "", *self.helpers, header]
+        if self.packed:
+            n_args = len(spec.inputs) + len(spec.outputs)
+            parts += [
+                f"const int64_t {spec.symbol}_prepack_floats = {' + '.join(self.packed)};",
+                f"void {spec.symbol}_prepack(void *const *args, float *packed) {{",
+                *self.prepack,
+                "}",
+            ]
+            body = [f"  const float *restrict PK = (const float *)args[{n_args}];", *body]
         parts.append(f"void {spec.symbol}(void *const *args) {{")
         parts += body
         parts.append("}")
@@ -165,8 +212,11 @@ def emit_anchor(spec: KernelSpec) -> AnchorKernel:
 
 def _emit_gemm(spec: KernelSpec, match: AnchorMatch) -> AnchorKernel:
     """A MatMul/Gemm anchor: its match lowered to the kernel IR (lower/anchor.py) and rendered,
-    behind the declarations of the contraction routine it calls."""
+    behind the text of the contraction routine it calls: the library's (`library_source`, as
+    atop a C-text anchor) when it packs its weight, else the BLAS declarations."""
     lowered = lower_anchor(spec, match)
+    if lowered.packed:
+        return AnchorKernel(library_source() + "\n" + render_kernel(lowered), method_of(lowered), False)
     return AnchorKernel(BLAS_PREAMBLE + render_kernel(lowered), method_of(lowered), True)
 
 
@@ -206,7 +256,8 @@ def _emit_conv(kernel: _Kernel, match: AnchorMatch) -> AnchorKernel:
     if node.op_type == "ConvTranspose":
         body, method = emit_conv_transpose_body(geom, x_ptr, w_ptr, y_ptr, call)
     else:
-        helpers, body, method = emit_conv_body(geom, x_ptr, w_ptr, y_ptr, call, kernel.spec.symbol)
+        packed = _packed_conv_weights(kernel, geom, match.operands[1])
+        helpers, body, method = emit_conv_body(geom, x_ptr, w_ptr, y_ptr, call, kernel.spec.symbol, packed)
         kernel.helpers = helpers + kernel.helpers
     desc = (
         f"{node.op_type} {geom.n}x{geom.cin}x{geom.d}x{geom.h}x{geom.w} -> {geom.cout}x{geom.od}x{geom.oh}x"
@@ -214,8 +265,30 @@ def _emit_conv(kernel: _Kernel, match: AnchorMatch) -> AnchorKernel:
         f"group {geom.group}; "
         f"epilogue {epi.describe()}"
     )
-    uses_blas = method != "conv_depthwise"
+    uses_blas = method != "conv_depthwise" and not kernel.packed
     return kernel.assemble(body, method, uses_blas, desc)
+
+
+def _packed_conv_weights(kernel: _Kernel, g: ConvGeometry, w: OperandView) -> PackedWeights | None:
+    """The conv weights as the library's A-panels, one block per (group, channel tile); None
+    when BLAS contracts (no constant dense weights, depthwise, or the `blas` mode)."""
+    if conv_method(g) == "conv_depthwise" or not kernel.packs(w.tensor):
+        return None
+    if w.offset or w.strides != contiguous_strides(w.shape):
+        return None
+    _, _, ct, ctn = conv_tiles(g, PANEL_QUANTUM)
+    block = f"((({a_panels_floats(ct, g.kdim)}) + 15) / 16 * 16)"
+    src = kernel.ops.pointer(w.tensor)
+    lines = [
+        f"    for (long g = 0; g < {g.group}L; ++g)",
+        f"      for (long t = 0; t < {ctn}L; ++t) {{",
+        f"        const long c0 = t * {ct}L, c1 = c0 + {ct}L < {g.cog}L ? c0 + {ct}L : {g.cog}L;",
+        f"        afc_pack_a(c1 - c0, {g.kdim}L, {src} + (g * {g.cog}L + c0) * {g.kdim}L, {g.kdim}L, 1L,"
+        f" dst + (g * {ctn}L + t) * {block});",
+        "      }",
+    ]
+    ptr = kernel.pack(f"{g.group * ctn}L * {block}", lines)
+    return PackedWeights(ptr, block)
 
 
 def _gemm_pre_steps(
@@ -263,6 +336,25 @@ def _problem(
         return p, True
     p, _, b_vec = matmul_problem(a, b, ops, out_strides)
     return p, not b_vec
+
+
+def _packed_b(kernel: _Kernel, p: GemmProblem, node: onnx.NodeProto, nb: int) -> PackedB | None:
+    """A constant right operand shared across the batch as the library's B-panels, one block per
+    column tile of `nb` columns; None: BLAS contracts. (A single MatMul/Gemm anchor packs its
+    weights in the kernel IR instead: lower/anchor.py.)"""
+    name = trace_view(node.input[1], kernel.ops, kernel.producers).base
+    if not kernel.packs(name) or any(p.b.batch_strides) or p.k < 1 or p.n < 1:
+        return None
+    nt = -(-p.n // nb)
+    block = f"((({b_panels_floats(p.k, nb)}) + 15) / 16 * 16)"
+    lines = [
+        f"    for (long t = 0; t < {nt}L; ++t) {{",
+        f"      const long n0 = t * {nb}L, n1 = n0 + {nb}L < {p.n}L ? n0 + {nb}L : {p.n}L;",
+        f"      afc_pack_b({p.k}L, n1 - n0, {p.b.ptr} + n0 * {p.b.cs}L, {p.b.rs}L, {p.b.cs}L,"
+        f" dst + t * {block});",
+        "    }",
+    ]
+    return PackedB(kernel.pack(f"{nt}L * {block}", lines), nb, block)
 
 
 def _emit_chain(kernel: _Kernel, anchors: list[int]) -> AnchorKernel:
@@ -454,9 +546,12 @@ def _emit_fused_chain(kernel: _Kernel, anchors: list[int]) -> AnchorKernel:
         shape_overrides=ov2,
     )
     y_ptr, call2 = _destination(kernel, epi2, y2)
-    body = emit_chain_body(p1, p2, y_ptr, call1, call2, ratio)
+    # The chain computes whole rows: each GEMM's weights pack as one block of all N columns.
+    packed = (_packed_b(kernel, p1, first, p1.n), _packed_b(kernel, p2, second, p2.n))
+    body = emit_chain_body(p1, p2, y_ptr, call1, call2, ratio, packed)
     desc = (
         f"[{p1.m}x{p1.k}]x[{p1.k}x{p1.n}] -> {epi1.describe()} -> [{p2.m}x{p2.k}]x[{p2.k}x{p2.n}] -> "
         f"{epi2.describe()}; the intermediate stays in a per-thread row block"
     )
-    return kernel.assemble(body, "matmul_chain", True, desc)
+    uses_blas = None in packed
+    return kernel.assemble(body, "matmul_chain", uses_blas, desc)

@@ -10,6 +10,10 @@ into a per-thread buffer.
 
 The kernel owns the parallel loop: BLAS runs single-threaded inside the OpenMP loop, since two
 thread pools on the same cores fight (DESIGN.md §1); row blocks are handed out dynamically.
+
+A chain's right operand that is a constant weight may come packed once by the runtime (B-panels
+of the contraction library, backend/cpu/contraction, `PackedB`): its tile is then one
+`afc_gemm_bp` call reading A through its view's strides. Everything else keeps OpenBLAS.
 """
 
 from __future__ import annotations
@@ -301,6 +305,16 @@ def _pack_lines(dst: str, src: str, rows: str, cols: str, rs: int, cs: int, inde
 
 
 @dataclass(frozen=True)
+class PackedB:
+    """The right operand packed once at C expression `ptr`: per column tile of `nb` columns, the
+    library's B-panels over the full K, `block` floats apart (a C constant expression)."""
+
+    ptr: str
+    nb: int
+    block: str
+
+
+@dataclass(frozen=True)
 class SgemmCall:
     """C statements computing rows [m0, m1) x columns [n0, n1) of one batch entry into `dst`."""
 
@@ -318,9 +332,23 @@ def sgemm_tile(
     indent: str,
     a_ptr: str | None = None,
     lda_override: int | None = None,
+    packed_b: PackedB | None = None,
 ) -> SgemmCall:
-    """One single-threaded sgemm for the tile (`m0..m1`, `n0..n1` are C variables in scope)."""
+    """One single-threaded sgemm for the tile (`m0..m1`, `n0..n1` are C variables in scope);
+    with `packed_b` (n0 on a column-tile boundary) the contraction library's `afc_gemm_bp`."""
     lines: list[str] = []
+    if packed_b is not None:
+        if a_ptr is None:
+            a_off = _batch_offset(batch_var, p.batch, p.a.batch_strides)
+            a_ptr, rs, cs = f"{p.a.ptr} + {a_off} + m0 * {p.a.rs}L", p.a.rs, p.a.cs
+        else:
+            rs, cs = lda_override or p.k, 1
+        alpha = c_literal(p.alpha, onnx.TensorProto.FLOAT)
+        lines.append(
+            f"{indent}afc_gemm_bp(m1 - m0, n1 - n0, {p.k}L, {alpha}, {a_ptr}, {rs}L, {cs}L, "
+            f"{packed_b.ptr} + (n0 / {packed_b.nb}L) * {packed_b.block}, {dst}, {ldd});"
+        )
+        return SgemmCall(lines, False, False)
     if a_ptr is None:
         a_off = _batch_offset(batch_var, p.batch, p.a.batch_strides)
         a_ptr = f"{p.a.ptr} + {a_off} + m0 * {p.a.rs}L"
@@ -359,8 +387,11 @@ def emit_chain_body(
     epilogue1: EpilogueCall | None,
     epilogue2: EpilogueCall | None,
     ratio: tuple[int, int],
+    packed: tuple[PackedB | None, PackedB | None] = (None, None),
 ) -> list[str]:
     """Per row block: GEMM1 -> epilogue1 into a thread buffer -> GEMM2 -> epilogue2 into Y.
+
+    `packed`: the weights of either GEMM packed once (one block of all N columns each).
 
     `ratio = (num, den)`: a block of `r` rows of the intermediate is `r * num / den` rows of the
     second GEMM's left operand (a Reshape between them that changes the row length).
@@ -378,7 +409,7 @@ def emit_chain_body(
     if (p1.m * num) % den or (mb * num) % den:
         raise CodegenUnsupported("the Reshape between the chained matmuls does not keep row blocks whole")
     k2 = p2.k
-    call1 = sgemm_tile(p1, batch_var="0", dst="h", ldd=f"{p1.n}L", indent="      ")
+    call1 = sgemm_tile(p1, batch_var="0", dst="h", ldd=f"{p1.n}L", indent="      ", packed_b=packed[0])
     full2 = GemmProblem((), p2.m, p2.n, p2.k, p2.a, p2.b, p2.alpha)
     lines = [
         f"  float *restrict Y = {y_ptr};",
@@ -389,7 +420,14 @@ def emit_chain_body(
         f"    float *h = (float *)malloc(sizeof(float) * {mb * p1.n});",
     ]
     call2_probe = sgemm_tile(
-        full2, batch_var="0", dst="y", ldd=f"{p2.n}L", indent="        ", a_ptr="h", lda_override=k2
+        full2,
+        batch_var="0",
+        dst="y",
+        ldd=f"{p2.n}L",
+        indent="        ",
+        a_ptr="h",
+        lda_override=k2,
+        packed_b=packed[1],
     )
     if call1.packs_a:
         lines.append(f"    float *pa = (float *)malloc(sizeof(float) * {mb * p1.k});")

@@ -1,0 +1,396 @@
+"""Contraction speed per shape: the contraction library against OpenBLAS, as the anchors use them.
+
+For each large Conv / MatMul shape of the zoo (ResNet-50, MobileNetV2, BERT-base), a one-node ONNX
+model with its weights as initializers is compiled twice, `AUTOFUSION_CONTRACTION=blas` (one
+single-threaded OpenBLAS sgemm per output tile, which packs both operands every call) and
+`library` (the contraction library: weights packed once at load, the activation per tile), and
+the two are timed in alternating rounds in one process (the machine is shared: a disturbance then
+hits both). Each row gives GFLOP/s (2*M*N*K per call; median and fastest run) of both, next to
+OpenBLAS's own sgemm on the bare GEMM with as many threads (no im2col, no tiling: what BLAS does
+alone) and the ISA's FMA peak on the same threads (`shim.peak_flops`: register-only FMA chains).
+
+`--cpu-time` times each call by the process's CPU time instead of the wall clock, which a busy
+shared host cannot disturb by preempting the process (it still can by evicting caches); use it
+with `--threads 1` (with more threads it sums the threads' time, spin-waits included).
+
+`--models resnet50,bert_base` instead compares whole fused zoo models: both contraction modes
+compiled side by side with one thread, every kernel timed by process CPU time, the two models'
+runs interleaved (the load of a shared host drifts), the fastest run of each kernel kept; it prints
+the total and the anchors' GFLOP/s per mode. That is the measurement behind the default mode
+(contraction/__init__.py). With `--wall` it instead times whole runs on `--threads` threads by
+the wall clock, both modes and onnxruntime (ORT_ENABLE_ALL, same threads) interleaved run by run,
+and prints the median and fastest run of each.
+
+Run: `.venv/bin/python benchmarks/contraction.py [--threads 2] [--reps 20] [--shapes resnet50,bert]
+[--cpu-time] [--models resnet50,mobilenet_v2,bert_base] [--json]`; the header names the host
+(`describe_host`) and the OpenBLAS core in use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from graph_autofusion.backend.cpu import blas, threads
+from graph_autofusion.backend.cpu.contraction import CONTRACTION_ENV
+from graph_autofusion.backend.cpu.contraction.shim import build_library, peak_flops
+from graph_autofusion.backend.cpu.kernel_spec import KernelSpec
+from graph_autofusion.backend.cpu.runtime import compile_model
+from graph_autofusion.hardware import describe_host
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A Conv (`kernel` > 0: input [1, cin, hw, hw], `stride`) or a MatMul [m, k] x [k, n]."""
+
+    name: str
+    cin: int  # Conv: input channels; MatMul: K
+    cout: int  # Conv: output channels; MatMul: N
+    hw: int = 0  # Conv: input height = width; MatMul: M
+    kernel: int = 0
+    stride: int = 1
+
+    @property
+    def gemm(self) -> tuple[int, int, int]:
+        """(M, N, K) of the contraction."""
+        if not self.kernel:
+            return self.hw, self.cout, self.cin
+        pad = self.kernel // 2
+        out = (self.hw + 2 * pad - self.kernel) // self.stride + 1
+        return self.cout, out * out, self.cin * self.kernel * self.kernel
+
+    def model(self, rng: np.random.Generator) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+        if self.kernel:
+            pad = self.kernel // 2
+            x = rng.standard_normal((1, self.cin, self.hw, self.hw)).astype(np.float32)
+            w = rng.standard_normal((self.cout, self.cin, self.kernel, self.kernel)).astype(np.float32)
+            node = helper.make_node(
+                "Conv",
+                ["x", "w"],
+                ["y"],
+                kernel_shape=[self.kernel] * 2,
+                pads=[pad] * 4,
+                strides=[self.stride] * 2,
+            )
+        else:
+            x = rng.standard_normal((self.hw, self.cin)).astype(np.float32)
+            w = rng.standard_normal((self.cin, self.cout)).astype(np.float32)
+            node = helper.make_node("MatMul", ["x", "w"], ["y"])
+        graph = helper.make_graph(
+            [node],
+            self.name,
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+            [numpy_helper.from_array(w, "w")],
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        return onnx.shape_inference.infer_shapes(model), {"x": x}
+
+
+SHAPES = {
+    "resnet50": [
+        Shape("r50.conv1 7x7s2", 3, 64, 224, 7, 2),
+        Shape("r50.l1 3x3", 64, 64, 56, 3),
+        Shape("r50.l1 1x1 up", 64, 256, 56, 1),
+        Shape("r50.l1 1x1 down", 256, 64, 56, 1),
+        Shape("r50.l2 3x3", 128, 128, 28, 3),
+        Shape("r50.l2 1x1 up", 128, 512, 28, 1),
+        Shape("r50.l3 3x3", 256, 256, 14, 3),
+        Shape("r50.l3 1x1 up", 256, 1024, 14, 1),
+        Shape("r50.l4 3x3", 512, 512, 7, 3),
+        Shape("r50.l4 1x1 up", 512, 2048, 7, 1),
+    ],
+    "mobilenet_v2": [
+        Shape("mv2 1x1 16->96 @112", 16, 96, 112, 1),
+        Shape("mv2 1x1 32->192 @28", 32, 192, 28, 1),
+        Shape("mv2 1x1 320->1280 @7", 320, 1280, 7, 1),
+    ],
+    "bert": [
+        Shape("bert qkv/out 128x768x768", 768, 768, 128),
+        Shape("bert ffn1 128x3072x768", 768, 3072, 128),
+        Shape("bert ffn2 128x768x3072", 3072, 768, 128),
+    ],
+}
+
+
+@dataclass
+class Row:
+    shape: str
+    m: int
+    n: int
+    k: int
+    blas_gflops: float
+    library_gflops: float
+    blas_best_gflops: float
+    library_best_gflops: float
+    blas_alone_gflops: float
+    peak_gflops: float
+
+    @property
+    def speedup(self) -> float:
+        return self.library_gflops / self.blas_gflops
+
+
+CLOCK: Callable[[], float] = time.perf_counter
+
+
+def _time(fns: dict[str, Callable[[], object]], reps: int) -> dict[str, list[float]]:
+    """Seconds per call of each contender, in alternating rounds (one warm-up call each first)."""
+    out: dict[str, list[float]] = {name: [] for name in fns}
+    for fn in fns.values():
+        fn()
+    for _ in range(reps):
+        for name, fn in fns.items():
+            start = CLOCK()
+            fn()
+            out[name].append(CLOCK() - start)
+    return out
+
+
+def _blas_alone(m: int, n: int, k: int, nthreads: int, reps: int) -> float:
+    """Median GFLOP/s of OpenBLAS's own multi-threaded sgemm on the bare [m, k] x [k, n]."""
+    lib = blas.load_blas()
+    sgemm = lib.scipy_cblas_sgemm
+    sgemm.restype = None
+    ptr, i32, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+    sgemm.argtypes = [i32] * 6 + [f32, ptr, i32, ptr, i32, f32, ptr, i32]
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    c = np.empty((m, n), np.float32)
+    before = blas.get_blas_threads()
+    blas.set_blas_threads(nthreads)
+    try:
+
+        def call() -> None:
+            sgemm(101, 111, 111, m, n, k, 1.0, a.ctypes.data, k, b.ctypes.data, n, 0.0, c.ctypes.data, n)
+
+        times = _time({"blas": call}, reps)["blas"]
+    finally:
+        blas.set_blas_threads(before)
+    return 2 * m * n * k / statistics.median(times) / 1e9
+
+
+def measure(shapes: list[Shape], nthreads: int, reps: int) -> tuple[list[Row], float]:
+    threads.set_omp_threads(nthreads)
+    peak = peak_flops(build_library(), clock=CLOCK) / 1e9
+    rows = []
+    rng = np.random.default_rng(0)
+    saved = os.environ.get(CONTRACTION_ENV)
+    try:
+        for shape in shapes:
+            model, feeds = shape.model(rng)
+            compiled = {}
+            for mode in ("blas", "library"):
+                os.environ[CONTRACTION_ENV] = mode
+                compiled[mode] = compile_model(model, threads=nthreads)
+            ref = compiled["blas"](feeds)["y"]
+            got = compiled["library"](feeds)["y"]
+            assert np.allclose(got, ref, rtol=1e-4, atol=1e-3 * float(np.abs(ref).max())), shape.name
+            times = _time({mode: (lambda cm=cm, f=feeds: cm(f)) for mode, cm in compiled.items()}, reps)
+            m, n, k = shape.gemm
+            flop = 2 * m * n * k / 1e9
+            rows.append(
+                Row(
+                    shape.name,
+                    m,
+                    n,
+                    k,
+                    round(flop / statistics.median(times["blas"]), 1),
+                    round(flop / statistics.median(times["library"]), 1),
+                    round(flop / min(times["blas"]), 1),
+                    round(flop / min(times["library"]), 1),
+                    round(_blas_alone(m, n, k, nthreads, reps), 1),
+                    round(peak, 1),
+                )
+            )
+            print(_line(rows[-1]), flush=True)
+    finally:
+        if saved is None:
+            os.environ.pop(CONTRACTION_ENV, None)
+        else:
+            os.environ[CONTRACTION_ENV] = saved
+    return rows, peak
+
+
+def _anchor_macs(spec: KernelSpec) -> int:
+    """Multiply-adds of a kernel's Conv/MatMul/Gemm nodes (0: not an anchor)."""
+    total = 0
+    for node in spec.nodes:
+        if node.op_type in ("Conv", "MatMul", "Gemm"):
+            out = math.prod(spec.tensors[node.output[0]].shape)
+            if node.op_type == "Conv":
+                total += out * math.prod(spec.tensors[node.input[1]].shape[1:])
+            else:
+                left = spec.tensors[node.input[0]].shape
+                trans = node.op_type == "Gemm" and any(a.name == "transA" and a.i for a in node.attribute)
+                total += out * (left[0] if trans else left[-1])
+    return total
+
+
+def compare_models(names: list[str], reps: int) -> list[dict[str, object]]:
+    """Whole fused models, both modes, one thread, kernels timed by CPU time (module docstring)."""
+    import graph_autofusion as gaf
+    from graph_autofusion import zoo
+    from graph_autofusion.backend.cpu.extract import KernelStep
+
+    out = []
+    saved = os.environ.get(CONTRACTION_ENV)
+    try:
+        for name in names:
+            source = zoo.build(name)
+            fused = gaf.fuse(source).model
+            feeds = zoo.example_inputs(source)
+            compiled = {}
+            for mode in ("blas", "library"):
+                os.environ[CONTRACTION_ENV] = mode
+                compiled[mode] = compile_model(fused, threads=1)
+                compiled[mode](feeds)
+            threads.set_omp_threads(1)
+            best = {mode: [math.inf] * len(cm._per_kernel) for mode, cm in compiled.items()}
+            for _ in range(reps):
+                for mode, cm in compiled.items():
+                    for i, (fn, argv) in enumerate(cm._per_kernel):
+                        start = time.process_time_ns()
+                        fn(argv)
+                        best[mode][i] = min(best[mode][i], time.process_time_ns() - start)
+            row: dict[str, object] = {"model": name}
+            for mode, cm in compiled.items():
+                steps = [s for s in cm._steps if isinstance(s, KernelStep)]
+                macs = [_anchor_macs(cm.plan.specs[s.symbol]) for s in steps]
+                anchor_ns = sum(t for t, m in zip(best[mode], macs, strict=True) if m)
+                row[f"{mode}_ms"] = round(sum(best[mode]) / 1e6, 2)
+                row[f"{mode}_anchor_gflops"] = round(2 * sum(macs) / anchor_ns, 1)
+                row[f"{mode}_packed_bytes"] = cm.stats["packed_weights_bytes"]
+            print(
+                f"{name:<14} blas {row['blas_ms']:>8} ms ({row['blas_anchor_gflops']:>5} GFLOP/s in anchors)"
+                f"  library {row['library_ms']:>8} ms ({row['library_anchor_gflops']:>5} GFLOP/s)"
+                f"  library/blas {float(row['library_ms']) / float(row['blas_ms']):.3f}"  # type: ignore[arg-type]
+                f"  packed {int(row['library_packed_bytes']) / 2**20:.1f} MiB",  # type: ignore[call-overload]
+                flush=True,
+            )
+            out.append(row)
+    finally:
+        if saved is None:
+            os.environ.pop(CONTRACTION_ENV, None)
+        else:
+            os.environ[CONTRACTION_ENV] = saved
+    return out
+
+
+def compare_models_wall(names: list[str], nthreads: int, reps: int) -> list[dict[str, object]]:
+    """Whole fused models on `nthreads` threads, wall clock, both modes and onnxruntime interleaved."""
+    import onnxruntime as ort
+
+    import graph_autofusion as gaf
+    from graph_autofusion import zoo
+
+    out = []
+    saved = os.environ.get(CONTRACTION_ENV)
+    try:
+        for name in names:
+            source = zoo.build(name)
+            fused = gaf.fuse(source).model
+            feeds = zoo.example_inputs(source)
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads = nthreads
+            sess = ort.InferenceSession(source.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+            runs: dict[str, Callable[[], object]] = {"onnxruntime": lambda s=sess, f=feeds: s.run(None, f)}
+            for mode in ("blas", "library"):
+                os.environ[CONTRACTION_ENV] = mode
+                runs[mode] = lambda cm=compile_model(fused, threads=nthreads), f=feeds: cm(f)
+            times = _time(runs, reps)
+            row: dict[str, object] = {"model": name, "threads": nthreads}
+            for who, ts in times.items():
+                row[f"{who}_ms"] = round(1e3 * statistics.median(ts), 2)
+                row[f"{who}_min_ms"] = round(1e3 * min(ts), 2)
+            print(
+                f"{name:<14} "
+                + "  ".join(f"{who} {row[f'{who}_ms']} ms (min {row[f'{who}_min_ms']})" for who in times),
+                flush=True,
+            )
+            out.append(row)
+    finally:
+        if saved is None:
+            os.environ.pop(CONTRACTION_ENV, None)
+        else:
+            os.environ[CONTRACTION_ENV] = saved
+    return out
+
+
+def _line(r: Row) -> str:
+    return (
+        f"{r.shape:<28} {r.m:>5} {r.n:>6} {r.k:>5}  {r.blas_gflops:>7.1f} ({r.blas_best_gflops:>5.1f})"
+        f"  {r.library_gflops:>7.1f} ({r.library_best_gflops:>5.1f})  {r.speedup:>5.2f}x"
+        f"  {r.blas_alone_gflops:>7.1f}  {100 * r.library_gflops / r.peak_gflops:>5.0f}%"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--shapes", default=",".join(SHAPES), help=f"groups of shapes: {', '.join(SHAPES)}")
+    parser.add_argument("--cpu-time", action="store_true", help="time by process CPU time (see above)")
+    parser.add_argument("--models", default="", help="compare whole zoo models instead (see above)")
+    parser.add_argument("--wall", action="store_true", help="with --models: wall clock, --threads, vs ORT")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if args.cpu_time:
+        global CLOCK
+        CLOCK = time.process_time
+    shapes = [s for group in args.shapes.split(",") for s in SHAPES[group.strip()]]
+    lib = blas.load_blas()
+    lib.scipy_openblas_get_corename.restype = ctypes.c_char_p
+    core = lib.scipy_openblas_get_corename().decode()
+    kernel = build_library().kernel
+    header = [
+        describe_host(),
+        f"OpenBLAS {blas.blas_info().version}, core {core}; library micro-kernel {kernel};"
+        f" {args.threads} threads; {'process CPU time' if args.cpu_time else 'wall clock'}",
+        "GFLOP/s per call, median (fastest): blas = per-tile OpenBLAS in the anchor, library = contraction "
+        "library; alone = OpenBLAS (same threads) on the bare GEMM; %peak = library / ISA FMA peak",
+    ]
+    if args.models:
+        header[1] = f"OpenBLAS {blas.blas_info().version}, core {core}; library micro-kernel {kernel}"
+        header[2] = (
+            f"whole models, {args.threads} threads, wall clock, runs interleaved"
+            if args.wall
+            else "whole fused models, 1 thread, fastest process CPU time per kernel, modes interleaved"
+        )
+    print("\n".join(header), file=sys.stderr if args.json else None)
+    if args.models:
+        names = [m.strip() for m in args.models.split(",")]
+        rows = (
+            compare_models_wall(names, args.threads, args.reps)
+            if args.wall
+            else compare_models(names, args.reps)
+        )
+        if args.json:
+            print(json.dumps({"host": header[0], "openblas_core": core, "models": rows}, indent=1))
+        return
+    if not args.json:
+        cols = f"{'blas':>15}  {'library':>15}  {'ratio':>6}  {'alone':>7}  %peak"
+        print(f"{'shape':<28} {'M':>5} {'N':>6} {'K':>5}  {cols}")
+    rows, peak = measure(shapes, args.threads, args.reps)
+    if args.json:
+        print(json.dumps({"host": header[0], "openblas_core": core, "peak_gflops": peak,
+                          "rows": [asdict(r) for r in rows]}, indent=1))  # fmt: skip
+    else:
+        print(f"ISA FMA peak on {args.threads} threads: {peak:.1f} GFLOP/s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""The contraction library: register-blocked fp32 GEMM tiles with one operand packed once.
+
+What was measured first (2026-12-03, the 2-vCPU AMD EPYC Zen 4 host, x86-64-v4+avx512bf16+
+avx512vnni, gcc 12; the host was shared and loaded 5-8, so wall-clock figures drift by 2x and the
+decisions below rest on process CPU time with one thread, which preemption cannot inflate):
+
+* OpenBLAS 0.3.34 (scipy-openblas32, DYNAMIC_ARCH) picks its SkylakeX (AVX-512) core here, not
+  an AVX2 one. One-thread `cblas_sgemm` on whole ResNet-50 / BERT shapes runs at 65-95 GFLOP/s
+  against a 115-118 GFLOP/s single-core FMA peak (1 zmm FMA per cycle at ~3.7 GHz).
+* Called per output tile from the anchors' OpenMP loop it re-packs the weights on every call;
+  the anchors reached 77 GFLOP/s (ResNet-50) and 83 (BERT-base) over their whole time.
+
+What the library does about it: the weights are packed once, at load, by the runtime, into the
+micro-kernel's panel layout; only the activation is packed per tile, into a per-thread buffer
+that stays in L2; pixel tiles are whole panels. Measured the same way (`benchmarks/contraction.py
+--models resnet50,mobilenet_v2,bert_base` and `--threads 1 --cpu-time`), library vs OpenBLAS:
+ResNet-50 97.4 vs 107.5 ms (-9.4%; anchors at 84 vs 76 GFLOP/s), MobileNetV2 11.2 vs 12.2 ms
+(-8.2%), BERT-base 243.3 vs 280.9 ms (-13.4%; anchors at 93 vs 81 GFLOP/s); per zoo shape
+1.06-1.18x on 14 of 16, 1.00x on the 7x7 3x3 conv and 0.98x on MobileNetV2's last 1x1 (N = 49
+pixels fills 49 of 64 vector lanes). The micro-kernel alone runs at the FMA peak (118 GFLOP/s,
+any of 8x32 / 12x32 / 14x32 / 8x48 / ymm 6x16) from L1/L2;
+what is left is im2col, the per-tile activation packing and lane waste at narrow tiles.
+
+Operands that are not constants (attention's Q x K^T and P x V) keep OpenBLAS: packing both per
+call in the library measured 0.78-0.94x OpenBLAS on the 128x128x64 and 128x64x128 head shapes.
+
+What it holds (fixed C sources next to this module, compiled with each kernel's own -march, so
+the ISA is part of the cache key like every other kernel):
+
+* `afc.h`: the ABI (documented there): packed layouts, `afc_pack_a/_b`, `afc_gemm_ap` (A packed,
+  conv weights `[Cout, Cin*kh*kw]`) and `afc_gemm_bp` (B packed, MatMul/Gemm weights).
+* `afc.c`: micro-kernels (AVX-512 8x32 with 16 zmm accumulators, AVX2+FMA 6x16, portable 4x16),
+  the packing routines and the single-threaded tile drivers with K blocking (at most KC=256,
+  split evenly).
+* `shim.py`: the library with exported entry points for ctypes (tests, benchmarks, FMA peak).
+
+Why compiled into each unit (the text sits atop every kernel that uses it, behind an include
+guard, so a combined unit of many such kernels compiles it once) rather than as one shared
+object that kernels link against: a kernel then has no load-order, rpath or cache-eviction
+dependency on another file, a bundle stays self-contained, and the functions are `static`, so
+units never clash. The price is ~0.3 s of compile per cold unit. Generated code never uses the
+ISA's panel sizes as Python numbers (sizes are C expressions of `AFC_MR`/`AFC_NR`), so a bundle
+recompiled for another ISA stays consistent.
+
+`AUTOFUSION_CONTRACTION=blas|library` chooses how anchors with a constant weight operand
+contract; the default is `library`, the faster of the two on this host by the figures above.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+CONTRACTION_ENV = "AUTOFUSION_CONTRACTION"
+MODES = ("blas", "library")
+# The faster mode on the Zen 4 AVX-512 host (module docstring). For AVX2 hosts the closest
+# measurement we have is this host with AUTOFUSION_ISA=v3 against OpenBLAS forced to its Haswell
+# core (OPENBLAS_CORETYPE=Zen): a tie (ResNet-50 104.1 vs 102.6 ms, BERT-base 267.1 vs 265.2 ms
+# CPU time, within the run-to-run noise), so one default serves both.
+DEFAULT_MODE = "library"
+
+# Column tiles of a multiple of this many columns are whole B panels on every ISA (AFC_NR is 32
+# or 16), so generators round the tiles they hand the library to it without knowing the ISA.
+PANEL_QUANTUM = 32
+
+_HERE = Path(__file__).parent
+
+
+def contraction_mode() -> str:
+    """`$AUTOFUSION_CONTRACTION` (`blas` or `library`), else `DEFAULT_MODE`."""
+    raw = (os.environ.get(CONTRACTION_ENV) or DEFAULT_MODE).strip().lower()
+    if raw not in MODES:
+        from ....errors import InvalidConfigError
+
+        raise InvalidConfigError(
+            f"{CONTRACTION_ENV}={raw!r} is not one of {', '.join(MODES)}",
+            code="invalid_contraction",
+            value=raw,
+        )
+    return raw
+
+
+@lru_cache(maxsize=1)
+def library_source() -> str:
+    """The library as C text (header, then implementation): a prelude for kernels that use it."""
+    header = (_HERE / "afc.h").read_text(encoding="utf-8")
+    body = (_HERE / "afc.c").read_text(encoding="utf-8")
+    return f"{header}\n{body}"
+
+
+def a_panels_floats(m: int, k: int) -> str:
+    """C constant expression: floats of the A-panels of an m x k operand (afc_packed_a_floats).
+
+    An expression, not a number: the panel height `AFC_MR` is the ISA's, which only the C
+    compiler building the kernel knows, so generated code never depends on Python agreeing with
+    the -march a kernel is finally built for (a bundle recompiled for another host included)."""
+    return f"((({m}L) + AFC_MR - 1) / AFC_MR * AFC_MR * {max(k, 1)}L)"
+
+
+def b_panels_floats(k: int, n: int) -> str:
+    """C constant expression: floats of the B-panels of a k x n operand (afc_packed_b_floats)."""
+    return f"((({n}L) + AFC_NR - 1) / AFC_NR * AFC_NR * {max(k, 1)}L)"

@@ -1,0 +1,332 @@
+/* afc.c - the contraction library (see afc.h for the ABI). Included after afc.h. The guard lets
+ * every kernel of a combined translation unit carry the library while only the first copy is
+ * compiled. */
+#ifndef AFC_IMPL
+#define AFC_IMPL
+#include <stdlib.h>
+#include <string.h>
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#include <immintrin.h>
+#endif
+
+#define AFC_BUF_FLOATS (AFC_KC * AFC_NC > AFC_MC * AFC_KC ? AFC_KC * AFC_NC : AFC_MC * AFC_KC)
+
+/* The depth of each K block: K split into equal blocks of at most AFC_KC, so no block is a thin
+ * remainder (K = 576 runs as 2 x 288, not 256 + 256 + 64: every block re-reads and re-writes the
+ * C tile, which a thin one does not amortize). */
+static inline int64_t afc_kc(int64_t k) {
+  const int64_t blocks = (k + AFC_KC - 1) / AFC_KC;
+  return (k + blocks - 1) / blocks;
+}
+
+/* The per-thread block buffer for the operand packed per call: allocated on a thread's first
+ * call and kept for the thread's life (OpenMP pools reuse their threads), so a tile costs no
+ * malloc. */
+static float *afc_buffer(void) {
+  static _Thread_local float *buf;
+  if (!buf) {
+    buf = (float *)aligned_alloc(64, sizeof(float) * AFC_BUF_FLOATS);
+    if (!buf) abort();
+  }
+  return buf;
+}
+
+static int64_t afc_packed_a_floats(int64_t m, int64_t k) {
+  return (m + AFC_MR - 1) / AFC_MR * AFC_MR * (k > 0 ? k : 1);
+}
+
+static int64_t afc_packed_b_floats(int64_t k, int64_t n) {
+  return (n + AFC_NR - 1) / AFC_NR * AFC_NR * (k > 0 ? k : 1);
+}
+
+/* Rows [0, m) x depth [0, kc) of a strided A into A-panels of depth `kc` (panel stride kc*MR). */
+static void afc_pack_a_block(int64_t m, int64_t kc, const float *a, int64_t rs, int64_t cs, float *ap) {
+  for (int64_t p = 0; p < m; p += AFC_MR) {
+    const int64_t rows = m - p < AFC_MR ? m - p : AFC_MR;
+    float *dst = ap + p * kc;
+    if (rows < AFC_MR) memset(dst, 0, sizeof(float) * (size_t)(kc * AFC_MR));
+    for (int64_t i = 0; i < rows; ++i) {
+      const float *src = a + (p + i) * rs;
+      if (cs == 1) {
+        for (int64_t kk = 0; kk < kc; ++kk) dst[kk * AFC_MR + i] = src[kk];
+      } else {
+        for (int64_t kk = 0; kk < kc; ++kk) dst[kk * AFC_MR + i] = src[kk * cs];
+      }
+    }
+  }
+}
+
+/* Depth [0, kc) x columns [0, n) of a strided B into B-panels of depth `kc` (panel stride kc*NR). */
+static void afc_pack_b_block(int64_t kc, int64_t n, const float *b, int64_t rs, int64_t cs, float *bp) {
+  for (int64_t q = 0; q < n; q += AFC_NR) {
+    const int64_t cols = n - q < AFC_NR ? n - q : AFC_NR;
+    float *dst = bp + q * kc;
+    for (int64_t kk = 0; kk < kc; ++kk) {
+      float *d = dst + kk * AFC_NR;
+      const float *src = b + kk * rs + q * cs;
+      if (cs == 1 && cols == AFC_NR) {
+        memcpy(d, src, sizeof(float) * AFC_NR);
+      } else {
+        for (int64_t j = 0; j < cols; ++j) d[j] = src[j * cs];
+        for (int64_t j = cols; j < AFC_NR; ++j) d[j] = 0.0f;
+      }
+    }
+  }
+}
+
+static void afc_pack_a(int64_t m, int64_t k, const float *a, int64_t rs, int64_t cs, float *ap) {
+  afc_pack_a_block(m, k, a, rs, cs, ap);
+}
+
+static void afc_pack_b(int64_t k, int64_t n, const float *b, int64_t rs, int64_t cs, float *bp) {
+  afc_pack_b_block(k, n, b, rs, cs, bp);
+}
+
+/* The micro-kernel: C[mr x nr] (= or +=) alpha * sum_kk ap[kk][0:MR] (x) bp[kk][0:NR].
+ * `ap`, `bp` are panels of depth kc; mr <= MR and nr <= NR say how much of the tile is stored. */
+#if defined(__AVX512F__)
+/* A tile of at most 16 columns (the tail of a row of panels: 196 = 6 x 32 + 4 pixels) runs on
+ * one vector per row, half the FMAs of the full kernel. */
+static void afc_ukernel_16(int64_t kc, const float *restrict ap, const float *restrict bp,
+                           float *restrict c, int64_t ldc, int mr, int nr, float alpha, int acc) {
+  __m512 c0[AFC_MR];
+#pragma GCC unroll 8
+  for (int i = 0; i < AFC_MR; ++i) c0[i] = _mm512_setzero_ps();
+  for (int64_t kk = 0; kk < kc; ++kk) {
+    const __m512 b0 = _mm512_loadu_ps(bp);
+#pragma GCC unroll 8
+    for (int i = 0; i < AFC_MR; ++i) c0[i] = _mm512_fmadd_ps(_mm512_set1_ps(ap[i]), b0, c0[i]);
+    ap += AFC_MR;
+    bp += AFC_NR;
+  }
+  const __m512 va = _mm512_set1_ps(alpha);
+  const __mmask16 k0 = (__mmask16)(nr >= 16 ? 0xFFFFu : (1u << nr) - 1u);
+#pragma GCC unroll 8
+  for (int i = 0; i < AFC_MR; ++i) {
+    if (i >= mr) break;
+    float *row = c + i * ldc;
+    __m512 v = alpha != 1.0f ? _mm512_mul_ps(c0[i], va) : c0[i];
+    if (acc) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(k0, row));
+    _mm512_mask_storeu_ps(row, k0, v);
+  }
+}
+
+static inline void afc_ukernel(int64_t kc, const float *restrict ap, const float *restrict bp,
+                               float *restrict c, int64_t ldc, int mr, int nr, float alpha, int acc) {
+  if (nr <= 16) {
+    afc_ukernel_16(kc, ap, bp, c, ldc, mr, nr, alpha, acc);
+    return;
+  }
+  __m512 c0[AFC_MR], c1[AFC_MR];
+#pragma GCC unroll 8
+  for (int i = 0; i < AFC_MR; ++i) {
+    c0[i] = _mm512_setzero_ps();
+    c1[i] = _mm512_setzero_ps();
+  }
+  for (int64_t kk = 0; kk < kc; ++kk) {
+    const __m512 b0 = _mm512_loadu_ps(bp), b1 = _mm512_loadu_ps(bp + 16);
+#pragma GCC unroll 8
+    for (int i = 0; i < AFC_MR; ++i) {
+      const __m512 a = _mm512_set1_ps(ap[i]);
+      c0[i] = _mm512_fmadd_ps(a, b0, c0[i]);
+      c1[i] = _mm512_fmadd_ps(a, b1, c1[i]);
+    }
+    ap += AFC_MR;
+    bp += AFC_NR;
+  }
+  const __m512 va = _mm512_set1_ps(alpha);
+  const __mmask16 k0 = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1u);
+  const __mmask16 k1 = nr >= 32 ? (__mmask16)0xFFFF : nr > 16 ? (__mmask16)((1u << (nr - 16)) - 1u) : 0;
+  if (alpha != 1.0f) {
+#pragma GCC unroll 8
+    for (int i = 0; i < AFC_MR; ++i) {
+      c0[i] = _mm512_mul_ps(c0[i], va);
+      c1[i] = _mm512_mul_ps(c1[i], va);
+    }
+  }
+  if (mr == AFC_MR && nr == AFC_NR) {
+#pragma GCC unroll 8
+    for (int i = 0; i < AFC_MR; ++i) {
+      float *row = c + i * ldc;
+      if (acc) {
+        c0[i] = _mm512_add_ps(c0[i], _mm512_loadu_ps(row));
+        c1[i] = _mm512_add_ps(c1[i], _mm512_loadu_ps(row + 16));
+      }
+      _mm512_storeu_ps(row, c0[i]);
+      _mm512_storeu_ps(row + 16, c1[i]);
+    }
+    return;
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < AFC_MR; ++i) {
+    if (i >= mr) break;
+    float *row = c + i * ldc;
+    if (acc) {
+      c0[i] = _mm512_add_ps(c0[i], _mm512_maskz_loadu_ps(k0, row));
+      c1[i] = _mm512_add_ps(c1[i], _mm512_maskz_loadu_ps(k1, row + 16));
+    }
+    _mm512_mask_storeu_ps(row, k0, c0[i]);
+    _mm512_mask_storeu_ps(row + 16, k1, c1[i]);
+  }
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+/* A tile of at most 8 columns runs on one vector per row (see the AVX-512 twin). */
+static void afc_ukernel_8(int64_t kc, const float *restrict ap, const float *restrict bp,
+                          float *restrict c, int64_t ldc, int mr, int nr, float alpha, int acc) {
+  __m256 c0[AFC_MR];
+#pragma GCC unroll 8
+  for (int i = 0; i < AFC_MR; ++i) c0[i] = _mm256_setzero_ps();
+  for (int64_t kk = 0; kk < kc; ++kk) {
+    const __m256 b0 = _mm256_loadu_ps(bp);
+#pragma GCC unroll 8
+    for (int i = 0; i < AFC_MR; ++i) c0[i] = _mm256_fmadd_ps(_mm256_broadcast_ss(ap + i), b0, c0[i]);
+    ap += AFC_MR;
+    bp += AFC_NR;
+  }
+  float tile[AFC_MR * 8];
+#pragma GCC unroll 8
+  for (int i = 0; i < AFC_MR; ++i) _mm256_storeu_ps(tile + i * 8, c0[i]);
+  for (int i = 0; i < mr; ++i) {
+    float *row = c + i * ldc;
+    for (int j = 0; j < nr; ++j) {
+      const float v = alpha * tile[i * 8 + j];
+      row[j] = acc ? row[j] + v : v;
+    }
+  }
+}
+
+static inline void afc_ukernel(int64_t kc, const float *restrict ap, const float *restrict bp,
+                               float *restrict c, int64_t ldc, int mr, int nr, float alpha, int acc) {
+  if (nr <= 8) {
+    afc_ukernel_8(kc, ap, bp, c, ldc, mr, nr, alpha, acc);
+    return;
+  }
+  __m256 c0[AFC_MR], c1[AFC_MR];
+#pragma GCC unroll 8
+  for (int i = 0; i < AFC_MR; ++i) {
+    c0[i] = _mm256_setzero_ps();
+    c1[i] = _mm256_setzero_ps();
+  }
+  for (int64_t kk = 0; kk < kc; ++kk) {
+    const __m256 b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + 8);
+#pragma GCC unroll 8
+    for (int i = 0; i < AFC_MR; ++i) {
+      const __m256 a = _mm256_broadcast_ss(ap + i);
+      c0[i] = _mm256_fmadd_ps(a, b0, c0[i]);
+      c1[i] = _mm256_fmadd_ps(a, b1, c1[i]);
+    }
+    ap += AFC_MR;
+    bp += AFC_NR;
+  }
+  const __m256 va = _mm256_set1_ps(alpha);
+  if (alpha != 1.0f) {
+#pragma GCC unroll 8
+    for (int i = 0; i < AFC_MR; ++i) {
+      c0[i] = _mm256_mul_ps(c0[i], va);
+      c1[i] = _mm256_mul_ps(c1[i], va);
+    }
+  }
+  if (mr == AFC_MR && nr == AFC_NR) {
+#pragma GCC unroll 8
+    for (int i = 0; i < AFC_MR; ++i) {
+      float *row = c + i * ldc;
+      if (acc) {
+        c0[i] = _mm256_add_ps(c0[i], _mm256_loadu_ps(row));
+        c1[i] = _mm256_add_ps(c1[i], _mm256_loadu_ps(row + 8));
+      }
+      _mm256_storeu_ps(row, c0[i]);
+      _mm256_storeu_ps(row + 8, c1[i]);
+    }
+    return;
+  }
+  float tile[AFC_MR * AFC_NR];
+#pragma GCC unroll 8
+  for (int i = 0; i < AFC_MR; ++i) {
+    _mm256_storeu_ps(tile + i * AFC_NR, c0[i]);
+    _mm256_storeu_ps(tile + i * AFC_NR + 8, c1[i]);
+  }
+  for (int i = 0; i < mr; ++i) {
+    float *row = c + i * ldc;
+    for (int j = 0; j < nr; ++j) row[j] = acc ? row[j] + tile[i * AFC_NR + j] : tile[i * AFC_NR + j];
+  }
+}
+#else
+static inline void afc_ukernel(int64_t kc, const float *restrict ap, const float *restrict bp,
+                               float *restrict c, int64_t ldc, int mr, int nr, float alpha, int acc) {
+  float tile[AFC_MR][AFC_NR];
+  for (int i = 0; i < AFC_MR; ++i)
+    for (int j = 0; j < AFC_NR; ++j) tile[i][j] = 0.0f;
+  for (int64_t kk = 0; kk < kc; ++kk) {
+    for (int i = 0; i < AFC_MR; ++i) {
+      const float a = ap[i];
+      for (int j = 0; j < AFC_NR; ++j) tile[i][j] += a * bp[j];
+    }
+    ap += AFC_MR;
+    bp += AFC_NR;
+  }
+  for (int i = 0; i < mr; ++i) {
+    float *row = c + i * ldc;
+    for (int j = 0; j < nr; ++j) {
+      const float v = alpha * tile[i][j];
+      row[j] = acc ? row[j] + v : v;
+    }
+  }
+}
+#endif
+
+/* A packed once (weights), B strided: B is packed per (KC x NC) block into the thread buffer;
+ * each MR x KC slice of A is reused from L1 across the block's columns. */
+static void afc_gemm_ap(int64_t m, int64_t n, int64_t k, float alpha, const float *ap, const float *b,
+                        int64_t b_rs, int64_t b_cs, float *c, int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {
+    for (int64_t i = 0; i < m; ++i) memset(c + i * ldc, 0, sizeof(float) * (size_t)n);
+    return;
+  }
+  float *buf = afc_buffer();
+  const int64_t kb = afc_kc(k);
+  for (int64_t k0 = 0; k0 < k; k0 += kb) {
+    const int64_t kc = k - k0 < kb ? k - k0 : kb;
+    for (int64_t n0 = 0; n0 < n; n0 += AFC_NC) {
+      const int64_t nc = n - n0 < AFC_NC ? n - n0 : AFC_NC;
+      afc_pack_b_block(kc, nc, b + k0 * b_rs + n0 * b_cs, b_rs, b_cs, buf);
+      for (int64_t i0 = 0; i0 < m; i0 += AFC_MR) {
+        const int mr = (int)(m - i0 < AFC_MR ? m - i0 : AFC_MR);
+        const float *a_panel = ap + i0 * k + k0 * AFC_MR;
+        for (int64_t j0 = 0; j0 < nc; j0 += AFC_NR) {
+          const int nr = (int)(nc - j0 < AFC_NR ? nc - j0 : AFC_NR);
+          afc_ukernel(kc, a_panel, buf + j0 * kc, c + i0 * ldc + n0 + j0, ldc, mr, nr, alpha, k0 > 0);
+        }
+      }
+    }
+  }
+}
+
+/* A strided, B packed once (weights): A is packed per (MC x KC) block into the thread buffer;
+ * each KC x NR slice of B is reused from L1 across the block's rows. */
+static void afc_gemm_bp(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t a_rs,
+                        int64_t a_cs, const float *bp, float *c, int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {
+    for (int64_t i = 0; i < m; ++i) memset(c + i * ldc, 0, sizeof(float) * (size_t)n);
+    return;
+  }
+  float *buf = afc_buffer();
+  const int64_t kb = afc_kc(k);
+  for (int64_t k0 = 0; k0 < k; k0 += kb) {
+    const int64_t kc = k - k0 < kb ? k - k0 : kb;
+    for (int64_t i0 = 0; i0 < m; i0 += AFC_MC) {
+      const int64_t mc = m - i0 < AFC_MC ? m - i0 : AFC_MC;
+      afc_pack_a_block(mc, kc, a + i0 * a_rs + k0 * a_cs, a_rs, a_cs, buf);
+      for (int64_t j0 = 0; j0 < n; j0 += AFC_NR) {
+        const int nr = (int)(n - j0 < AFC_NR ? n - j0 : AFC_NR);
+        const float *b_panel = bp + j0 * k + k0 * AFC_NR;
+        for (int64_t ii = 0; ii < mc; ii += AFC_MR) {
+          const int mr = (int)(mc - ii < AFC_MR ? mc - ii : AFC_MR);
+          afc_ukernel(kc, buf + ii * kc, b_panel, c + (i0 + ii) * ldc + j0, ldc, mr, nr, alpha, k0 > 0);
+        }
+      }
+    }
+  }
+}
+#endif /* AFC_IMPL */

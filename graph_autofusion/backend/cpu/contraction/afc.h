@@ -1,0 +1,73 @@
+/* afc.h - the contraction library's ABI (graph_autofusion.backend.cpu.contraction).
+ *
+ * One narrow interface that generated anchor kernels (and, later, the kernel IR's per-tile `Call`)
+ * use for fp32 GEMM tiles:
+ *
+ *     C[m x n] = alpha * A[m x k] x B[k x n]        (row-major C, leading dimension ldc; beta = 0)
+ *
+ * where ONE operand is constant (a weight) and packed once, at load time, into the micro-kernel's
+ * panel layout, and the other is read in place (any row/column strides) and packed per call into
+ * a per-thread buffer the library owns. Everything is single-threaded: the caller owns the
+ * parallel loop (one call per output tile) and applies its epilogue on the tile right after.
+ *
+ * Packed layouts (both independent of the library's cache blocking, so a tile may start at any
+ * panel and use any K range):
+ *   A-panels of an m x k left operand: panel p holds rows [p*AFC_MR, p*AFC_MR + AFC_MR), k-major:
+ *       ap[(p * k + kk) * AFC_MR + i] = A[p*AFC_MR + i][kk]    (zero past row m)
+ *   B-panels of a k x n right operand: panel q holds columns [q*AFC_NR, q*AFC_NR + AFC_NR):
+ *       bp[(q * k + kk) * AFC_NR + j] = B[kk][q*AFC_NR + j]    (zero past column n)
+ * A tile whose first row m0 (A-panels) or first column n0 (B-panels) is a multiple of the panel
+ * size starts at `ap + m0 * k` or `bp + n0 * k`.
+ *
+ * AFC_MR x AFC_NR is the register tile of the micro-kernel, fixed per ISA at compile time
+ * (the source is compiled with the kernel's own -march flags):
+ *   AVX-512 (x86-64-v4): 8 x 32  (16 zmm accumulators; A broadcast, B two vector loads per k)
+ *   AVX2 + FMA (v3):     6 x 16  (12 ymm accumulators)
+ *   portable C:          4 x 16  (whatever the compiler vectorizes)
+ * A tile's last panel of at most NR/2 valid columns runs on one vector per row (half the FMAs).
+ * Generated code never hard-codes these figures: packed sizes are C expressions of AFC_MR and
+ * AFC_NR, and column tiles are multiples of 32 (a whole number of panels on every ISA).
+ *
+ * Functions (all `static`: the library is compiled into each translation unit that uses it):
+ *   int64_t afc_packed_a_floats(m, k)                 floats of the A-panels of an m x k operand
+ *   int64_t afc_packed_b_floats(k, n)                 floats of the B-panels of a k x n operand
+ *   void afc_pack_a(m, k, a, rs, cs, ap)              A[i][kk] = a[i*rs + kk*cs] -> A-panels
+ *   void afc_pack_b(k, n, b, rs, cs, bp)              B[kk][j] = b[kk*rs + j*cs] -> B-panels
+ *   void afc_gemm_ap(m, n, k, alpha, ap, b, b_rs, b_cs, c, ldc)   A packed, B strided
+ *   void afc_gemm_bp(m, n, k, alpha, a, a_rs, a_cs, bp, c, ldc)   A strided, B packed
+ * Sizes are int64_t, strides in elements. Buffers from the caller need no particular alignment;
+ * packed buffers of 64-byte alignment are faster.
+ */
+#ifndef AFC_H
+#define AFC_H
+#include <stdint.h>
+
+#if defined(__AVX512F__)
+#define AFC_MR 8
+#define AFC_NR 32
+#define AFC_KERNEL "avx512_8x32"
+#elif defined(__AVX2__) && defined(__FMA__)
+#define AFC_MR 6
+#define AFC_NR 16
+#define AFC_KERNEL "avx2_6x16"
+#else
+#define AFC_MR 4
+#define AFC_NR 16
+#define AFC_KERNEL "portable_4x16"
+#endif
+
+/* Cache blocking of the driver: a KC-deep slice of a packed A panel (MR x KC) stays in L1, the
+ * per-call packed block of the other operand (KC x NC or MC x KC) in L2. */
+#define AFC_KC 256
+#define AFC_NC 384
+#define AFC_MC 192
+
+static int64_t afc_packed_a_floats(int64_t m, int64_t k);
+static int64_t afc_packed_b_floats(int64_t k, int64_t n);
+static void afc_pack_a(int64_t m, int64_t k, const float *a, int64_t rs, int64_t cs, float *ap);
+static void afc_pack_b(int64_t k, int64_t n, const float *b, int64_t rs, int64_t cs, float *bp);
+static void afc_gemm_ap(int64_t m, int64_t n, int64_t k, float alpha, const float *ap, const float *b,
+                        int64_t b_rs, int64_t b_cs, float *c, int64_t ldc);
+static void afc_gemm_bp(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t a_rs,
+                        int64_t a_cs, const float *bp, float *c, int64_t ldc);
+#endif

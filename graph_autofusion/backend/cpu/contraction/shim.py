@@ -1,0 +1,196 @@
+"""The contraction library as a loadable shared object with exported entry points, for tests and
+benchmarks that call it directly through ctypes (kernels include the library instead)."""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..cache import KernelCache
+from ..compiler import KernelSource, compile_kernels
+from ..isa import IsaTarget, target_isa
+from . import library_source
+
+EXPORTS = r"""
+/* The ISA's fp32 peak: `iters` rounds of 12 independent FMA chains per thread on the widest
+ * vectors the library uses, from registers only. Returns the FLOPs done (all threads). */
+double afcx_peak(int64_t iters) {
+  double flops = 0.0;
+  #pragma omp parallel reduction(+ : flops)
+  {
+#if defined(__AVX512F__)
+    __m512 acc[12], x = _mm512_set1_ps(1e-7f), y = _mm512_set1_ps(0.999f);
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps((float)i);
+    for (int64_t it = 0; it < iters; ++it)
+      for (int i = 0; i < 12; ++i) acc[i] = _mm512_fmadd_ps(acc[i], y, x);
+    float out[16];
+    for (int i = 1; i < 12; ++i) acc[0] = _mm512_add_ps(acc[0], acc[i]);
+    _mm512_storeu_ps(out, acc[0]);
+    flops += (double)iters * 12 * 16 * 2 + (out[0] == 12345.0f);
+#elif defined(__AVX2__) && defined(__FMA__)
+    __m256 acc[12], x = _mm256_set1_ps(1e-7f), y = _mm256_set1_ps(0.999f);
+    for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps((float)i);
+    for (int64_t it = 0; it < iters; ++it)
+      for (int i = 0; i < 12; ++i) acc[i] = _mm256_fmadd_ps(acc[i], y, x);
+    float out[8];
+    for (int i = 1; i < 12; ++i) acc[0] = _mm256_add_ps(acc[0], acc[i]);
+    _mm256_storeu_ps(out, acc[0]);
+    flops += (double)iters * 12 * 8 * 2 + (out[0] == 12345.0f);
+#else
+    float acc[12][16];
+    for (int i = 0; i < 12; ++i)
+      for (int j = 0; j < 16; ++j) acc[i][j] = (float)i;
+    for (int64_t it = 0; it < iters; ++it)
+      for (int i = 0; i < 12; ++i)
+        for (int j = 0; j < 16; ++j) acc[i][j] = acc[i][j] * 0.999f + 1e-7f;
+    flops += (double)iters * 12 * 16 * 2 + (acc[3][5] == 12345.0f);
+#endif
+  }
+  return flops;
+}
+int64_t afcx_mr(void) { return AFC_MR; }
+int64_t afcx_nr(void) { return AFC_NR; }
+const char *afcx_kernel(void) { return AFC_KERNEL; }
+int64_t afcx_packed_a_floats(int64_t m, int64_t k) { return afc_packed_a_floats(m, k); }
+int64_t afcx_packed_b_floats(int64_t k, int64_t n) { return afc_packed_b_floats(k, n); }
+void afcx_pack_a(int64_t m, int64_t k, const float *a, int64_t rs, int64_t cs, float *ap) {
+  afc_pack_a(m, k, a, rs, cs, ap);
+}
+void afcx_pack_b(int64_t k, int64_t n, const float *b, int64_t rs, int64_t cs, float *bp) {
+  afc_pack_b(k, n, b, rs, cs, bp);
+}
+void afcx_gemm_ap(int64_t m, int64_t n, int64_t k, float alpha, const float *ap, const float *b,
+                  int64_t b_rs, int64_t b_cs, float *c, int64_t ldc) {
+  afc_gemm_ap(m, n, k, alpha, ap, b, b_rs, b_cs, c, ldc);
+}
+void afcx_gemm_bp(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t a_rs,
+                  int64_t a_cs, const float *bp, float *c, int64_t ldc) {
+  afc_gemm_bp(m, n, k, alpha, a, a_rs, a_cs, bp, c, ldc);
+}
+/* tiles of a whole GEMM over OpenMP threads, as an anchor kernel runs them (benchmarks) */
+void afcx_gemm_ap_parallel(int64_t m, int64_t n, int64_t k, const float *ap, const float *b, float *c,
+                           int64_t mb, int64_t nb) {
+  const int64_t mt = (m + mb - 1) / mb, nt = (n + nb - 1) / nb;
+  #pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t t = 0; t < mt * nt; ++t) {
+    const int64_t m0 = (t / nt) * mb, n0 = (t % nt) * nb;
+    const int64_t m1 = m0 + mb < m ? m0 + mb : m, n1 = n0 + nb < n ? n0 + nb : n;
+    afc_gemm_ap(m1 - m0, n1 - n0, k, 1.0f, ap + m0 * k, b + n0, n, 1, c + m0 * n + n0, n);
+  }
+}
+void afcx_gemm_bp_parallel(int64_t m, int64_t n, int64_t k, const float *a, const float *bp, float *c,
+                           int64_t mb, int64_t nb) {
+  const int64_t mt = (m + mb - 1) / mb, nt = (n + nb - 1) / nb;
+  #pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t t = 0; t < mt * nt; ++t) {
+    const int64_t m0 = (t / nt) * mb, n0 = (t % nt) * nb;
+    const int64_t m1 = m0 + mb < m ? m0 + mb : m, n1 = n0 + nb < n ? n0 + nb : n;
+    afc_gemm_bp(m1 - m0, n1 - n0, k, 1.0f, a + m0 * k, k, 1, bp + n0 * k, c + m0 * n + n0, n);
+  }
+}
+"""
+
+_I64 = ctypes.c_int64
+_PTR = ctypes.c_void_p
+_SIGNATURES: dict[str, tuple[list[type], type | None]] = {
+    "afcx_peak": ([_I64], ctypes.c_double),
+    "afcx_mr": ([], _I64),
+    "afcx_nr": ([], _I64),
+    "afcx_kernel": ([], ctypes.c_char_p),
+    "afcx_packed_a_floats": ([_I64, _I64], _I64),
+    "afcx_packed_b_floats": ([_I64, _I64], _I64),
+    "afcx_pack_a": ([_I64, _I64, _PTR, _I64, _I64, _PTR], None),
+    "afcx_pack_b": ([_I64, _I64, _PTR, _I64, _I64, _PTR], None),
+    "afcx_gemm_ap": ([_I64, _I64, _I64, ctypes.c_float, _PTR, _PTR, _I64, _I64, _PTR, _I64], None),
+    "afcx_gemm_bp": ([_I64, _I64, _I64, ctypes.c_float, _PTR, _I64, _I64, _PTR, _PTR, _I64], None),
+    "afcx_gemm_ap_parallel": ([_I64, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64], None),
+    "afcx_gemm_bp_parallel": ([_I64, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64], None),
+}
+
+
+@dataclass
+class Library:
+    """The library built for one ISA, with numpy-friendly wrappers."""
+
+    lib: ctypes.CDLL
+    isa: IsaTarget
+
+    @property
+    def mr(self) -> int:
+        return int(self.lib.afcx_mr())
+
+    @property
+    def nr(self) -> int:
+        return int(self.lib.afcx_nr())
+
+    @property
+    def kernel(self) -> str:
+        return self.lib.afcx_kernel().decode()
+
+    def pack_a(self, a: np.ndarray) -> np.ndarray:
+        """A-panels of a 2-D float32 array (any strides)."""
+        m, k = a.shape
+        out = np.empty(int(self.lib.afcx_packed_a_floats(m, k)), np.float32)
+        rs, cs = (s // 4 for s in a.strides)
+        self.lib.afcx_pack_a(m, k, a.ctypes.data, rs, cs, out.ctypes.data)
+        return out
+
+    def pack_b(self, b: np.ndarray) -> np.ndarray:
+        """B-panels of a 2-D float32 array (any strides)."""
+        k, n = b.shape
+        out = np.empty(int(self.lib.afcx_packed_b_floats(k, n)), np.float32)
+        rs, cs = (s // 4 for s in b.strides)
+        self.lib.afcx_pack_b(k, n, b.ctypes.data, rs, cs, out.ctypes.data)
+        return out
+
+    def gemm_ap(self, ap: np.ndarray, b: np.ndarray, m: int, alpha: float = 1.0) -> np.ndarray:
+        k, n = b.shape
+        c = np.full((m, n), np.nan, np.float32)
+        rs, cs = (s // 4 for s in b.strides)
+        self.lib.afcx_gemm_ap(m, n, k, alpha, ap.ctypes.data, b.ctypes.data, rs, cs, c.ctypes.data, n)
+        return c
+
+    def gemm_bp(self, a: np.ndarray, bp: np.ndarray, n: int, alpha: float = 1.0) -> np.ndarray:
+        m, k = a.shape
+        c = np.full((m, n), np.nan, np.float32)
+        rs, cs = (s // 4 for s in a.strides)
+        self.lib.afcx_gemm_bp(m, n, k, alpha, a.ctypes.data, rs, cs, bp.ctypes.data, c.ctypes.data, n)
+        return c
+
+
+def peak_flops(
+    library: Library, seconds: float = 0.2, clock: Callable[[], float] = time.perf_counter
+) -> float:
+    """FLOP/s of the ISA's FMA peak on the OpenMP threads now configured (best of 3 runs), timed by
+    `clock` (`time.process_time` for CPU time, on one thread)."""
+    iters = 1 << 16
+    best = 0.0
+    while True:
+        start = clock()
+        flops = library.lib.afcx_peak(iters)
+        took = clock() - start
+        if took > seconds / 3 or iters > 1 << 34:
+            break
+        iters *= 4
+    for _ in range(3):
+        start = clock()
+        flops = library.lib.afcx_peak(iters)
+        best = max(best, flops / (clock() - start))
+    return best
+
+
+def build_library(isa: IsaTarget | None = None, cache: KernelCache | None = None) -> Library:
+    """Compile (through the kernel cache) and load the library with exported entry points."""
+    isa = isa or target_isa()
+    src = KernelSource("afc_shim", EXPORTS, prelude=library_source())
+    art = compile_kernels([src], cache=cache, isa=isa)[0]
+    lib = art.load()
+    for name, (argtypes, restype) in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes = argtypes
+        fn.restype = restype
+    return Library(lib, isa)

@@ -1,0 +1,121 @@
+"""The contraction library itself (afc.h / afc.c), called through its ctypes shim, for every ISA this
+host can run: packed layouts as afc.h documents them, and GEMM tiles on odd shapes against numpy.
+
+Tolerance is scale-aware: a K-term fp32 dot product in any summation order is within about
+eps * sqrt(K) * (|A| |B|)[i, j] of the exact value in practice (the worst case grows with K, the
+typical error with sqrt(K)); we allow 8x that, with |A| |B| computed per element, so a
+cancellation in the result never makes the check looser or tighter than the inputs warrant.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from graph_autofusion.backend.cpu.cache import KernelCache
+from graph_autofusion.backend.cpu.contraction import PANEL_QUANTUM
+from graph_autofusion.backend.cpu.contraction.shim import Library, build_library
+from graph_autofusion.backend.cpu.isa import host_isa, parse_isa
+
+EPS = float(np.finfo(np.float32).eps)
+# ISA spelling -> the micro-kernel afc.h says it compiles to.
+KERNELS = {"v4": ("avx512_8x32", 8, 32), "v3": ("avx2_6x16", 6, 16), "generic": ("portable_4x16", 4, 16)}
+RUNNABLE = [name for name in KERNELS if parse_isa(name).runs_on(host_isa())]
+
+
+@pytest.fixture(scope="module", params=RUNNABLE)
+def lib(request: pytest.FixtureRequest, kernel_cache: KernelCache) -> Library:
+    return build_library(parse_isa(request.param), cache=kernel_cache)
+
+
+def _expected_kernel(lib: Library) -> tuple[str, int, int]:
+    isa = lib.isa
+    return KERNELS["v4" if isa.level >= 4 else "v3" if isa.level == 3 else "generic"]
+
+
+def _check(got: np.ndarray, a: np.ndarray, b: np.ndarray, alpha: float = 1.0) -> None:
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    want = alpha * (a64 @ b64)
+    k = max(a.shape[1], 1)
+    tol = 8 * EPS * np.sqrt(k) * abs(alpha) * (np.abs(a64) @ np.abs(b64)) + 1e-30
+    err = np.abs(got.astype(np.float64) - want)
+    assert np.all(np.isfinite(got))
+    assert np.all(err <= tol), f"max err {err.max():.3g}, worst ratio {(err / tol).max():.3g}"
+
+
+def test_each_isa_builds_its_documented_micro_kernel(lib: Library) -> None:
+    assert (lib.kernel, lib.mr, lib.nr) == _expected_kernel(lib)
+    assert PANEL_QUANTUM % lib.nr == 0  # generators' column tiles are whole panels
+
+
+def test_packed_layouts_are_the_documented_ones(lib: Library) -> None:
+    rng = np.random.default_rng(0)
+    m, k, n = lib.mr * 2 + 3, 7, lib.nr + 5
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    ap, bp = lib.pack_a(a), lib.pack_b(b)
+    mr, nr = lib.mr, lib.nr
+    assert ap.size == -(-m // mr) * mr * k and bp.size == -(-n // nr) * nr * k
+    for i in range(-(-m // mr) * mr):
+        for kk in range(k):
+            p, r = divmod(i, mr)
+            assert ap[(p * k + kk) * mr + r] == (a[i, kk] if i < m else 0.0)
+    for j in range(-(-n // nr) * nr):
+        for kk in range(k):
+            q, c = divmod(j, nr)
+            assert bp[(q * k + kk) * nr + c] == (b[kk, j] if j < n else 0.0)
+
+
+SHAPES = [
+    (1, 1, 1),
+    (1, 33, 1),  # K = 1
+    (5, 1, 9),  # one output column
+    (7, 17, 3),
+    (9, 47, 257),  # K one past the K block
+    (15, 65, 513),
+    (17, 31, 64),
+    (200, 400, 300),  # M past the A block of afc_gemm_bp, N past the B block of afc_gemm_ap
+]
+
+
+@pytest.mark.parametrize(("m", "n", "k"), SHAPES)
+def test_gemm_with_packed_a_matches_numpy(lib: Library, m: int, n: int, k: int) -> None:
+    rng = np.random.default_rng(m * 1000 + n + k)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    _check(lib.gemm_ap(lib.pack_a(a), b, m), a, b)
+
+
+@pytest.mark.parametrize(("m", "n", "k"), SHAPES)
+def test_gemm_with_packed_b_matches_numpy(lib: Library, m: int, n: int, k: int) -> None:
+    rng = np.random.default_rng(m * 1000 + n + k + 1)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    _check(lib.gemm_bp(a, lib.pack_b(b), n), a, b)
+
+
+def test_strided_operands_and_alpha(lib: Library) -> None:
+    rng = np.random.default_rng(3)
+    m, n, k = 13, 70, 300
+    a = np.asfortranarray(rng.standard_normal((m, k)).astype(np.float32))  # column-major views
+    b = np.asfortranarray(rng.standard_normal((k, n)).astype(np.float32))
+    _check(lib.gemm_bp(a, lib.pack_b(b), n, alpha=0.5), a, b, 0.5)
+    _check(lib.gemm_ap(lib.pack_a(a), b, m, alpha=-2.0), a, b, -2.0)
+    wide = rng.standard_normal((k, 2 * n)).astype(np.float32)[:, ::2]  # column stride 2
+    _check(lib.gemm_ap(lib.pack_a(a), wide, m), a, wide)
+
+
+def test_values_of_very_different_scales(lib: Library) -> None:
+    rng = np.random.default_rng(4)
+    m, n, k = 11, 40, 130
+    a = (rng.standard_normal((m, k)) * np.logspace(-3, 3, k)).astype(np.float32)
+    b = (rng.standard_normal((k, n)) * 1e4).astype(np.float32)
+    _check(lib.gemm_bp(a, lib.pack_b(b), n), a, b)
+    _check(lib.gemm_ap(lib.pack_a(a), b, m), a, b)
+
+
+def test_empty_depth_writes_zeros(lib: Library) -> None:
+    a = np.zeros((3, 0), np.float32)
+    b = np.zeros((0, 5), np.float32)
+    assert np.array_equal(lib.gemm_bp(a, lib.pack_b(b), 5), np.zeros((3, 5), np.float32))
+    assert np.array_equal(lib.gemm_ap(lib.pack_a(a), b, 3), np.zeros((3, 5), np.float32))
