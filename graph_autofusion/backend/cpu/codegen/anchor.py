@@ -12,6 +12,12 @@ A single MatMul/Gemm anchor is its `AnchorMatch` (plan/anchor_match.py) lowered 
 by lower/anchor.py and rendered by render_c.py. Conv/ConvTranspose and the row-block chain are
 still C text assembled here from the pieces next door: `gemm.py` (views, GEMM problems, chain
 tiling), `conv.py` (conv geometry and methods), `epilogue.py` (operands and the per-tile epilogue).
+
+With `AUTOFUSION_CONTRACTION=library`, a constant weight operand is packed once at load for the
+contraction library (backend/cpu/contraction), on both paths and by the same convention
+(kernel_spec.py: `<symbol>_prepack`): C text reserves its blocks with `_Kernel.pack`; a lowered
+MatMul/Gemm holds it as the IR kernel's `packed` buffer and `prepack` loop. Either way the
+library's text sits atop the unit.
 """
 
 from __future__ import annotations
