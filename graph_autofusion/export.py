@@ -16,7 +16,9 @@ from onnx import helper, numpy_helper
 from .ir import Graph
 from .onnx_utils import node_inputs
 from .plan import Plan, PlannedGroup
+from .plan.anchor_match import match_anchor, match_chain
 from .plan.cost import group_boundary
+from .plan.reduction_match import group_spec
 
 DOMAIN = "ai.graph_autofusion"
 INLINE_CONSTANT_ELEMENTS = 64  # initializers up to this size are copied into function bodies
@@ -64,9 +66,16 @@ def _function(
         del node.output[:]
         node.output.extend(names[o] if o else "" for o in proto.output)
         body.append(node)
-    template_info = json.dumps(
-        {"pattern": "+".join(group.patterns) or "auto", "template": group.template}, sort_keys=True
-    )
+    doc: dict[str, object] = {"pattern": "+".join(group.patterns) or "auto", "template": group.template}
+    # The planner's typed match, in the body's local names (docs/fused-format.md).
+    local_nodes = {graph.nodes[i].proto.name: f"n{j}" for j, i in enumerate(group.members)}
+    if group.template == "anchor":
+        match = match_anchor(group_spec(graph, group.members, group.private))
+        doc["match"] = match.to_json(tensor=lambda t: names.get(t, t), node=lambda n: local_nodes.get(n, n))
+    elif group.template == "anchor_chain":
+        chain = match_chain(group_spec(graph, group.members, group.private))
+        doc["match"] = chain.to_json(node=lambda n: local_nodes.get(n, n))
+    template_info = json.dumps(doc, sort_keys=True)
     signature = hashlib.sha256()
     for x in call_inputs:
         signature.update(_value_info(graph, x, "").SerializeToString())

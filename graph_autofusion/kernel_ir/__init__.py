@@ -10,6 +10,7 @@ Lowering (graph_autofusion.lower) turns a fused group into a `Kernel`; a rendere
 
 from .dtypes import DType
 from .nodes import (
+    Addr,
     Assign,
     Binary,
     Buffer,
@@ -35,6 +36,7 @@ from .nodes import (
 from .printer import format_kernel
 
 __all__ = [
+    "Addr",
     "Assign",
     "Binary",
     "Buffer",

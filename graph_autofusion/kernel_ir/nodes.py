@@ -13,7 +13,10 @@ it). Builders fold constants and drop neutral operands, so index arithmetic stay
 (`o * 64 + i1`, not `((o * 64) + 0) + i1 * 1`).
 
 Statements: `Let` (a named value), `Declare`/`Assign` (a mutable accumulator), `Store`, `Loop`
-(extent, parallel / vector marks), `If`, and `Call` (a contraction micro-kernel or library routine).
+(extent, parallel / vector / dynamic marks), `If`, and `Call` (a contraction micro-kernel or library
+routine), whose pointer arguments are `Addr` expressions (the address of a buffer element).
+A kernel may also hold `packed` buffers, weights rearranged once at load by its `prepack`
+statements (`Kernel`), which its body reads like any input.
 
 Values flow in the *compute* type of their element type (`DType.compute`: fp16/bf16 compute in
 fp32); `Load` widens from the buffer's storage type and `Store` narrows to it. `TensorAt` is a
@@ -139,12 +142,17 @@ class Raw(Expr):
 
 @dataclass(frozen=True)
 class Buffer:
-    """A kernel parameter, a compile-time constant array, or scratch; `size` in elements."""
+    """A kernel parameter, a compile-time constant array, scratch, or a packed weight; `size` in
+    elements.
+
+    `packed`: a weight operand rearranged once, at load, for a contraction routine (the panel
+    layout of backend/cpu/contraction): a block of the one packed-weights argument that the
+    kernel's `prepack` statements fill and its body only reads (`Kernel.packed`)."""
 
     name: str
     dtype: DType
     size: int
-    role: str = "input"  # input | output | const | scratch
+    role: str = "input"  # input | output | const | scratch | packed
 
     def __str__(self) -> str:
         return f"{self.name}: {self.dtype.value}[{self.size}]"
@@ -234,6 +242,19 @@ class Fold(Expr):
         return f"{self.op}({self.var} from {self.start} to {self.stop}{by}: {self.value})"
 
 
+@dataclass(frozen=True, eq=False)
+class Addr(Expr):
+    """The address of `buffer[index]`: a pointer argument of a `Call` (a tile of an operand or of
+    the output handed to a contraction routine), never a value to compute with. Its dtype is the
+    buffer's element type."""
+
+    buffer: Buffer
+    index: Expr
+
+    def __str__(self) -> str:
+        return f"&{self.buffer.name}[{self.index}]"
+
+
 ExprLike = Expr | int | float | bool
 
 
@@ -266,6 +287,10 @@ def raw(text: str, dtype: DType) -> Raw:
 
 def load(buffer: Buffer, at: ExprLike) -> Load:
     return Load.make(buffer.dtype.compute, buffer, index(at))
+
+
+def addr(buffer: Buffer, at: ExprLike) -> Addr:
+    return Addr.make(buffer.dtype.compute, buffer, index(at))
 
 
 def tensor_at(tensor: str, at: tuple[Expr, ...] | list[Expr], dtype: DType) -> TensorAt:
@@ -438,6 +463,8 @@ def substitute(
         out = leaf(at) or at
     elif isinstance(e, Load):
         out = Load.make(e.dtype, e.buffer, substitute(e.index, leaf, memo))
+    elif isinstance(e, Addr):
+        out = Addr.make(e.dtype, e.buffer, substitute(e.index, leaf, memo))
     elif isinstance(e, Unary):
         out = Unary.make(e.dtype, e.op, substitute(e.x, leaf, memo))
     elif isinstance(e, Binary):
@@ -501,7 +528,10 @@ class Loop:
     (up to `reductions`) and unit-stride where it matters, so SIMD them. `reductions` names the
     accumulators the body updates associatively, as (op, var) with op in sum/prod/max/min.
     `scratch` buffers are private to each thread running the loop (a row buffer): each thread's
-    slice of a workspace the caller allocates once and passes in, never allocated by the kernel."""
+    slice of a workspace the caller allocates once and passes in, never allocated by the kernel.
+    `dynamic` (with `parallel`): iterations are handed out one at a time as threads come free,
+    for iterations that each do a lot (a contraction tile) on a machine where a thread may be
+    descheduled for milliseconds; a static split would leave the running thread waiting."""
 
     var: Var
     stop: int | Expr
@@ -512,6 +542,7 @@ class Loop:
     step: int = 1
     reductions: tuple[tuple[str, Var], ...] = ()
     scratch: tuple[Buffer, ...] = ()
+    dynamic: bool = False
 
 
 @dataclass(frozen=True)
@@ -534,10 +565,18 @@ Stmt = Let | Declare | Assign | Store | Loop | If | Call
 
 @dataclass(frozen=True)
 class Kernel:
-    """One kernel: parameters in call order (inputs, then outputs), constant arrays, a body."""
+    """One kernel: parameters in call order (inputs, then outputs), constant arrays, a body.
+
+    `packed` buffers (role `packed`) are weights packed once at load rather than per call:
+    `prepack` is the statements that fill them from the parameters (run once by the runtime,
+    with the weights in place; outputs are not to be touched), and the body reads them. Why
+    here: a constant weight is the same at every call, so rearranging it into a contraction
+    routine's panel layout per tile would repeat the same work on every tile of every call."""
 
     name: str
     params: tuple[Buffer, ...]
     body: tuple[Stmt, ...]
     constants: tuple[tuple[Buffer, np.ndarray], ...] = field(default=(), compare=False)
     description: str = ""
+    packed: tuple[Buffer, ...] = ()
+    prepack: tuple[Stmt, ...] = ()

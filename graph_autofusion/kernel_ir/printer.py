@@ -127,7 +127,8 @@ def format_stmts(body: tuple[Stmt, ...], indent: int = 1, counter: list[int] | N
             index = text.get(id(s.index), str(s.index))
             lines.append(f"{pad}{s.buffer.name}[{index}] <- {text[id(s.value)]}")
         elif isinstance(s, Loop):
-            marks = "".join(f" {m}" for m, on in (("parallel", s.parallel), ("vector", s.vector)) if on)
+            flags = (("parallel", s.parallel), ("dynamic", s.dynamic), ("vector", s.vector))
+            marks = "".join(f" {m}" for m, on in flags if on)
             marks += "".join(f" {op}({v})" for op, v in s.reductions)
             marks += "".join(f" scratch {b}" for b in s.scratch)
             span = f"{s.var} < {s.stop}" if _is_zero(s.start) else f"{s.start} <= {s.var} < {s.stop}"
@@ -155,4 +156,8 @@ def format_kernel(kernel: Kernel) -> str:
     if kernel.description:
         head.append(f"  # {kernel.description}")
     head += [f"  const {b}" for b, _ in kernel.constants]
+    head += [f"  packed {b}" for b in kernel.packed]
+    if kernel.prepack:
+        head.append("  prepack:")
+        head += format_stmts(kernel.prepack, 2)
     return "\n".join(head + format_stmts(kernel.body)) + "\n"

@@ -119,8 +119,12 @@ class KernelValues(Values):
         if name in self.producer:
             node, k = self.producer[name]
             return self._substitute(self.produce(node, k, idx))
+        return ir.load(self.buffer_of(name), self.lin(idx, self.shape(name)))
+
+    def buffer_of(self, name: str) -> Buffer:
+        """The parameter holding input `name`, else a constant table of its compile-time value."""
         if name in self.buffers:
-            return ir.load(self.buffers[name], self.lin(idx, self.shape(name)))
+            return self.buffers[name]
         if name in self.constants:
             if name not in self.const_buffers:
                 values = self.constants[name]
@@ -128,7 +132,7 @@ class KernelValues(Values):
                     f"{self.spec.symbol}_k{len(self.const_buffers)}", self.dtype(name), values.size, "const"
                 )
                 self.const_buffers[name] = (buf, values)
-            return ir.load(self.const_buffers[name][0], self.lin(idx, self.shape(name)))
+            return self.const_buffers[name][0]
         raise Unsupported(f"tensor {name!r} is neither an input, a constant nor computed here")
 
 

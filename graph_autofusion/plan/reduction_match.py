@@ -104,9 +104,13 @@ def match_reduction(spec: KernelSpec) -> ReductionMatch:
     return match
 
 
-def group_spec(graph: Graph, members: Collection[int], private: Collection[int] = ()) -> KernelSpec:
+def group_spec(
+    graph: Graph, members: Collection[int], private: Collection[int] = (), max_constant: int | None = None
+) -> KernelSpec:
     """The spec a planned group becomes once exported and extracted (backend/cpu/extract.py):
-    its nodes, boundary (values of `private` members never leave) and small constants."""
+    its nodes, boundary (values of `private` members never leave) and constants (only those up to
+    `max_constant` elements when given: a match that reads shapes and windows need not copy
+    every weight on each of the planner's many questions)."""
     inputs, outputs = group_boundary(graph, members, private)
     nodes = tuple(graph.nodes[i].proto for i in sorted(members))
     tensors: dict[str, TensorInfo] = {}
@@ -117,7 +121,9 @@ def group_spec(graph: Graph, members: Collection[int], private: Collection[int] 
                 tensors[name] = TensorInfo(name, tuple(int(d) for d in v.shape), v.elem_type)
     constants = {}
     for x in inputs:
-        value = graph.const_value(x) if graph.values[x].is_const else None
+        v = graph.values[x]
+        small = max_constant is None or (v.shape is not None and math.prod(v.shape) <= max_constant)
+        value = graph.const_value(x) if v.is_const and small else None
         if value is not None:
             constants[x] = value
     info = [tensors[x] for x in (*inputs, *outputs) if x in tensors]

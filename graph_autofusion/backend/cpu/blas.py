@@ -91,6 +91,19 @@ BLAS_PREAMBLE = """\
 #define AF_SGEMV scipy_cblas_sgemv
 #define AF_SDOT scipy_cblas_sdot
 typedef blasint af_blasint;
+#ifndef AF_SGEMM_TILE
+#define AF_SGEMM_TILE
+#include <stdint.h>
+/* c = alpha * op(a) @ op(b) on row-major tiles, beta 0: the contraction routine kernel-IR anchor
+ * kernels call (lower/anchor.py `contraction`), with plain integer transposes and sizes. */
+static inline void af_sgemm_tile(int64_t trans_a, int64_t trans_b, int64_t m, int64_t n, int64_t k,
+                                 float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
+                                 float *c, int64_t ldc) {
+  AF_SGEMM(AfRowMajor, trans_a ? AfTrans : AfNoTrans, trans_b ? AfTrans : AfNoTrans, (af_blasint)m,
+           (af_blasint)n, (af_blasint)k, alpha, a, (af_blasint)lda, b, (af_blasint)ldb, 0.0f, c,
+           (af_blasint)ldc);
+}
+#endif
 """
 
 

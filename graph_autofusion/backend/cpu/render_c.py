@@ -27,6 +27,7 @@ from functools import lru_cache
 import numpy as np
 
 from ...kernel_ir import (
+    Addr,
     Assign,
     Binary,
     Call,
@@ -302,6 +303,8 @@ class ExprRenderer:
             return e.name
         if isinstance(e, Raw):
             return e.text
+        if isinstance(e, Addr):  # a pointer argument: always inline, never a local
+            return f"({e.buffer.name} + {self(e.index, block)})"
         found = block.lookup(e)
         if found is not None:
             return found
@@ -530,6 +533,27 @@ def workspace_layout(kernel: Kernel) -> tuple[dict[str, int], int]:
     return offsets, size
 
 
+PREPACK_SUFFIX = "_prepack"  # kernel_spec.py: `<kernel>_prepack` and `<kernel>_prepack_floats`
+
+
+def packed_layout(kernel: Kernel) -> tuple[dict[str, int], int]:
+    """Offsets (in floats) of the kernel's packed buffers in the packed-weights argument, and its
+    size in floats (0: the kernel packs nothing), each block on a 64-byte boundary.
+
+    A kernel with packed buffers exports `const int64_t <kernel>_prepack_floats` (that size) and
+    `void <kernel>_prepack(void *const *args, float *packed)` (its `prepack` statements, run once
+    by the runtime with the weights in place), and takes the packed buffer as one more argument
+    right after its parameters (before the workspace), as backend/cpu/kernel_spec.py says."""
+    offsets: dict[str, int] = {}
+    size = 0
+    for b in kernel.packed:
+        if b.dtype is not DType.F32:
+            raise ValueError(f"packed buffer {b.name} is {b.dtype.value}; the packed argument holds floats")
+        offsets[b.name] = size
+        size += -(-b.size // 16) * 16
+    return offsets, size
+
+
 class KernelRenderer:
     """Renders one IR kernel as a C function `void name(void *const *args)`."""
 
@@ -537,6 +561,7 @@ class KernelRenderer:
         self.kernel = kernel
         self.exprs = ExprRenderer()
         self.scratch_offsets, self.workspace_bytes = workspace_layout(kernel)
+        self.packed_offsets, self.packed_floats = packed_layout(kernel)
 
     def stmts(self, body: tuple[Stmt, ...], block: Block) -> None:
         for s in body:
@@ -590,7 +615,7 @@ class KernelRenderer:
                 at = f"af_ws + af_tid * {self.workspace_bytes} + {self.scratch_offsets[b.name]}"
                 region.emit(f"{t} *restrict {b.name} = ({t} *)({at});")
             if s.parallel:
-                region.emit(f"#pragma omp for schedule(static){clauses}")
+                region.emit(f"#pragma omp for schedule({_schedule(s)}){clauses}")
             elif s.vector:
                 region.emit(f"#pragma omp simd{clauses}")
             self._for(s, region)
@@ -598,9 +623,9 @@ class KernelRenderer:
             block.emit("}")
             return
         if s.parallel and s.vector:
-            block.emit(f"#pragma omp parallel for simd schedule(static){clauses}")
+            block.emit(f"#pragma omp parallel for simd schedule({_schedule(s)}){clauses}")
         elif s.parallel:
-            block.emit(f"#pragma omp parallel for schedule(static){clauses}")
+            block.emit(f"#pragma omp parallel for schedule({_schedule(s)}){clauses}")
         elif s.vector:
             block.emit(f"#pragma omp simd{clauses}")
         self._for(s, block)
@@ -627,19 +652,49 @@ class KernelRenderer:
         parts.append("\n" + c_comment(k.description or k.name))
         if self.workspace_bytes:
             parts.append(f"const int64_t {k.name}{WORKSPACE_SUFFIX} = {self.workspace_bytes};")
+        n = len(k.params)
+        if self.packed_floats:
+            parts += self._prepack()
         parts.append(f"void {k.name}(void *const *args) {{")
-        for j, b in enumerate(k.params):
-            qual = "const " if b.role == "input" else ""
-            parts.append(
-                f"  {qual}{c_type(b.dtype)} *restrict {b.name} = ({qual}{c_type(b.dtype)} *)args[{j}];"
-            )
+        parts += self._params()
+        for b in k.packed:
+            at = f"(const float *)args[{n}] + {self.packed_offsets[b.name]}"
+            parts.append(f"  const float *restrict {b.name} = {at};")
         if self.workspace_bytes:
-            n = len(k.params)
+            n += 1 if self.packed_floats else 0
             parts.append(f"  char *const af_ws = (char *)args[{n}];")
             parts.append(f"  const int64_t af_ws_slices = (int64_t)(intptr_t)args[{n + 1}];")
         parts.extend(body.lines)
         parts.append("}")
         return "\n".join(parts) + "\n"
+
+    def _params(self) -> list[str]:
+        lines = []
+        for j, b in enumerate(self.kernel.params):
+            t = ("const " if b.role == "input" else "") + c_type(b.dtype)
+            lines.append(f"  {t} *restrict {b.name} = ({t} *)args[{j}];")
+        return lines
+
+    def _prepack(self) -> list[str]:
+        """`<kernel>_prepack_floats` and `<kernel>_prepack`: the kernel's packed buffers filled
+        from its parameters by its `prepack` statements."""
+        k = self.kernel
+        body = Block(indent=1)
+        self.stmts(k.prepack, body)
+        lines = [
+            f"const int64_t {k.name}{PREPACK_SUFFIX}_floats = {self.packed_floats};",
+            f"void {k.name}{PREPACK_SUFFIX}(void *const *args, float *af_packed) {{",
+            *self._params(),
+            *(f"  float *restrict {b.name} = af_packed + {self.packed_offsets[b.name]};" for b in k.packed),
+            *(f"  (void){b.name};" for b in k.params),  # most parameters are not weights
+            *body.lines,
+            "}",
+        ]
+        return lines
+
+
+def _schedule(s: Loop) -> str:
+    return "dynamic, 1" if s.dynamic else "static"
 
 
 def render_kernel(kernel: Kernel) -> str:

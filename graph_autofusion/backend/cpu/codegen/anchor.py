@@ -6,9 +6,18 @@ docs/fused-format.md and returns the C translation unit plus the method it chose
 runtime reports per kernel. Past the contraction, views may sit among the epilogue ops (they keep
 the linear index the epilogue runs on), and a MatMul/Gemm may end in one output Transpose that
 keeps the last axis last (followed only by views): the GEMM then stores each tile straight into
-the permuted layout instead of writing the product and copying it. The pieces live next door:
-`gemm.py` (views, GEMM problems, tiling), `conv.py` (conv geometry and methods), `epilogue.py`
-(operands and the per-tile epilogue).
+the permuted layout instead of writing the product and copying it.
+
+A single MatMul/Gemm anchor is its `AnchorMatch` (plan/anchor_match.py) lowered to the kernel IR
+by lower/anchor.py and rendered by render_c.py. Conv/ConvTranspose and the row-block chain are
+still C text assembled here from the pieces next door: `gemm.py` (views, GEMM problems, chain
+tiling), `conv.py` (conv geometry and methods), `epilogue.py` (operands and the per-tile epilogue).
+
+With `AUTOFUSION_CONTRACTION=library`, a constant weight operand is packed once at load for the
+contraction library (backend/cpu/contraction), on both paths and by the same convention
+(kernel_spec.py: `<symbol>_prepack`): C text reserves its blocks with `_Kernel.pack`; a lowered
+MatMul/Gemm holds it as the IR kernel's `packed` buffer and `prepack` loop. Either way the
+library's text sits atop the unit.
 """
 
 from __future__ import annotations
@@ -18,10 +27,12 @@ from dataclasses import dataclass, replace
 
 import onnx
 
+from ....lower.anchor import lower_anchor, method_of
+from ....plan.anchor_match import AnchorMatch, OperandView, match_anchor
 from ..blas import BLAS_PREAMBLE
 from ..contraction import PANEL_QUANTUM, a_panels_floats, b_panels_floats, contraction_mode, library_source
 from ..kernel_spec import KernelSpec
-from ..render_c import c_comment
+from ..render_c import WORKSPACE_SUFFIX, c_comment, render_kernel
 from .common import PRELUDE, CodegenUnsupported, attrs_of
 from .conv import (
     ConvGeometry,
@@ -43,7 +54,6 @@ from .epilogue import (
     contiguous_strides,
     emit_epilogue,
     plan_destination,
-    plan_permuted_destination,
 )
 from .gemm import (
     VIEW_OPS,
@@ -51,14 +61,10 @@ from .gemm import (
     GemmProblem,
     Matrix,
     PackedB,
-    View,
     emit_chain_body,
-    emit_gemm_body,
     gemm_c_shape,
     gemm_problem,
     matmul_problem,
-    reshape_strides,
-    tile_sizes,
     trace_view,
 )
 
@@ -204,67 +210,20 @@ def emit_anchor(spec: KernelSpec) -> AnchorKernel:
         return _emit_chain(kernel, anchors)
     if len(anchors) != 1:
         raise CodegenUnsupported(f"an anchor kernel has exactly one anchor, found {len(anchors)}")
-    node = spec.nodes[anchors[0]]
-    prologue = kernel.view_nodes_feeding([i for i in node.input if i])
-    rest = [n for k, n in enumerate(spec.nodes) if k not in prologue and k != anchors[0]]
-    if node.op_type in ("Conv", "ConvTranspose"):
-        for n in rest:
-            if n.op_type == "Transpose":
-                raise CodegenUnsupported(f"a Transpose after {node.op_type} would need a copy")
-        return _emit_conv(kernel, node, rest)
-    return _emit_gemm(kernel, node, rest)
+    match = match_anchor(spec)
+    if match.contraction is None:
+        return _emit_conv(kernel, match)
+    return _emit_gemm(spec, match)
 
 
-@dataclass(frozen=True)
-class _Tail:
-    """An output Transpose folded into the GEMM's stores: `value` (the Transpose's input) lands
-    in kernel output `output` (the Transpose's output or a view of it) with the anchor output's
-    axes at element strides `strides`."""
-
-    value: str
-    output: str
-    strides: tuple[int, ...]
-
-
-def _split_tail(
-    kernel: _Kernel, anchor: onnx.NodeProto, rest: list[onnx.NodeProto]
-) -> tuple[list[onnx.NodeProto], _Tail | None]:
-    """The epilogue nodes before an output Transpose, and the Transpose folded into the stores."""
-    transposes = [n for n in rest if n.op_type == "Transpose"]
-    if not transposes:
-        return rest, None
-    if len(transposes) > 1:
-        raise CodegenUnsupported(f"an anchor kernel folds one output Transpose, not {len(transposes)}")
-    tail = transposes[0]
-    after = set(tail.output)
-    before = []
-    for n in rest:
-        if n is tail:
-            continue
-        if any(i in after for i in n.input):
-            if n.op_type not in EPILOGUE_VIEWS:
-                raise CodegenUnsupported(f"{n.op_type} after the output Transpose would need a copy")
-            after.update(n.output)
-        else:
-            before.append(n)
-    ops = kernel.ops
-    outputs = [o for o in after if o in ops.outputs]
-    if len(outputs) != 1:
-        raise CodegenUnsupported(f"{len(outputs)} views of the transposed output leave the kernel, not one")
-    src = tail.input[0]
-    src_shape = ops.shape(src)
-    perm = attrs_of(tail).get("perm") or list(range(len(src_shape)))[::-1]
-    dense = contiguous_strides(ops.shape(tail.output[0]))
-    src_strides = [0] * len(src_shape)
-    for axis, p in enumerate(perm):  # type: ignore[union-attr]
-        src_strides[int(p)] = dense[axis]
-    y_shape = ops.shape(anchor.output[0])
-    strides = reshape_strides(src_shape, src_strides, y_shape)
-    if strides is None or not y_shape or (y_shape[-1] != 1 and strides[-1] != 1):
-        raise CodegenUnsupported(
-            f"Transpose {tail.name!r} does not keep the rows of {anchor.op_type} {anchor.name!r} contiguous"
-        )
-    return before, _Tail(src, outputs[0], strides)
+def _emit_gemm(spec: KernelSpec, match: AnchorMatch) -> AnchorKernel:
+    """A MatMul/Gemm anchor: its match lowered to the kernel IR (lower/anchor.py) and rendered,
+    behind the text of the contraction routine it calls: the library's (`library_source`, as
+    atop a C-text anchor) when it packs its weight, else the BLAS declarations."""
+    lowered = lower_anchor(spec, match)
+    if lowered.packed:
+        return AnchorKernel(library_source() + "\n" + render_kernel(lowered), method_of(lowered), False)
+    return AnchorKernel(BLAS_PREAMBLE + render_kernel(lowered), method_of(lowered), True)
 
 
 def _destination(kernel: _Kernel, epi: Epilogue, anchor_output: str) -> tuple[str, EpilogueCall | None]:
@@ -273,9 +232,10 @@ def _destination(kernel: _Kernel, epi: Epilogue, anchor_output: str) -> tuple[st
     return kernel.ops.output_pointer(dest), call
 
 
-def _emit_conv(kernel: _Kernel, node: onnx.NodeProto, rest: list[onnx.NodeProto]) -> AnchorKernel:
+def _emit_conv(kernel: _Kernel, match: AnchorMatch) -> AnchorKernel:
+    """A Conv/ConvTranspose anchor from its match (dense operands: a conv takes no prologue)."""
     ops = kernel.ops
-    views = [trace_view(name, ops, kernel.producers) for name in node.input[:2]]
+    node, rest = match.anchor, list(match.epilogue)
     geom = conv_geometry(node, ops)
     y = node.output[0]
     y_shape = ops.shape(y)
@@ -298,26 +258,13 @@ def _emit_conv(kernel: _Kernel, node: onnx.NodeProto, rest: list[onnx.NodeProto]
         shape_overrides=overrides,
     )
     y_ptr, call = _destination(kernel, epi, y)
-    pre_lines: list[str] = []
-    post_lines: list[str] = []
-    ptrs = []
-    for k, view in enumerate(views):
-        if view.strides == contiguous_strides(view.shape):
-            ptrs.append(view.pointer(ops))
-            continue
-        # A transposing prologue (NHWC -> NCHW, ...): one strided copy into a dense buffer.
-        name = f"dense{k}"
-        pre_lines += _gather_view(name, view, ops)
-        post_lines.append(f"  free({name});")
-        ptrs.append(name)
-    x_ptr, w_ptr = ptrs
+    x_ptr, w_ptr = (ops.pointer(view.tensor) for view in match.operands[:2])
     if node.op_type == "ConvTranspose":
         body, method = emit_conv_transpose_body(geom, x_ptr, w_ptr, y_ptr, call)
     else:
-        packed = _packed_conv_weights(kernel, geom, views[1])
+        packed = _packed_conv_weights(kernel, geom, match.operands[1])
         helpers, body, method = emit_conv_body(geom, x_ptr, w_ptr, y_ptr, call, kernel.spec.symbol, packed)
         kernel.helpers = helpers + kernel.helpers
-    body = [*pre_lines, "  {", *body, "  }", *post_lines] if pre_lines else body
     desc = (
         f"{node.op_type} {geom.n}x{geom.cin}x{geom.d}x{geom.h}x{geom.w} -> {geom.cout}x{geom.od}x{geom.oh}x"
         f"{geom.ow}, kernel {geom.kd}x{geom.kh}x{geom.kw}, stride {geom.sd}x{geom.sh}x{geom.sw}, "
@@ -328,16 +275,16 @@ def _emit_conv(kernel: _Kernel, node: onnx.NodeProto, rest: list[onnx.NodeProto]
     return kernel.assemble(body, method, uses_blas, desc)
 
 
-def _packed_conv_weights(kernel: _Kernel, g: ConvGeometry, w: View) -> PackedWeights | None:
+def _packed_conv_weights(kernel: _Kernel, g: ConvGeometry, w: OperandView) -> PackedWeights | None:
     """The conv weights as the library's A-panels, one block per (group, channel tile); None
     when BLAS contracts (no constant dense weights, depthwise, or the `blas` mode)."""
-    if conv_method(g) == "conv_depthwise" or not kernel.packs(w.base):
+    if conv_method(g) == "conv_depthwise" or not kernel.packs(w.tensor):
         return None
-    if w.strides != contiguous_strides(w.shape):
+    if w.offset or w.strides != contiguous_strides(w.shape):
         return None
     _, _, ct, ctn = conv_tiles(g, PANEL_QUANTUM)
     block = f"((({a_panels_floats(ct, g.kdim)}) + 15) / 16 * 16)"
-    src = w.pointer(kernel.ops)
+    src = kernel.ops.pointer(w.tensor)
     lines = [
         f"    for (long g = 0; g < {g.group}L; ++g)",
         f"      for (long t = 0; t < {ctn}L; ++t) {{",
@@ -348,23 +295,6 @@ def _packed_conv_weights(kernel: _Kernel, g: ConvGeometry, w: View) -> PackedWei
     ]
     ptr = kernel.pack(f"{g.group * ctn}L * {block}", lines)
     return PackedWeights(ptr, block)
-
-
-def _gather_view(name: str, view: View, ops: Operands) -> list[str]:
-    """C statements copying a strided view into a new dense buffer `name` (freed by the caller)."""
-    numel = math.prod(view.shape)
-    lines = [f"  float *{name} = (float *)malloc(sizeof(float) * {max(1, numel)});", "  {"]
-    lines.append(f"    const float *restrict src = {view.pointer(ops)};")
-    lines.append("    long o = 0;")
-    indent = "    "
-    offset = []
-    for a, (d, st) in enumerate(zip(view.shape, view.strides, strict=True)):
-        lines.append(f"{indent}for (long i{a} = 0; i{a} < {d}L; ++i{a})")
-        indent += "  "
-        offset.append(f"i{a} * {st}L")
-    lines.append(f"{indent}{name}[o++] = src[{' + '.join(offset) or '0'}];")
-    lines.append("  }")
-    return lines
 
 
 def _gemm_pre_steps(
@@ -414,51 +344,13 @@ def _problem(
     return p, not b_vec
 
 
-def _emit_gemm(kernel: _Kernel, node: onnx.NodeProto, rest: list[onnx.NodeProto]) -> AnchorKernel:
-    ops = kernel.ops
-    rest, tail = _split_tail(kernel, node, rest)
-    p, has_cols = _problem(kernel, node, tail.strides if tail is not None else None)
-    y = node.output[0]
-    y_shape = ops.shape(y)
-    source, pre, overrides = _gemm_pre_steps(kernel, node, p)
-    split = len(y_shape) - 1 if has_cols else len(y_shape)
-    epi = build_epilogue(
-        ops,
-        source=source,
-        anchor_output=y,
-        domain=y_shape,
-        split=split,
-        pre_steps=pre,
-        nodes=rest,
-        shape_overrides=overrides,
-    )
-    if math.prod(y_shape) == 0:
-        return kernel.assemble(["  (void)args;"], "gemm", False, "empty output")
-    if tail is None:
-        y_ptr, call = _destination(kernel, epi, y)
-    else:
-        write_back, flat = plan_permuted_destination(epi, ops, value=tail.value, output=tail.output)
-        call = kernel.epilogue_call(epi, write_back, flat)
-        y_ptr = ops.output_pointer(tail.output)
-    packed = _packed_b(kernel, p, node)
-    body, method = emit_gemm_body(p, y_ptr, call, packed)
-    stored = ""
-    if tail is not None:
-        stored = f"; stored transposed (ldc {p.c_rs}, batch strides {list(p.c_batch_strides)})"
-    desc = (
-        f"{node.op_type} batch {list(p.batch)} M={p.m} N={p.n} K={p.k} (A {_layout(p.a)}, B {_layout(p.b)});"
-        f" epilogue {epi.describe()}{stored}"
-    )
-    return kernel.assemble(body, method, not kernel.packed, desc)
-
-
-def _packed_b(kernel: _Kernel, p: GemmProblem, node: onnx.NodeProto, nb: int | None = None) -> PackedB | None:
+def _packed_b(kernel: _Kernel, p: GemmProblem, node: onnx.NodeProto, nb: int) -> PackedB | None:
     """A constant right operand shared across the batch as the library's B-panels, one block per
-    column tile of `nb` columns (`tile_sizes` by default); None: BLAS contracts."""
+    column tile of `nb` columns; None: BLAS contracts. (A single MatMul/Gemm anchor packs its
+    weights in the kernel IR instead: lower/anchor.py.)"""
     name = trace_view(node.input[1], kernel.ops, kernel.producers).base
     if not kernel.packs(name) or any(p.b.batch_strides) or p.k < 1 or p.n < 1:
         return None
-    nb = nb or tile_sizes(p)[1]
     nt = -(-p.n // nb)
     block = f"((({b_panels_floats(p.k, nb)}) + 15) / 16 * 16)"
     lines = [
@@ -469,11 +361,6 @@ def _packed_b(kernel: _Kernel, p: GemmProblem, node: onnx.NodeProto, nb: int | N
         "    }",
     ]
     return PackedB(kernel.pack(f"{nt}L * {block}", lines), nb, block)
-
-
-def _layout(m: Matrix) -> str:
-    found = m.blas()
-    return "strided, packed" if found is None else f"{found[0][2:]} ld {found[1]}"
 
 
 def _emit_chain(kernel: _Kernel, anchors: list[int]) -> AnchorKernel:
@@ -538,6 +425,9 @@ def _emit_staged_chain(spec: KernelSpec, anchors: list[int], reason: str) -> Anc
     sub1 = _sub_spec(spec, f"{spec.symbol}_s1", stage1, [mid])
     sub2 = _sub_spec(spec, f"{spec.symbol}_s2", stage2, [mid])
     k1, k2 = emit_anchor(sub1), emit_anchor(sub2)
+    for sub, k in ((sub1, k1), (sub2, k2)):
+        if f"{sub.symbol}{WORKSPACE_SUFFIX}" in k.source:  # called below without a workspace
+            raise CodegenUnsupported(f"stage {sub.symbol} of a staged chain needs a workspace")
     index = {t.name: k for k, t in enumerate((*spec.inputs, *spec.outputs))}
     mid_is_output = mid in {t.name for t in spec.outputs}
     mid_ptr = f"args[{index[mid]}]" if mid_is_output else "mid"

@@ -492,27 +492,6 @@ def plan_destination(
     return dest, write_back, flat
 
 
-def plan_permuted_destination(
-    epi: Epilogue, ops: Operands, *, value: str, output: str
-) -> tuple[str | None, list[str]]:
-    """`plan_destination` for tiles stored straight into `output`, a permuted layout of the
-    epilogue value `value` (an output Transpose folded into where the GEMM writes).
-
-    Returns what the epilogue stores back into the tile (None: the raw product already is
-    `value`) and the epilogue values that go, densely, to kernel outputs of their own."""
-    if value not in epi.values:
-        raise CodegenUnsupported(f"the transposed value {value!r} is not computed by the epilogue")
-    if output not in ops.outputs:
-        raise CodegenUnsupported(f"tensor {output!r} is not a kernel output")
-    flat = [v for v in epi.values if v in ops.outputs]
-    numel = math.prod(epi.domain)
-    for name in (output, *flat):
-        if math.prod(ops.shape(name)) != numel:
-            raise CodegenUnsupported(f"kernel output {name!r} is not the size of the anchor output")
-    write_back = None if epi.root(value) == epi.source else value
-    return write_back, flat
-
-
 def build_epilogue(
     ops: Operands,
     *,

@@ -1,34 +1,19 @@
-"""MatMul and Gemm anchors (plain, batched, broadcast, chained) as tiled single-threaded sgemm calls.
+"""MatMul / Gemm chains (`anchor_chain`) as tiled single-threaded sgemm calls, still C text.
 
-The kernel owns the parallel loop: tasks are (batch, row block, column block) tiles of the output,
-each computed by one single-threaded `sgemm` and finished by the fused epilogue while the tile is
-hot. BLAS runs single-threaded inside the OpenMP loop, since two thread pools on the same cores
-fight (DESIGN.md §1). Tasks are handed out dynamically, one at a time (the atomic costs nothing
-next to an sgemm call): on a shared machine a worker thread may be descheduled for milliseconds,
-and with a static split the running thread would then wait for the other's half instead of
-taking it over. (The team's closing barrier still waits for a late thread; see
-benchmarks/anchors.py for what that costs on a busy machine and how `omp_set_dynamic` avoids it.)
+A single MatMul/Gemm anchor is lowered to the kernel IR (lower/anchor.py, which also holds the
+tile sizes and the reasoning behind them); what stays here serves the row-block chain
+GEMM -> epilogue -> GEMM -> epilogue (`emit_chain_body`) and conv.py: operand views through
+stride-only prologues (`trace_view`: Transpose, Reshape, Squeeze/Unsqueeze/Flatten/Identity,
+Split outputs and step-1 Slices as a base offset), GEMM problems (`matmul_problem`,
+`gemm_problem`), and one tile's sgemm call (`sgemm_tile`), packing a view BLAS cannot address
+into a per-thread buffer.
 
-Stride-only prologues (Transpose, Reshape, Squeeze/Unsqueeze/Flatten/Identity on an anchor input,
-e.g. the attention head split `Reshape -> Transpose(0,2,1,3)` or `Transpose(0,1,3,2)` for K^T) are
-folded into the operand's view (`View`): leading dims, transpose flags and batch strides, never a
-copy. A `Split` output or a step-1 `Slice` (GPT-2's fused QKV projection split into Q, K and V) is
-the same strides from a base element offset, so it folds into the view too (`View.offset`).
-A view BLAS cannot address (neither axis unit-stride) is packed per tile into a per-thread
-buffer, which is correct but slower; the method string says so.
+The kernel owns the parallel loop: BLAS runs single-threaded inside the OpenMP loop, since two
+thread pools on the same cores fight (DESIGN.md §1); row blocks are handed out dynamically.
 
-`(B, M, K) x (K, N)` with a right operand shared across the batch is flattened into one
-`(B*M, K) x (K, N)` GEMM whenever the left operand's rows are evenly strided.
-
-The output side takes a stride change too: an output Transpose that keeps the last axis last
-(attention's `[B, H, S, D] -> Transpose(0, 2, 1, 3) -> [B, S, H, D]`) is folded into where each
-tile is stored, i.e. the `ldc` and per-batch offset of the sgemm (`GemmProblem.c_rs`,
-`c_batch_strides`), so the permuted tensor is written once, by the GEMM itself.
-
-A right operand that is a constant weight shared across the batch may come packed once by the
-runtime (B-panels of the contraction library, backend/cpu/contraction): each tile is then one
-`afc_gemm_bp` call reading A through its view's strides, and column tiles start on panel
-boundaries. Everything else keeps OpenBLAS.
+A chain's right operand that is a constant weight may come packed once by the runtime (B-panels
+of the contraction library, backend/cpu/contraction, `PackedB`): its tile is then one
+`afc_gemm_bp` call reading A through its view's strides. Everything else keeps OpenBLAS.
 """
 
 from __future__ import annotations
@@ -40,27 +25,13 @@ from dataclasses import dataclass
 import onnx
 
 from ....layout import reshape_strides, slice_window, split_sizes
+from ....lower.anchor import PARALLEL_MIN_MACS, TILE_ROWS
 from .common import CodegenUnsupported, attrs_of, c_literal
 from .epilogue import Operands, contiguous_strides
 
 VIEW_OPS = frozenset(
     {"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Split", "Slice"}
 )
-
-# Tile shape targets. OpenBLAS packs both operands on every call: the left panel (rows x K) is
-# amortized over the tile's columns and the right panel (K x cols) over its rows, so tiles are
-# kept tall (all of M up to TILE_ROWS) and about TILE_COLS wide; the 128 x 256 output tile
-# (128 KiB) stays in L2 between the sgemm that writes it and the epilogue that finishes it.
-# Measured on BERT shapes (K = 768, 3072): 128-row tiles beat 64-row ones by 1.3-1.7x.
-TILE_ROWS = 128
-TILE_COLS = 256
-# Narrowest column / row split used to make enough (and an even number of) tiles for the threads.
-MIN_TILE_COLS = 64
-MIN_TILE_ROWS = 16
-MIN_TILES = 4
-# Below this many multiply-adds a kernel runs on the calling thread (an OpenMP fork/join costs
-# more than it saves, DESIGN.md §1).
-PARALLEL_MIN_MACS = 1 << 19
 
 
 @dataclass(frozen=True)
@@ -308,26 +279,6 @@ def _round_up(x: int, q: int) -> int:
     return -(-x // q) * q
 
 
-def tile_sizes(p: GemmProblem) -> tuple[int, int]:
-    """(rows, columns) of one output tile: near TILE_ROWS x TILE_COLS and equal-sized; when the
-    problem is worth parallelising, at least MIN_TILES tiles and an even count (two threads split
-    them evenly), made by narrowing columns first, since rows amortize the packing of B."""
-    mct = -(-p.m // TILE_ROWS)
-    nct = -(-p.n // TILE_COLS)
-
-    def count() -> int:
-        return p.batch_count * mct * nct
-
-    if p.macs >= PARALLEL_MIN_MACS:
-        while (count() < MIN_TILES or count() % 2) and -(-p.n // (nct + 1)) >= MIN_TILE_COLS:
-            nct += 1
-        while count() < MIN_TILES and -(-p.m // (mct + 1)) >= MIN_TILE_ROWS:
-            mct += 1
-    mb = min(p.m, _round_up(-(-p.m // mct), 8))
-    nb = min(p.n, _round_up(-(-p.n // nct), 16))
-    return mb, nb
-
-
 def _batch_offset(var: str, batch: Sequence[int], strides: Sequence[int]) -> str:
     terms = []
     inner = 1
@@ -427,59 +378,6 @@ def sgemm_tile(
 
 
 EpilogueCall = Callable[[str, str, str, str, str, str], str]
-
-
-def emit_gemm_body(
-    p: GemmProblem, y_ptr: str, epilogue: EpilogueCall | None, packed_b: PackedB | None = None
-) -> tuple[list[str], str]:
-    """The kernel body for a (batched) GEMM with a per-tile epilogue; also the method name.
-
-    `epilogue(tile, ldt, r0, r1, c0, c1)` returns the C call finishing one tile, where rows are
-    output rows over the flattened batch (`b * m + i`) and columns output columns; the tile sits
-    at its place in Y (`ldt` = the output's row stride, permuted or not). `packed_b`: B comes
-    packed (shared across the batch) per column tile of `tile_sizes(p)`.
-    """
-    mb, nb = tile_sizes(p)
-    if packed_b is not None and packed_b.nb != nb:
-        raise CodegenUnsupported(f"B was packed for {packed_b.nb}-column tiles, the GEMM uses {nb}")
-    mt, nt = -(-p.m // mb), -(-p.n // nb)
-    tasks = p.batch_count * mt * nt
-    parallel = tasks > 1 and p.macs >= PARALLEL_MIN_MACS
-    ldc = f"{p.n if p.c_rs is None else p.c_rs}L"
-    call = sgemm_tile(p, batch_var="bi", dst="y", ldd=ldc, indent="      ", packed_b=packed_b)
-    lines = [f"  float *restrict Y = {y_ptr};"]
-    lines.append(f"  /* {tasks} tiles of {mb}x{nb} (batch {p.batch_count}, M={p.m}, N={p.n}, K={p.k}) */")
-    lines.append("  #pragma omp parallel")
-    lines.append("  {")
-    if call.packs_a:
-        lines.append(f"    float *pa = (float *)malloc(sizeof(float) * {mb * p.k});")
-    if call.packs_b:
-        lines.append(f"    float *pb = (float *)malloc(sizeof(float) * {p.k * nb});")
-    lines.append("    #pragma omp for schedule(dynamic, 1)")
-    lines.append(f"    for (long task = 0; task < {tasks}L; ++task) {{")
-    lines.append(f"      const long bi = task / {mt * nt}L, rest = task % {mt * nt}L;")
-    lines.append(f"      const long m0 = (rest / {nt}L) * {mb}L, n0 = (rest % {nt}L) * {nb}L;")
-    lines.append(f"      const long m1 = m0 + {mb}L < {p.m}L ? m0 + {mb}L : {p.m}L;")
-    lines.append(f"      const long n1 = n0 + {nb}L < {p.n}L ? n0 + {nb}L : {p.n}L;")
-    if p.c_rs is None:
-        lines.append(f"      float *y = Y + bi * {p.m * p.n}L + m0 * {p.n}L + n0;")
-    else:
-        c_off = _batch_offset("bi", p.batch, p.c_batch_strides)
-        lines.append(f"      float *y = Y + {c_off} + m0 * {ldc} + n0;")
-    lines.extend(call.lines)
-    if epilogue is not None:
-        lines.append("      " + epilogue("y", ldc, f"bi * {p.m}L + m0", f"bi * {p.m}L + m1", "n0", "n1"))
-    lines.append("    }")
-    if call.packs_a:
-        lines.append("    free(pa);")
-    if call.packs_b:
-        lines.append("    free(pb);")
-    lines.append("  }")
-    lines = parallel_or_serial(lines, parallel)
-    method = "batched_gemm" if p.batch else "gemm"
-    if call.packs_a or call.packs_b:
-        method += "_packed"
-    return lines, method
 
 
 def emit_chain_body(

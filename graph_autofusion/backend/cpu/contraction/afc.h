@@ -1,6 +1,7 @@
 /* afc.h - the contraction library's ABI (graph_autofusion.backend.cpu.contraction).
  *
- * One narrow interface that generated anchor kernels (and, later, the kernel IR's per-tile `Call`)
+ * One narrow interface that generated anchor kernels (the C-text conv and chain anchors, and the
+ * kernel IR's per-tile `Call` of a lowered MatMul/Gemm, lower/anchor.py)
  * use for fp32 GEMM tiles:
  *
  *     C[m x n] = alpha * A[m x k] x B[k x n]        (row-major C, leading dimension ldc; beta = 0)

@@ -172,3 +172,13 @@ def check(case: Case, symbol: str, *, k: int, method: str | None = None, scale: 
             print(f"{symbol}: max abs err {err:.3g} (atol {atol:.3g})")
         np.testing.assert_allclose(g, w, rtol=RTOL, atol=atol, err_msg=f"{name}: max abs err {err:.3g}")
     return kernel
+
+
+def contraction_calls(source: str) -> list[str]:
+    """The lines of a generated kernel that call the contraction routine (lower/anchor.py)."""
+    return [line for line in source.splitlines() if "af_sgemm_tile(" in line and "static inline" not in line]
+
+
+def reads_at_offset(source: str, offset: int) -> bool:
+    """Whether a contraction call addresses an operand `offset` elements into its buffer."""
+    return any(f"({offset} + " in line for line in contraction_calls(source))

@@ -1,0 +1,476 @@
+"""MatMul / Gemm anchors as kernel IR: a tiled contraction whose epilogue runs on each hot tile.
+
+What the kernel computes is its `AnchorMatch` (plan/anchor_match.py, the planner's legality
+test); this module only renders it:
+
+    for task in 0..tasks (parallel, dynamic):          # tasks = batch x row blocks x column blocks
+        bi, m0, n0 = the task's batch entry and tile corner; m1, n1 its far corner
+        [pack an operand BLAS cannot address into this thread's workspace slice]
+        call contraction(tile of A, tile of B -> tile of the destination)
+        for r in rows of the tile:                     # the epilogue, while the tile is in cache
+            for c in columns of the tile (vector):
+                destination[r, c] <- epilogue(raw product at [r, c], operands)
+                other kernel outputs[r * L + c] <- their epilogue values
+
+The kernel owns the parallel loop: each tile is one single-threaded contraction call, since two
+thread pools on the same cores fight (DESIGN.md §1). Tasks are handed out dynamically, one at a
+time (the atomic costs nothing next to a tile product): on a shared machine a worker thread may be
+descheduled for milliseconds, and with a static split the running thread would then wait for the
+other's half instead of taking it over (benchmarks/anchors.py measures it).
+
+The epilogue is the same expression machinery as pointwise kernels (lower/values.py): each output
+value is resolved at the tile element's index through its producers; the anchor's own output
+resolves to a load of the raw product where the contraction left it (plus Gemm's `beta * C`).
+Views among the epilogue keep the linear order, so every value leaving the kernel is stored at the
+tile element's linear index `r * L + c`, except the destination, which may be a permuted layout
+(an output Transpose folded into the contraction's `ldc` and batch offsets).
+
+`contraction(...)` is the one place that chooses the routine computing a tile product: OpenBLAS
+(`af_sgemm_tile`), or, when the right operand is a constant weight shared across the batch and
+`AUTOFUSION_CONTRACTION=library` (backend/cpu/contraction), the library's `afc_gemm_bp` on that
+weight packed once at load. The kernel then holds the packed weight as a `packed` buffer (one
+block of B-panels per column tile) and the `prepack` loop filling it (`pack_weights`), so the
+per-call work is only the activation's per-tile packing inside the library.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..backend.cpu.contraction import PANEL_QUANTUM, contraction_mode
+from ..backend.cpu.kernel_spec import KernelSpec
+from ..kernel_ir import Buffer, Call, DType, Expr, Kernel, Let, Loop, Stmt, Store, TensorAt
+from ..kernel_ir import nodes as ir
+from ..plan.anchor_match import EPILOGUE_VIEW_OPS, AnchorMatch, Contraction, MatrixView, match_anchor
+from .pointwise import KernelValues
+from .values import IndexGroup, Unsupported, broadcast_index
+
+# Tile shape targets. OpenBLAS packs both operands on every call: the left panel (rows x K) is
+# amortized over the tile's columns and the right panel (K x cols) over its rows, so tiles are
+# kept tall (all of M up to TILE_ROWS) and about TILE_COLS wide; the 128 x 256 output tile
+# (128 KiB) stays in L2 between the contraction that writes it and the epilogue that finishes it.
+# Measured on BERT shapes (K = 768, 3072): 128-row tiles beat 64-row ones by 1.3-1.7x.
+TILE_ROWS = 128
+TILE_COLS = 256
+# Narrowest column / row split used to make enough (and an even number of) tiles for the threads.
+MIN_TILE_COLS = 64
+MIN_TILE_ROWS = 16
+MIN_TILES = 4
+# Below this many multiply-adds a kernel runs on the calling thread (an OpenMP fork/join costs
+# more than it saves, DESIGN.md §1).
+PARALLEL_MIN_MACS = 1 << 19
+
+# The routines `contraction` calls: backend/cpu/blas.py's single-threaded sgemm on row-major tiles,
+# or the contraction library's tile with a right operand packed once (backend/cpu/contraction/afc.h).
+CONTRACTION_ROUTINE = "af_sgemm_tile"
+PACKED_B_ROUTINE = "afc_gemm_bp"
+PACK_B_ROUTINE = "afc_pack_b"
+
+
+@dataclass(frozen=True)
+class PackedPanels:
+    """The right operand of one tile as the library's B-panels, packed once at load: `at` (an
+    `ir.addr` into a `packed` buffer) is the first panel of the tile's block."""
+
+    at: Expr
+
+
+def contraction(
+    *,
+    trans_a: bool,
+    m: Expr,
+    n: Expr,
+    k: int,
+    alpha: float,
+    a: Expr,
+    lda: Expr | int,
+    b: Expr | PackedPanels,
+    c: Expr,
+    ldc: Expr | int,
+    trans_b: bool = False,
+    ldb: Expr | int = 0,
+) -> Call:
+    """`c[m x n] = alpha * op(a)[m x k] @ op(b)[k x n]` for one tile, row-major, `a`/`b`/`c` the
+    addresses (`ir.addr`) of the tiles' first elements, or `b` the tile's packed panels
+    (`trans_b`/`ldb` then unused). Every anchor kernel computes its products through this one
+    call, so a faster routine plugs in here."""
+    if isinstance(b, PackedPanels):
+        a_rs, a_cs = (ir.index(1), ir.index(lda)) if trans_a else (ir.index(lda), ir.index(1))
+        return Call(
+            PACKED_B_ROUTINE,
+            (m, n, ir.index(k), ir.const(alpha, DType.F32), a, a_rs, a_cs, b.at, c, ir.index(ldc)),
+        )
+    return Call(
+        CONTRACTION_ROUTINE,
+        (
+            ir.index(int(trans_a)),
+            ir.index(int(trans_b)),
+            m,
+            n,
+            ir.index(k),
+            ir.const(alpha, DType.F32),
+            a,
+            ir.index(lda),
+            b,
+            ir.index(ldb),
+            c,
+            ir.index(ldc),
+        ),
+    )
+
+
+def pack_weights(
+    *, k: int, n: int, nb: int, b: Buffer, offset: Expr | int, rs: int, cs: int, name: str = "packed_b"
+) -> tuple[Buffer, Loop, int]:
+    """The prepack of a constant `k x n` right operand (element (i, j) at `b[offset + i*rs + j*cs]`)
+    as one block of B-panels per column tile of `nb` columns: the `packed` buffer, the loop
+    filling it at load, and the floats between blocks.
+
+    A block is sized for whole PANEL_QUANTUM-column panels, a multiple of every ISA's panel width
+    (AFC_NR), so the layout is the same Python arithmetic whatever -march the kernel is built
+    for, at most 16 x k floats per block more than an AVX2 build needs."""
+    nt = -(-n // nb)
+    block = _round_up(-(-nb // PANEL_QUANTUM) * PANEL_QUANTUM * max(k, 1), 16)
+    packed = Buffer(name, DType.F32, nt * block, "packed")
+    t, n0 = ir.var("t"), ir.var("n0")
+    fill = Loop(
+        t,
+        nt,
+        (
+            Let(n0, t * nb),
+            Call(
+                PACK_B_ROUTINE,
+                (
+                    ir.index(k),
+                    ir.minimum(n0 + nb, n) - n0,
+                    ir.addr(b, offset + n0 * cs),
+                    ir.index(rs),
+                    ir.index(cs),
+                    ir.addr(packed, t * block),
+                ),
+            ),
+        ),
+    )
+    return packed, fill, block
+
+
+def _round_up(x: int, q: int) -> int:
+    return -(-x // q) * q
+
+
+def tile_sizes(p: Contraction) -> tuple[int, int]:
+    """(rows, columns) of one output tile: near TILE_ROWS x TILE_COLS and equal-sized; when the
+    problem is worth parallelising, at least MIN_TILES tiles and an even count (two threads split
+    them evenly), made by narrowing columns first, since rows amortize the packing of B."""
+    mct = -(-p.m // TILE_ROWS)
+    nct = -(-p.n // TILE_COLS)
+
+    def count() -> int:
+        return p.batch_count * mct * nct
+
+    if p.macs >= PARALLEL_MIN_MACS:
+        while (count() < MIN_TILES or count() % 2) and -(-p.n // (nct + 1)) >= MIN_TILE_COLS:
+            nct += 1
+        while count() < MIN_TILES and -(-p.m // (mct + 1)) >= MIN_TILE_ROWS:
+            mct += 1
+    mb = min(p.m, _round_up(-(-p.m // mct), 8))
+    nb = min(p.n, _round_up(-(-p.n // nct), 16))
+    return mb, nb
+
+
+def batch_offset(bi: Expr, batch: Sequence[int], strides: Sequence[int]) -> Expr:
+    """Element offset of flat batch entry `bi` over `batch` dims at `strides` (0: broadcast)."""
+    offset: Expr = ir.index(0)
+    inner = 1
+    for a in range(len(batch) - 1, -1, -1):
+        d, s = batch[a], strides[a]
+        if s:
+            idx = bi if inner == 1 else bi // inner
+            if a > 0:
+                idx = idx % d
+            offset = idx * s + offset
+        inner *= d
+    return offset
+
+
+class _EpilogueValues(KernelValues):
+    """Kernel values where the anchor's output is the raw product in the destination tile."""
+
+    def __init__(self, spec: KernelSpec, match: AnchorMatch) -> None:
+        super().__init__(spec)
+        self.match = match
+        self.raw_at: tuple[Buffer, tuple[int, ...] | None] | None = None  # set by lower_anchor
+
+    def _leaf(self, at: TensorAt) -> Expr | None:
+        match = self.match
+        if at.tensor != match.anchor.output[0]:
+            return super()._leaf(at)
+        assert self.raw_at is not None
+        buf, strides = self.raw_at
+        idx = list(at.index)
+        if strides is None:
+            where = self.lin(idx, match.domain)
+        else:
+            where = ir.index(0)
+            for e, s in zip(idx, strides, strict=True):
+                where = e * s + where if s else where
+        value: Expr = ir.load(buf, where)
+        if match.addend is not None:
+            add = match.addend
+            c_idx = broadcast_index(idx, match.domain, add.shape)
+            addend = self._substitute(self.at(add.tensor, c_idx))
+            value = value + ir.const(add.beta, DType.F32) * addend if add.beta != 1.0 else value + addend
+        return value
+
+
+def _is_raw(match: AnchorMatch, value: str) -> bool:
+    """Whether `value` is the raw product itself (the anchor output, or a view of it, no addend)."""
+    views = {n.output[0]: n.input[0] for n in match.epilogue if n.op_type in EPILOGUE_VIEW_OPS}
+    while value in views:
+        value = views[value]
+    return value == match.anchor.output[0] and match.addend is None
+
+
+def lower_anchor(spec: KernelSpec, match: AnchorMatch | None = None) -> Kernel:
+    """The kernel of a MatMul/Gemm `anchor` spec (its match computed here when not given)."""
+    match = match or match_anchor(spec)
+    p = match.contraction
+    if p is None:
+        raise Unsupported(f"{match.anchor.op_type} anchors are not lowered to the kernel IR")
+    values = _EpilogueValues(spec, match)
+    out_buf = {t.name: values.params[len(spec.inputs) + k] for k, t in enumerate(spec.outputs)}
+    y = match.anchor.output[0]
+    epilogue_values = [y, *(n.output[0] for n in match.epilogue)]
+    flat = [v for v in epilogue_values if v in out_buf]
+    if match.tail is not None:
+        dest, value, strides = match.tail.output, match.tail.value, match.tail.strides
+    else:
+        if not flat:
+            raise Unsupported("no value of the anchor epilogue is a kernel output")
+        dest = y if y in flat else flat[-1]
+        value, strides = dest, None
+    flat = [v for v in flat if v != dest]
+    values.raw_at = (out_buf[dest], strides)
+    write_back = None if _is_raw(match, value) else value
+    method = "batched_gemm" if p.batch else "gemm"
+    weights: tuple[Buffer, Loop, int] | None = None
+    if math.prod(match.domain) == 0:
+        body: list[Stmt] = []
+    else:
+        weights = _packed_weights(values, p)
+        body, scratch = _tiles(values, match, p, out_buf[dest], write_back, flat, out_buf, weights)
+        method += "_packed" if scratch else ""
+    what = (
+        f"method: {method}; {match.anchor.op_type} batch {list(p.batch)} M={p.m} N={p.n} K={p.k}"
+        f" (A {_layout(p.a)}, B {_layout(p.b)}); epilogue "
+        f"{' -> '.join(n.op_type for n in match.epilogue) or 'none'}"
+        + (
+            f"; stored transposed (ldc {p.c_rs}, batch strides {list(p.c_batch_strides)})"
+            if match.tail
+            else ""
+        )
+        + ("; the weight packed once at load (contraction library)" if weights else "")
+    )
+    kernel = Kernel(
+        spec.symbol,
+        tuple(values.params),
+        tuple(body),
+        tuple(values.const_buffers.values()),
+        spec.describe(what),
+        packed=(weights[0],) if weights else (),
+        prepack=(weights[1],) if weights else (),
+    )
+    return kernel
+
+
+def _packed_weights(values: _EpilogueValues, p: Contraction) -> tuple[Buffer, Loop, int] | None:
+    """`pack_weights` of the right operand when the library contracts this anchor: the operand
+    is a weight (bound to an initializer at every call, `KernelSpec.weights`) passed as an fp32
+    parameter, shared across the batch; None: OpenBLAS, which reads both operands in place."""
+    if contraction_mode() != "library" or p.b.tensor not in values.spec.weights or p.k < 1 or p.n < 1:
+        return None
+    b = values.buffer_of(p.b.tensor)
+    if b.role != "input" or b.dtype is not DType.F32 or any(p.b.batch_strides):
+        return None
+    return pack_weights(k=p.k, n=p.n, nb=tile_sizes(p)[1], b=b, offset=p.b.offset, rs=p.b.rs, cs=p.b.cs)
+
+
+def method_of(kernel: Kernel) -> str:
+    """The method named in a lowered anchor kernel's description."""
+    for line in kernel.description.splitlines():
+        if line.startswith("method: "):
+            return line.split(";")[0].removeprefix("method: ")
+    return ""
+
+
+def _layout(mv: MatrixView) -> str:
+    found = mv.blas()
+    if found is None:
+        return "strided, packed"
+    return f"{'Trans' if found[0] else 'NoTrans'} ld {found[1]}"
+
+
+def _tiles(
+    values: _EpilogueValues,
+    match: AnchorMatch,
+    p: Contraction,
+    dest: Buffer,
+    write_back: str | None,
+    flat: list[str],
+    out_buf: dict[str, Buffer],
+    weights: tuple[Buffer, Loop, int] | None,
+) -> tuple[list[Stmt], bool]:
+    mb, nb = tile_sizes(p)
+    mt, nt = -(-p.m // mb), -(-p.n // nb)
+    tasks = p.batch_count * mt * nt
+    task, bi, rest = ir.var("task"), ir.var("bi"), ir.var("rest")
+    m0, m1, n0, n1 = ir.var("m0"), ir.var("m1"), ir.var("n0"), ir.var("n1")
+    head: list[Stmt] = [
+        Let(bi, task // (mt * nt)),
+        Let(rest, task % (mt * nt)),
+        Let(m0, (rest // nt) * mb),
+        Let(n0, (rest % nt) * nb),
+        Let(m1, ir.minimum(m0 + mb, p.m)),
+        Let(n1, ir.minimum(n0 + nb, p.n)),
+    ]
+    scratch: list[Buffer] = []
+    a_buf, b_buf = values.buffer_of(p.a.tensor), values.buffer_of(p.b.tensor)
+    a_at = p.a.offset + batch_offset(bi, p.batch, p.a.batch_strides) + m0 * p.a.rs
+    b_at = p.b.offset + batch_offset(bi, p.batch, p.b.batch_strides) + n0 * p.b.cs
+    a_layout, b_layout = p.a.blas(), p.b.blas()
+    a_ptr: Expr = ir.addr(a_buf, a_at)
+    b_ptr: Expr = ir.addr(b_buf, b_at)
+    ldb: Expr | int
+    if a_layout is None:  # neither axis unit-stride: copy the tile's rows into scratch
+        pa = Buffer("pa", DType.F32, mb * p.k, "scratch")
+        scratch.append(pa)
+        i, j = ir.var("pi"), ir.var("pj")
+        copy = Store(pa, i * p.k + j, ir.load(a_buf, a_at + i * p.a.rs + j * p.a.cs))
+        head.append(Loop(i, m1 - m0, (Loop(j, p.k, (copy,)),)))
+        a_ptr, a_layout = ir.addr(pa, 0), (False, p.k)
+    ldb = b_layout[1] if b_layout is not None else 0
+    b_arg: Expr | PackedPanels = b_ptr
+    if weights is not None:  # the tile's block of the weight packed at load (any strides)
+        packed, _, block = weights
+        b_arg, b_layout = PackedPanels(ir.addr(packed, (rest % nt) * block)), (False, 0)
+    elif b_layout is None:
+        pb = Buffer("pb", DType.F32, p.k * nb, "scratch")
+        scratch.append(pb)
+        i, j = ir.var("pi"), ir.var("pj")
+        copy = Store(pb, i * (n1 - n0) + j, ir.load(b_buf, b_at + i * p.b.rs + j * p.b.cs))
+        head.append(Loop(i, p.k, (Loop(j, n1 - n0, (copy,), vector=True),)))
+        b_arg, b_layout, ldb = ir.addr(pb, 0), (False, 0), n1 - n0
+    y_at = batch_offset(bi, p.batch, p.c_batch_strides) + m0 * p.c_rs + n0
+    head.append(
+        contraction(
+            trans_a=a_layout[0],
+            trans_b=b_layout[0],
+            m=m1 - m0,
+            n=n1 - n0,
+            k=p.k,
+            alpha=p.alpha,
+            a=a_ptr,
+            lda=a_layout[1],
+            b=b_arg,
+            ldb=ldb,
+            c=ir.addr(dest, y_at),
+            ldc=p.c_rs,
+        )
+    )
+    if write_back is not None or flat:
+        head.append(_epilogue(values, match, p, dest, write_back, flat, out_buf))
+    parallel = tasks > 1 and p.macs >= PARALLEL_MIN_MACS
+    loop = Loop(task, tasks, tuple(head), parallel=parallel, dynamic=parallel, scratch=tuple(scratch))
+    return [loop], bool(scratch)
+
+
+def _epilogue(
+    values: _EpilogueValues,
+    match: AnchorMatch,
+    p: Contraction,
+    dest: Buffer,
+    write_back: str | None,
+    flat: list[str],
+    out_buf: dict[str, Buffer],
+) -> Loop:
+    """The epilogue over the tile just computed: rows `r` over the flattened batch x M, columns
+    `c` over N, every output value resolved at the domain index and stored."""
+    domain, split = match.domain, match.split
+    row_dims, col_dims = domain[:split], domain[split:]
+    r, c = ir.var("r"), ir.var("c")
+    bi, m0, m1, n0, n1 = (ir.var(v) for v in ("bi", "m0", "m1", "n0", "n1"))
+    row_lets: list[Stmt] = []
+    names: list[Expr]
+    if len(row_dims) == 1:
+        names = [r]
+    else:
+        names = []
+        for a, d in enumerate(row_dims):
+            stride = math.prod(row_dims[a + 1 :])
+            name = ir.var(f"i{a}")
+            outermost = all(x == 1 for x in row_dims[:a])
+            expr = r // stride if outermost else (r // stride) % d
+            row_lets.append(Let(name, expr if d != 1 else ir.index(0)))
+            names.append(name)
+    names += [c] * len(col_dims)  # one column axis at most for a GEMM (none for MatMul(A, vector))
+    values.new_scope()
+    values.clean, values.assume = {}, {}
+    values.groups = []
+    rows_total = math.prod(row_dims)
+    linear = r * math.prod(col_dims) + c if col_dims else r
+    for value in [match.anchor.output[0], *(n.output[0] for n in match.epilogue)]:
+        _declare_groups(values, values.shape(value), names, domain, rows_total, r, c, linear)
+    # Every value is computed before anything is stored: the destination holds the raw product
+    # until the end of the element (a value read through a view reads it at another expression).
+    lets: list[Stmt] = []
+    stores: list[Stmt] = []
+    if write_back is not None:
+        if match.tail is None:
+            where = linear
+        else:
+            where = ir.index(0)
+            for e, s in zip(names, match.tail.strides, strict=True):
+                where = e * s + where if s else where
+        v = ir.var("wb", DType.F32)
+        lets.append(Let(v, _resolve(values, write_back, names, domain)))
+        stores.append(Store(dest, where, v))
+    for k, name in enumerate(flat):
+        v = ir.var(f"o{k}", DType.F32)
+        lets.append(Let(v, _resolve(values, name, names, domain)))
+        stores.append(Store(out_buf[name], linear, v))
+    row0 = bi * p.m + m0
+    inner = Loop(c, n1, (*lets, *stores), vector=True, start=n0)
+    return Loop(r, bi * p.m + m1, (*row_lets, inner), start=row0)
+
+
+def _declare_groups(
+    values: _EpilogueValues,
+    shape: tuple[int, ...],
+    names: list[Expr],
+    domain: tuple[int, ...],
+    rows: int,
+    r: Expr,
+    c: Expr,
+    linear: Expr,
+) -> None:
+    """Let `lin` see through a value's index derived from the domain's: its leading axes that
+    span the tile rows decompose `r`, the rest decompose `c`, the whole the linear index. A view
+    (`[B*S, N] -> [B, S, N]`) then reads its operands at `r * N + c`, not at
+    `((r / S) * S + r % S) * N + c`."""
+    idx = list(names) if tuple(shape) == tuple(domain) else values.reshape_index(names, domain, shape)
+    values.groups.append(IndexGroup(tuple(idx), tuple(shape), linear))
+    for k in range(len(shape), -1, -1):
+        if math.prod(shape[:k]) == rows:
+            if k > 1:
+                values.groups.append(IndexGroup(tuple(idx[:k]), tuple(shape[:k]), r))
+            if len(shape) - k > 1:
+                values.groups.append(IndexGroup(tuple(idx[k:]), tuple(shape[k:]), c))
+            break
+
+
+def _resolve(values: _EpilogueValues, name: str, names: list[Expr], domain: tuple[int, ...]) -> Expr:
+    shape = values.shape(name)
+    idx = names if tuple(shape) == tuple(domain) else values.reshape_index(names, domain, shape)
+    return values.resolve(name, idx)

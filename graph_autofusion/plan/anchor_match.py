@@ -1,0 +1,718 @@
+"""`AnchorMatch`: what an anchor kernel is, decided once for the planner and the lowering.
+
+    match = match_anchor(spec)       # raises Unsupported with the sentence saying why not
+    kernel = lower_anchor(spec, match)  # lower/anchor.py renders a MatMul/Gemm match as kernel IR
+
+As with `ReductionMatch`, the planner builds the spec a group would become (`group_spec`) and asks
+this function, so a group it accepts as an `anchor` always lowers: legality is "the match
+succeeds". A match is
+
+- the anchor node and its operands, each seen through its stride-only prologue chain
+  (Transpose / Reshape / Squeeze / Unsqueeze / Flatten / Split / step-1 Slice on a MatMul input)
+  folded into an `OperandView`: base tensor, element offset, shape and strides, never a copy;
+- for MatMul/Gemm the `Contraction`: batch dims, M/N/K, each operand as a `MatrixView` (offset,
+  row/column strides, batch strides; whether BLAS reads it transposed or needs it packed follows
+  from the strides), alpha, and where the output rows go;
+- the epilogue: the elementwise/broadcast ops and views applied to the anchor's output, in order,
+  Gemm's `beta * C` as the `addend` in front of them;
+- the output tail: one Transpose after a MatMul/Gemm that keeps the last axis last, folded into
+  where the GEMM stores each tile (`OutputTail`).
+
+`to_json` is the form the exporter writes into the fused function's doc_string
+(docs/fused-format.md). Conv/ConvTranspose matches carry no contraction (conv.py computes their
+geometry).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from ..backend.cpu.kernel_spec import KernelSpec
+from ..layout import reshape_strides, slice_window, split_sizes
+from ..lower.values import Unsupported, attrs_of
+from ..ops import OpKind, lookup
+
+ANCHOR_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
+GEMM_OPS = frozenset({"MatMul", "Gemm"})
+STRIDE_PROLOGUE_OPS = frozenset({"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Split", "Slice"})
+# Views an epilogue may contain: they keep the element order, so the epilogue still runs on the
+# tile's linear index (Dropout is a view op too, but no generator reads its mask).
+EPILOGUE_VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+# Integer/bool constants up to this size are inlined into a kernel (extract.CONST_MAX_INT_ELEMENTS).
+INLINED_INT_CONSTANT = 4096
+
+
+def dense_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """Row-major element strides of a dense tensor."""
+    return tuple(math.prod(int(d) for d in shape[a + 1 :]) for a in range(len(shape)))
+
+
+@dataclass(frozen=True)
+class OperandView:
+    """An anchor input read in place: element i lives at `tensor[offset + sum(i_d * strides_d)]`.
+
+    `through` names the prologue nodes folded in (empty: the tensor itself, dense)."""
+
+    tensor: str
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int = 0
+    through: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class MatrixView:
+    """One GEMM operand: `rows x cols`, element (i, j) of batch entry b at
+    `tensor[offset + batch_offset(b) + i * rs + j * cs]`."""
+
+    tensor: str
+    offset: int
+    rows: int
+    cols: int
+    rs: int
+    cs: int
+    batch_strides: tuple[int, ...]
+
+    def blas(self) -> tuple[bool, int] | None:
+        """(transposed, leading dimension) when BLAS reads it in place; None: pack it first."""
+        if self.cols == 1 or self.cs == 1:
+            ld = self.rs if self.rows > 1 else self.cols
+            if ld >= max(1, self.cols):
+                return False, ld
+        if self.rows == 1 or self.rs == 1:
+            ld = self.cs if self.cols > 1 else self.rows
+            if ld >= max(1, self.rows):
+                return True, ld
+        return None
+
+
+@dataclass(frozen=True)
+class Contraction:
+    """`Y[b] = alpha * A[b] @ B[b]` for every index b of `batch` (batch dims B shares with every
+    row of A folded into M). Row i of batch entry b of Y starts at
+    `batch_offset(b, c_batch_strides) + i * c_rs`; columns are unit-stride."""
+
+    batch: tuple[int, ...]
+    m: int
+    n: int
+    k: int
+    a: MatrixView
+    b: MatrixView
+    alpha: float
+    c_rs: int
+    c_batch_strides: tuple[int, ...]
+
+    @property
+    def batch_count(self) -> int:
+        return math.prod(self.batch)
+
+    @property
+    def macs(self) -> int:
+        return self.batch_count * self.m * self.n * self.k
+
+
+@dataclass(frozen=True)
+class Addend:
+    """Gemm's `beta * C`, added to the product before the epilogue (C broadcasts to [M, N])."""
+
+    tensor: str
+    beta: float
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class OutputTail:
+    """An output Transpose folded into the GEMM's stores: `value` (the Transpose's input) lands in
+    kernel output `output` (the Transpose's output or a view of it) with the anchor output's axes
+    at element strides `strides`."""
+
+    value: str
+    output: str
+    strides: tuple[int, ...]
+    through: tuple[str, ...]  # the Transpose and the views after it
+
+
+@dataclass(frozen=True)
+class AnchorMatch:
+    """One anchor kernel: an anchor with prologue views, epilogue steps and an output tail."""
+
+    anchor: onnx.NodeProto
+    operands: tuple[OperandView, ...]  # the anchor's inputs, prologues folded in
+    contraction: Contraction | None  # MatMul / Gemm only
+    addend: Addend | None
+    epilogue: tuple[onnx.NodeProto, ...]  # before the tail, in body order
+    tail: OutputTail | None
+    domain: tuple[int, ...]  # the anchor output's shape
+    split: int  # leading domain dims that index a tile row; the rest index its columns
+
+    @property
+    def row_len(self) -> int:
+        return math.prod(self.domain[self.split :])
+
+    def to_json(
+        self, tensor: Callable[[str], str] = str, node: Callable[[str], str] = str
+    ) -> dict[str, object]:
+        """The match as plain data, names mapped through `tensor` and `node` (the exporter's
+        canonical names)."""
+
+        def view(v: OperandView) -> dict[str, object]:
+            return {
+                "tensor": tensor(v.tensor),
+                "shape": list(v.shape),
+                "strides": list(v.strides),
+                "offset": v.offset,
+                "through": [node(n) for n in v.through],
+            }
+
+        out: dict[str, object] = {
+            "kind": "anchor",
+            "anchor": node(self.anchor.name),
+            "op": self.anchor.op_type,
+            "operands": [view(v) for v in self.operands],
+            "epilogue": [node(n.name) for n in self.epilogue],
+            "domain": list(self.domain),
+            "split": self.split,
+        }
+        c = self.contraction
+        if c is not None:
+
+            def matrix(mv: MatrixView) -> dict[str, object]:
+                layout = mv.blas()
+                return {
+                    "tensor": tensor(mv.tensor),
+                    "offset": mv.offset,
+                    "rows": mv.rows,
+                    "cols": mv.cols,
+                    "strides": [mv.rs, mv.cs],
+                    "batch_strides": list(mv.batch_strides),
+                    "transpose": None if layout is None else layout[0],
+                }
+
+            out["contraction"] = {
+                "batch": list(c.batch),
+                "m": c.m,
+                "n": c.n,
+                "k": c.k,
+                "a": matrix(c.a),
+                "b": matrix(c.b),
+                "alpha": c.alpha,
+                "c_rs": c.c_rs,
+                "c_batch_strides": list(c.c_batch_strides),
+            }
+        if self.addend is not None:
+            out["addend"] = {
+                "tensor": tensor(self.addend.tensor),
+                "beta": self.addend.beta,
+                "shape": list(self.addend.shape),
+            }
+        if self.tail is not None:
+            out["tail"] = {
+                "value": tensor(self.tail.value),
+                "output": tensor(self.tail.output),
+                "strides": list(self.tail.strides),
+                "through": [node(n) for n in self.tail.through],
+            }
+        return out
+
+
+# -- the match --------------------------------------------------------------------------------------
+
+
+class _Body:
+    """A spec's nodes with producers, consumers and compile-time constants."""
+
+    def __init__(self, spec: KernelSpec) -> None:
+        self.spec = spec
+        self.nodes = [n for n in spec.nodes if n.op_type != "Constant"]
+        self.constants: dict[str, np.ndarray] = {k: np.asarray(v) for k, v in spec.constants.items()}
+        for n in spec.nodes:
+            if n.op_type == "Constant":
+                self.constants[n.output[0]] = _constant_of(n)
+        self.producer = {o: n for n in self.nodes for o in n.output if o}
+        self.consumers: dict[str, list[onnx.NodeProto]] = {}
+        for n in self.nodes:
+            for x in n.input:
+                if x:
+                    self.consumers.setdefault(x, []).append(n)
+        self.outputs = {t.name for t in spec.outputs}
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        if name in self.spec.tensors:
+            return tuple(self.spec.tensors[name].shape)
+        if name in self.constants:
+            return tuple(self.constants[name].shape)
+        raise Unsupported(f"no shape known for tensor {name!r}")
+
+    def numel(self, name: str) -> int:
+        return math.prod(self.shape(name))
+
+    def ints(self, node: onnx.NodeProto, slot: int, what: str) -> list[int] | None:
+        if len(node.input) <= slot or not node.input[slot]:
+            return None
+        value = self.constants.get(node.input[slot])
+        if value is None:
+            raise Unsupported(
+                f"{node.op_type} '{node.name}' input {slot} ('{node.input[slot]}') is not a constant"
+            )
+        return [int(v) for v in value.reshape(-1)]
+
+    def descendants(self, node: onnx.NodeProto) -> list[onnx.NodeProto]:
+        seen: dict[int, onnx.NodeProto] = {}
+        stack = [o for o in node.output if o]
+        while stack:
+            for c in self.consumers.get(stack.pop(), []):
+                if id(c) not in seen:
+                    seen[id(c)] = c
+                    stack.extend(o for o in c.output if o)
+        return [n for n in self.nodes if id(n) in seen]
+
+    def ancestors(self, node: onnx.NodeProto) -> list[onnx.NodeProto]:
+        seen: dict[int, onnx.NodeProto] = {}
+        stack = [x for x in node.input if x]
+        while stack:
+            p = self.producer.get(stack.pop())
+            if p is not None and id(p) not in seen:
+                seen[id(p)] = p
+                stack.extend(x for x in p.input if x)
+        return [n for n in self.nodes if id(n) in seen]
+
+
+def _constant_of(node: onnx.NodeProto) -> np.ndarray:
+    for attr in node.attribute:
+        value = onnx.helper.get_attribute_value(attr)
+        if attr.name == "value":
+            return onnx.numpy_helper.to_array(value)
+        if attr.name in ("value_float", "value_floats"):
+            return np.asarray(value, dtype=np.float32)
+        if attr.name in ("value_int", "value_ints"):
+            return np.asarray(value, dtype=np.int64)
+    raise Unsupported(f"Constant '{node.name}' has no value this backend reads")
+
+
+def match_anchor(spec: KernelSpec) -> AnchorMatch:
+    """The anchor kernel `spec` forms; raises `Unsupported` saying why it forms none."""
+    body = _Body(spec)
+    anchors = [n for n in body.nodes if n.op_type in ANCHOR_OPS]
+    if len(anchors) != 1:
+        raise Unsupported(f"an anchor kernel has exactly one anchor, found {len(anchors)}")
+    anchor = anchors[0]
+    prologue = body.ancestors(anchor)
+    operands = _prologue(body, anchor, prologue)
+    epilogue, tail_nodes = _epilogue(body, anchor, prologue)
+    _fp32_boundary(body)
+    y = anchor.output[0]
+    domain = body.shape(y)
+    tail = _output_tail(body, anchor, tail_nodes) if tail_nodes else None
+    contraction: Contraction | None = None
+    addend: Addend | None = None
+    split = min(2, len(domain))  # Conv: rows are (N, C), columns the spatial dims
+    if anchor.op_type == "Gemm":
+        contraction = _gemm(anchor, operands, tail)
+        addend = _addend(body, anchor, contraction)
+        split = len(domain) - 1
+    elif anchor.op_type == "MatMul":
+        contraction = _matmul(operands, tail)
+        b_vector = len(operands[1].shape) == 1
+        split = len(domain) if b_vector else len(domain) - 1
+    if contraction is not None and math.prod(domain) and contraction.n != math.prod(domain[split:]):
+        raise Unsupported(f"{anchor.op_type} '{anchor.name}' rows do not match its output {list(domain)}")
+    return AnchorMatch(anchor, operands, contraction, addend, tuple(epilogue), tail, domain, split)
+
+
+def _prologue(body: _Body, anchor: onnx.NodeProto, prologue: list[onnx.NodeProto]) -> tuple[OperandView, ...]:
+    """Each anchor input through its prologue chain, checked to be a pure stride change."""
+    if prologue and anchor.op_type != "MatMul":
+        raise Unsupported(f"{anchor.op_type} takes no fused prologue")
+    for n in prologue:
+        if n.op_type not in STRIDE_PROLOGUE_OPS:
+            raise Unsupported(f"{n.op_type} '{n.name}' before {anchor.op_type} would need a copy")
+    used: set[int] = set()
+    read: set[str] = set()
+    views = []
+    for name in anchor.input:
+        if not name:
+            continue
+        view, chain, values = _trace(body, name, anchor)
+        if chain and (len(view.shape) < 2 or 1 not in view.strides[-2:]):
+            raise Unsupported(
+                f"the layout change feeding {anchor.op_type} '{anchor.name}' is not a stride change"
+            )
+        used.update(id(n) for n in chain)
+        read.update(values)
+        views.append(view)
+    if used != {id(n) for n in prologue}:
+        raise Unsupported("prologue nodes do not form chains into the contraction")
+    chained = {id(anchor)} | used
+    for n in prologue:
+        for o in n.output:
+            if not o:
+                continue
+            if o in read:
+                if o in body.outputs or any(id(c) not in chained for c in body.consumers.get(o, [])):
+                    raise Unsupported(f"'{n.name}' feeds {anchor.op_type} and other consumers")
+            elif o in body.outputs or body.consumers.get(o):
+                # A kernel reads its prologue in place and stores nothing of it: a Split output
+                # read elsewhere would need the Split as a kernel of its own (or recomputed).
+                raise Unsupported(
+                    f"{n.op_type} '{n.name}' output '{o}' is read outside the chains into "
+                    f"{anchor.op_type} '{anchor.name}'"
+                )
+    return tuple(views)
+
+
+def _trace(
+    body: _Body, name: str, anchor: onnx.NodeProto
+) -> tuple[OperandView, list[onnx.NodeProto], list[str]]:
+    """`name` followed back through stride-only ops to a kernel input or constant."""
+    chain: list[onnx.NodeProto] = []
+    values: list[str] = []
+    value = name
+    node = body.producer.get(value)
+    while node is not None:
+        if node.op_type not in STRIDE_PROLOGUE_OPS:
+            raise Unsupported(f"{node.op_type} '{node.name}' feeding an anchor is not a stride-only prologue")
+        chain.append(node)
+        values.append(value)
+        value = node.input[0]
+        node = body.producer.get(value)
+    chain.reverse()
+    values.reverse()
+    shape = body.shape(value)
+    strides = dense_strides(shape)
+    offset = 0
+    for node, out in zip(chain, values, strict=True):
+        out_shape = body.shape(out)
+        if node.op_type == "Transpose":
+            perm = [int(p) for p in (attrs_of(node).get("perm") or reversed(range(len(shape))))]  # type: ignore[call-overload]
+            shape = tuple(shape[p] for p in perm)
+            strides = tuple(strides[p] for p in perm)
+        elif node.op_type in ("Split", "Slice"):
+            begin, window = _window(body, node, out, shape)
+            offset += sum(b * s for b, s in zip(begin, strides, strict=True))
+            shape = window
+        else:
+            new = reshape_strides(shape, strides, out_shape)
+            if new is None:
+                raise Unsupported(
+                    f"the layout change feeding {anchor.op_type} '{anchor.name}' is not a stride change"
+                )
+            shape, strides = out_shape, new
+        if tuple(shape) != tuple(out_shape):
+            raise Unsupported(f"{node.op_type} '{node.name}' yields {list(shape)}, not {list(out_shape)}")
+    view = OperandView(value, tuple(shape), tuple(strides), offset, tuple(n.name for n in chain))
+    return view, chain, values
+
+
+def _window(
+    body: _Body, node: onnx.NodeProto, value: str, shape: tuple[int, ...]
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(first index, shape) of output `value` of a Split or a step-1 Slice over `shape`."""
+    rank = len(shape)
+    attrs = attrs_of(node)
+    if node.op_type == "Split":
+        axis = int(attrs.get("axis", 0)) % max(rank, 1)  # type: ignore[call-overload]
+        given = body.ints(node, 1, "Split sizes")
+        if given is None and attrs.get("split") is not None:
+            given = [int(v) for v in attrs["split"]]  # type: ignore[union-attr]
+        sizes = split_sizes(shape[axis], len(node.output), given)
+        if sizes is None:
+            raise Unsupported(f"Split '{node.name}' sizes do not cover its axis")
+        k = list(node.output).index(value)
+        begin, out = [0] * rank, list(shape)
+        begin[axis], out[axis] = sum(sizes[:k]), sizes[k]
+        return tuple(begin), tuple(out)
+    if len(node.input) > 1:
+        starts, ends = body.ints(node, 1, "Slice starts"), body.ints(node, 2, "Slice ends")
+        axes, steps = body.ints(node, 3, "Slice axes"), body.ints(node, 4, "Slice steps")
+    else:
+        starts = [int(v) for v in attrs.get("starts", [])]  # type: ignore[union-attr]
+        ends = [int(v) for v in attrs.get("ends", [])]  # type: ignore[union-attr]
+        axes = [int(v) for v in attrs["axes"]] if attrs.get("axes") is not None else None  # type: ignore[union-attr]
+        steps = None
+    window = slice_window(shape, starts or [], ends or [], axes, steps) if starts and ends else None
+    if window is None:
+        raise Unsupported(f"Slice '{node.name}' is not a constant step-1 window")
+    return window
+
+
+def _epilogue(
+    body: _Body, anchor: onnx.NodeProto, prologue: list[onnx.NodeProto]
+) -> tuple[list[onnx.NodeProto], list[onnx.NodeProto]]:
+    """(epilogue ops before any output Transpose, the Transpose and the views after it)."""
+    desc = body.descendants(anchor)
+    known = {id(n) for n in (*desc, *prologue, anchor)}
+    other = [n for n in body.nodes if id(n) not in known]
+    if other:
+        raise Unsupported(
+            f"{other[0].op_type} '{other[0].name}' is neither a prologue nor an epilogue of {anchor.op_type}"
+        )
+    size = body.numel(anchor.output[0])
+    transposes = [n for n in desc if n.op_type == "Transpose"]
+    if transposes and anchor.op_type not in GEMM_OPS:
+        first, op = transposes[0], anchor.op_type
+        raise Unsupported(f"Transpose '{first.name}' after {op} '{anchor.name}' would need a copy")
+    if len(transposes) > 1:
+        raise Unsupported(
+            f"{anchor.op_type} '{anchor.name}' can store through one output Transpose, not {len(transposes)}"
+        )
+    tail = transposes[0] if transposes else None
+    after = {id(n) for n in body.descendants(tail)} if tail is not None else set()
+    produced_before = {o for n in prologue for o in n.output if o}
+    steps, tail_nodes = [], []
+    for n in desc:
+        if id(n) in after:
+            if n.op_type not in EPILOGUE_VIEW_OPS:
+                raise Unsupported(
+                    f"{n.op_type} '{n.name}' after the output Transpose '{tail.name}' would need a copy"  # type: ignore[union-attr]
+                )
+            tail_nodes.append(n)
+        elif n is tail:
+            tail_nodes.append(n)
+        elif n.op_type in EPILOGUE_VIEW_OPS:
+            steps.append(n)
+        else:
+            opdef = lookup(n.op_type)
+            if opdef.kind not in (OpKind.ELEMENTWISE, OpKind.BROADCAST) or opdef.scalar is None:
+                raise Unsupported(f"{n.op_type} '{n.name}' cannot run as an epilogue of {anchor.op_type}")
+            steps.append(n)
+        if body.numel(n.output[0]) != size:
+            raise Unsupported(f"epilogue {n.op_type} '{n.name}' changes the domain of {anchor.op_type}")
+        if any(x in produced_before for x in n.input):
+            raise Unsupported(f"epilogue {n.op_type} '{n.name}' reads a prologue value")
+    return steps, tail_nodes
+
+
+def _output_tail(body: _Body, anchor: onnx.NodeProto, nodes: list[onnx.NodeProto]) -> OutputTail:
+    """The Transpose folded into the GEMM's stores: it must keep the last axis last and map the
+    anchor's output, through the views around it, to a layout with unit-stride columns
+    (attention's `[B,H,S,D] -> Transpose(0,2,1,3)`: ldc = H*D)."""
+    tail = nodes[0]
+    src = body.shape(tail.input[0])
+    perm = [int(p) for p in (attrs_of(tail).get("perm") or reversed(range(len(src))))]  # type: ignore[call-overload]
+    if not src or perm[-1] != len(src) - 1:
+        raise Unsupported(f"Transpose '{tail.name}' moves the last axis of {anchor.op_type} '{anchor.name}'")
+    if anchor.op_type == "MatMul" and any(len(body.shape(x)) < 2 for x in anchor.input[:2]):
+        raise Unsupported(f"Transpose '{tail.name}' after a MatMul of a vector would need a copy")
+    dense = dense_strides(body.shape(tail.output[0]))
+    src_strides = [0] * len(src)
+    for axis, p in enumerate(perm):
+        src_strides[p] = dense[axis]
+    y = body.shape(anchor.output[0])
+    strides = reshape_strides(src, src_strides, y)
+    if strides is None or not y or (y[-1] != 1 and strides[-1] != 1):
+        raise Unsupported(
+            f"Transpose '{tail.name}' does not keep the rows of {anchor.op_type} '{anchor.name}' contiguous"
+        )
+    leaving = [o for n in nodes for o in n.output if o in body.outputs]
+    if len(leaving) != 1:
+        raise Unsupported(
+            f"{len(leaving)} views of the transposed output of '{anchor.name}' leave the kernel, not one"
+        )
+    return OutputTail(tail.input[0], leaving[0], tuple(strides), tuple(n.name for n in nodes))
+
+
+def _fp32_boundary(body: _Body) -> None:
+    """Anchor kernels take and give fp32 only (small integer constants are inlined, not passed)."""
+    for t in (*body.spec.inputs, *body.spec.outputs):
+        if t.elem_type == onnx.TensorProto.FLOAT:
+            continue
+        if t.name in body.constants and t.numel <= INLINED_INT_CONSTANT and t not in body.spec.outputs:
+            continue
+        name = onnx.TensorProto.DataType.Name(t.elem_type)
+        raise Unsupported(
+            f"{t.name!r} crosses an anchor kernel's boundary as {name}; anchor kernels are fp32"
+        )
+
+
+# -- contractions -----------------------------------------------------------------------------------
+
+
+def _matrix(v: OperandView, rows: int, cols: int, rs: int, cs: int, batch: Sequence[int]) -> MatrixView:
+    return MatrixView(v.tensor, v.offset, rows, cols, rs, cs, tuple(batch))
+
+
+def _gemm(anchor: onnx.NodeProto, ops: tuple[OperandView, ...], tail: OutputTail | None) -> Contraction:
+    """ONNX Gemm: alpha and the transposes (C and beta are the addend)."""
+    attrs = attrs_of(anchor)
+    a, b = ops[0], ops[1]
+    if len(a.shape) != 2 or len(b.shape) != 2:
+        raise Unsupported("Gemm operands must be 2-D")
+    (ar, ac), (ars, acs) = a.shape, a.strides
+    if attrs.get("transA", 0):
+        ar, ac, ars, acs = ac, ar, acs, ars
+    (br, bc), (brs, bcs) = b.shape, b.strides
+    if attrs.get("transB", 0):
+        br, bc, brs, bcs = bc, br, bcs, brs
+    if ac != br:
+        raise Unsupported(f"Gemm inner dimensions differ: {list(a.shape)} x {list(b.shape)}")
+    ldc = max(1, bc)
+    if tail is not None:
+        if bc != 1 and tail.strides[-1] != 1:
+            raise Unsupported("a permuted Gemm output must keep its columns contiguous")
+        ldc = tail.strides[0] if ar > 1 else max(1, bc)
+        if ldc < bc:
+            raise Unsupported(f"output rows {ldc} apart overlap rows of {bc} columns")
+    alpha = float(attrs.get("alpha", 1.0))  # type: ignore[arg-type]
+    return Contraction(
+        (), ar, bc, ac, _matrix(a, ar, ac, ars, acs, ()), _matrix(b, br, bc, brs, bcs, ()), alpha, ldc, ()
+    )
+
+
+def _addend(body: _Body, anchor: onnx.NodeProto, c: Contraction) -> Addend | None:
+    beta = float(attrs_of(anchor).get("beta", 1.0))  # type: ignore[arg-type]
+    if len(anchor.input) < 3 or not anchor.input[2] or beta == 0.0:
+        return None
+    shape = body.shape(anchor.input[2])
+    if len(shape) > 2 or any(d not in (1, full) for d, full in zip(shape[::-1], (c.n, c.m), strict=False)):
+        raise Unsupported(f"Gemm C of shape {list(shape)} does not broadcast to {[c.m, c.n]}")
+    return Addend(anchor.input[2], beta, shape)
+
+
+def _batch_part(v: OperandView, nd: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    pad = nd - (len(v.shape) - 2)
+    return (1,) * pad + tuple(v.shape[:-2]), (0,) * pad + tuple(v.strides[:-2])
+
+
+def _matmul(ops: tuple[OperandView, ...], tail: OutputTail | None) -> Contraction:
+    """MatMul with numpy semantics (vectors, broadcast batch dims). Trailing batch dims B shares
+    fold into M where the rows of A and of the output stay evenly spaced."""
+    a, b = ops[0], ops[1]
+    a_vec, b_vec = len(a.shape) == 1, len(b.shape) == 1
+    if tail is not None and (a_vec or b_vec):
+        raise Unsupported("a permuted output needs a MatMul of matrices, not of a vector")
+    if a_vec:
+        a = OperandView(a.tensor, (1, a.shape[0]), (a.shape[0] * a.strides[0], a.strides[0]), a.offset)
+    if b_vec:
+        b = OperandView(b.tensor, (b.shape[0], 1), (b.strides[0], 1), b.offset)
+    m, k = a.shape[-2:]
+    k2, n = b.shape[-2:]
+    if k != k2:
+        raise Unsupported(f"MatMul inner dimensions differ: {list(a.shape)} x {list(b.shape)}")
+    nd = max(len(a.shape), len(b.shape)) - 2
+    a_dims, a_str = _batch_part(a, nd)
+    b_dims, b_str = _batch_part(b, nd)
+    full = tuple(max(da, db) for da, db in zip(a_dims, b_dims, strict=True))
+    c_str = tail.strides if tail is not None else dense_strides((*full, m, n))
+    if len(c_str) != nd + 2 or (n != 1 and c_str[-1] != 1):
+        raise Unsupported(f"output strides {list(c_str)} do not keep MatMul columns contiguous")
+    batch, sa, sb, sc = [], [], [], []
+    for da, db, ta, tb, tc in zip(a_dims, b_dims, a_str, b_str, c_str[:-2], strict=True):
+        if da != db and 1 not in (da, db):
+            raise Unsupported(f"MatMul batch dims do not broadcast: {list(a.shape)} x {list(b.shape)}")
+        d = max(da, db)
+        if d == 1:
+            continue
+        batch.append(d)
+        sa.append(ta if da != 1 else 0)
+        sb.append(tb if db != 1 else 0)
+        sc.append(tc)
+    a_rs, a_cs = a.strides[-2:]
+    c_rs = c_str[-2]
+    while batch and sb[-1] == 0 and (m == 1 or (sa[-1] == m * a_rs and sc[-1] == m * c_rs)):
+        if m == 1:
+            a_rs, c_rs = sa[-1], sc[-1]
+        m *= batch.pop()
+        sa.pop()
+        sb.pop()
+        sc.pop()
+    ldc = c_rs if m > 1 else max(1, n)
+    if ldc < n:
+        raise Unsupported(f"output rows {ldc} apart overlap rows of {n} columns")
+    return Contraction(
+        tuple(batch),
+        m,
+        n,
+        k,
+        _matrix(a, m, k, a_rs, a_cs, sa),
+        _matrix(b, k, n, b.strides[-2], b.strides[-1], sb),
+        1.0,
+        ldc,
+        tuple(sc),
+    )
+
+
+# -- chains -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChainMatch:
+    """Two GEMMs in one kernel: per row block, `first` -> `middle` -> `second` -> `epilogue`, the
+    intermediate never leaving the thread's cache.
+
+    `middle` holds the elementwise ops and views from the first product to the second's left
+    operand; a view among them keeps the rows (a row of the first product is a row of the
+    second's left operand), so the chain runs on blocks of rows."""
+
+    first: onnx.NodeProto
+    second: onnx.NodeProto
+    middle: tuple[onnx.NodeProto, ...]
+    epilogue: tuple[onnx.NodeProto, ...]
+
+    def to_json(self, node: Callable[[str], str] = str) -> dict[str, object]:
+        return {
+            "kind": "anchor_chain",
+            "first": node(self.first.name),
+            "second": node(self.second.name),
+            "middle": [node(n.name) for n in self.middle],
+            "epilogue": [node(n.name) for n in self.epilogue],
+        }
+
+
+def _elementwise_or_view(n: onnx.NodeProto) -> bool:
+    opdef = lookup(n.op_type)
+    return n.op_type in EPILOGUE_VIEW_OPS or opdef.kind in (OpKind.ELEMENTWISE, OpKind.BROADCAST)
+
+
+def match_chain(spec: KernelSpec) -> ChainMatch:
+    """The two-GEMM chain `spec` forms; raises `Unsupported` saying why it forms none."""
+    body = _Body(spec)
+    anchors = [n for n in body.nodes if n.op_type in ANCHOR_OPS]
+    if len(anchors) != 2:
+        raise Unsupported(f"an anchor chain has two anchors, found {len(anchors)}")
+    first, second = anchors
+    if first.op_type not in GEMM_OPS or second.op_type not in GEMM_OPS:
+        raise Unsupported("only MatMul/Gemm pairs share a kernel")
+    middle: list[onnx.NodeProto] = []
+    node = body.producer.get(second.input[0])
+    while node is not None and node is not first:
+        if not (_elementwise_or_view(node) or lookup(node.op_type).kind == OpKind.VIEW):
+            raise Unsupported(f"{node.op_type} between the two contractions is not elementwise")
+        middle.append(node)
+        node = body.producer.get(node.input[0])
+    if node is not first:
+        raise Unsupported("the second contraction does not consume the first")
+    middle.reverse()
+    y1 = first.output[0]
+    n1 = (body.shape(y1) or (0,))[-1]
+    k2 = (body.shape(second.input[0]) or (0,))[-1]
+    rows1, rows2 = body.numel(y1) // max(n1, 1), body.numel(second.input[0]) // max(k2, 1)
+    if n1 != k2 or rows1 != rows2:
+        raise Unsupported("the reshape between the contractions does not keep rows")
+    for n in (first, *middle):
+        if any(o in body.outputs for o in n.output if o):
+            raise Unsupported("the intermediate of a contraction chain is read outside the kernel")
+    for n in middle:
+        if lookup(n.op_type).kind != OpKind.VIEW and body.numel(n.output[0]) != body.numel(y1):
+            raise Unsupported("the first contraction's epilogue changes its domain")
+    chained = {id(n) for n in (first, *middle)}
+    desc = body.descendants(second)
+    other = [n for n in body.nodes if id(n) not in chained and n is not second and n not in desc]
+    if other:
+        raise Unsupported(
+            f"{other[0].op_type} '{other[0].name}' is neither a prologue nor an epilogue of {second.op_type}"
+        )
+    size = body.numel(second.output[0])
+    before = {o for n in (first, *middle) for o in n.output if o}
+    for n in desc:
+        if not _elementwise_or_view(n):
+            raise Unsupported(f"{n.op_type} '{n.name}' cannot run as an epilogue of {second.op_type}")
+        if body.numel(n.output[0]) != size:
+            raise Unsupported(f"epilogue {n.op_type} '{n.name}' changes the domain of {second.op_type}")
+        if any(x in before for x in n.input):
+            raise Unsupported(f"epilogue {n.op_type} '{n.name}' reads a prologue value")
+    return ChainMatch(first, second, tuple(middle), tuple(desc))

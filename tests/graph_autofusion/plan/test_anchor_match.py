@@ -1,0 +1,166 @@
+"""The anchor match: what an anchor kernel is, decided once; the planner accepts a group as an
+`anchor` exactly when the match succeeds, and the exporter records the match in the fused model."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+from graphs import model, node
+
+import graph_autofusion as gaf
+from graph_autofusion.backend.cpu.extract import extract
+from graph_autofusion.ir import Graph
+from graph_autofusion.plan.anchor_match import AnchorMatch, match_anchor, match_chain
+from graph_autofusion.plan.reduction_match import group_spec
+from graph_autofusion.plan.templates import classify
+
+
+def _graph(m: onnx.ModelProto) -> Graph:
+    return Graph(onnx.shape_inference.infer_shapes(m))
+
+
+def _attention_context(b: int = 2, h: int = 3, s: int = 8, d: int = 4) -> onnx.ModelProto:
+    """Heads split from a fused QKV row by Split -> Reshape -> Transpose, P @ V, and the context
+    stored back as [B, S, H*D] through Transpose(0,2,1,3) -> Reshape, then scaled."""
+    hd = h * d
+    return model(
+        [
+            node("Split", ["qkv", "sizes"], ["q", "k", "v"], "split", axis=2),
+            node("Reshape", ["v", "heads"], ["v4"], "split_heads"),
+            node("Transpose", ["v4"], ["vt"], "to_bhsd", perm=[0, 2, 1, 3]),
+            node("MatMul", ["p", "vt"], ["ctx"], "pv"),
+            node("Mul", ["ctx", "scale"], ["cs"], "scale"),
+            node("Transpose", ["cs"], ["ct"], "to_bshd", perm=[0, 2, 1, 3]),
+            node("Reshape", ["ct", "merged"], ["o"], "merge_heads"),
+        ],
+        [("qkv", [b, s, 3 * hd]), ("p", [b, h, s, s])],
+        ["o", "q", "k"],
+        [
+            ("sizes", np.array([hd, hd, hd], np.int64)),
+            ("heads", np.array([b, s, h, d], np.int64)),
+            ("scale", np.array(0.5, np.float32)),
+            ("merged", np.array([b, s, hd], np.int64)),
+        ],
+    )
+
+
+def _match(m: onnx.ModelProto, members: list[int]) -> AnchorMatch:
+    return match_anchor(group_spec(_graph(m), members))
+
+
+def test_prologue_views_epilogue_and_tail_in_one_match() -> None:
+    b, h, s, d = 2, 3, 8, 4
+    hd = h * d
+    match = _match(_attention_context(b, h, s, d), [1, 2, 3, 4, 5, 6])
+    assert match.anchor.name == "pv"
+    v = match.operands[1]
+    assert v.tensor == "v" and v.through == ("split_heads", "to_bhsd")
+    assert v.shape == (b, h, s, d) and v.strides == (s * hd, d, hd, 1)  # v is dense [B, S, H*D]
+    c = match.contraction
+    assert c is not None and (c.batch, c.m, c.n, c.k) == ((b, h), s, d, s)
+    assert c.b.blas() == (False, hd)  # V read in place: rows H*D apart, no transpose, no copy
+    assert [n.name for n in match.epilogue] == ["scale"]
+    assert (
+        match.tail is not None
+        and match.tail.output == "o"
+        and match.tail.through == ("to_bshd", "merge_heads")
+    )
+    assert c.c_rs == hd and c.c_batch_strides == (s * hd, d)  # each head's rows land H*D apart
+    assert match.domain == (b, h, s, d) and match.split == 3
+
+
+def test_a_split_sibling_leaving_the_kernel_is_no_match() -> None:
+    # q is a graph output: the Split would have to store it, which an anchor kernel never does.
+    kind, why = classify(_graph(_attention_context()), [0, 1, 2, 3])
+    assert kind is None and "Split 'split' output 'q' is read outside the chains into MatMul 'pv'" in why
+
+
+def test_gemm_beta_c_is_the_addend_and_alpha_the_contraction() -> None:
+    m = model(
+        [
+            node("Gemm", ["x", "w", "c"], ["y"], "fc", alpha=2.0, beta=0.5, transB=1),
+            node("Relu", ["y"], ["o"], "act"),
+        ],
+        [("x", [6, 5])],
+        ["o"],
+        [("w", np.ones((7, 5), np.float32)), ("c", np.ones((7,), np.float32))],
+    )
+    match = _match(m, [0, 1])
+    c = match.contraction
+    assert c is not None and (c.m, c.n, c.k, c.alpha) == (6, 7, 5, 2.0)
+    assert c.b.blas() == (True, 5)  # transB: W [7, 5] read transposed in place
+    assert match.addend is not None and (match.addend.tensor, match.addend.beta) == ("c", 0.5)
+    assert match.split == 1 and match.row_len == 7
+
+
+def test_the_fused_model_carries_the_match_in_local_names() -> None:
+    b, h, s, d = 2, 3, 8, 4
+    m = model(
+        [
+            node("Reshape", ["v", "heads"], ["v4"], "split_heads"),
+            node("Transpose", ["v4"], ["vt"], "to_bhsd", perm=[0, 2, 1, 3]),
+            node("MatMul", ["p", "vt"], ["ctx"], "pv"),
+            node("Transpose", ["ctx"], ["ct"], "to_bshd", perm=[0, 2, 1, 3]),
+            node("Reshape", ["ct", "merged"], ["o"], "merge_heads"),
+        ],
+        [("v", [b, s, h * d]), ("p", [b, h, s, s])],
+        ["o"],
+        [("heads", np.array([b, s, h, d], np.int64)), ("merged", np.array([b, s, h * d], np.int64))],
+    )
+    fused = gaf.fuse(m).model
+    (fn,) = [f for f in fused.functions if json.loads(f.doc_string)["template"] == "anchor"]
+    recorded = json.loads(fn.doc_string)["match"]
+    assert recorded["op"] == "MatMul" and recorded["anchor"].startswith("n")
+    assert recorded["tail"]["output"] == fn.output[0]
+    # The backend's spec of the same function yields the same match: the record is the plan.
+    (spec,) = [sp for sp in extract(fused).specs.values() if sp.template == "anchor"]
+    local = {n.name: k for k, n in enumerate(fn.node) if n.op_type != "Constant"}
+    again = match_anchor(spec).to_json(node=lambda name: name if name.startswith("n") else f"n{local[name]}")
+    assert again["contraction"] == recorded["contraction"]
+    assert again["operands"][1]["strides"] == recorded["operands"][1]["strides"]
+
+
+def _mlp_chain(reshape_rows: bool = False) -> onnx.ModelProto:
+    """x @ w1 + b1 -> Relu -> [Reshape] -> @ w2 -> Tanh."""
+    nodes = [
+        node("MatMul", ["x", "w1"], ["h"], "fc1"),
+        node("Add", ["h", "b1"], ["hb"], "bias1"),
+        node("Relu", ["hb"], ["a"], "act"),
+    ]
+    left = "a"
+    if reshape_rows:
+        nodes.append(node("Reshape", ["a", "rows"], ["ar"], "fold"))
+        left = "ar"
+    nodes += [node("MatMul", [left, "w2"], ["y"], "fc2"), node("Tanh", ["y"], ["o"], "out")]
+    k2 = 32 if reshape_rows else 16
+    return model(
+        nodes,
+        [("x", [8, 8])],
+        ["o"],
+        [
+            ("w1", np.ones((8, 16), np.float32)),
+            ("b1", np.ones((16,), np.float32)),
+            ("rows", np.array([4, 32], np.int64)),
+            ("w2", np.ones((k2, 5), np.float32)),
+        ],
+    )
+
+
+def test_chain_match_names_both_products_and_what_runs_between() -> None:
+    g = _graph(_mlp_chain())
+    assert classify(g, range(5)) == ("anchor_chain", "")
+    chain = match_chain(group_spec(g, range(5)))
+    assert (chain.first.name, chain.second.name) == ("fc1", "fc2")
+    assert [n.name for n in chain.middle] == ["bias1", "act"] and [n.name for n in chain.epilogue] == ["out"]
+    fused = gaf.fuse(_mlp_chain()).model
+    docs = [json.loads(f.doc_string) for f in fused.functions]
+    (recorded,) = [d["match"] for d in docs if d["template"] == "anchor_chain"]
+    assert recorded["middle"] == ["n1", "n2"]
+
+
+def test_a_reshape_that_changes_the_row_length_is_refused() -> None:
+    # [8, 16] -> [4, 32]: row blocks of the first product are not rows of the second's operand.
+    kind, why = classify(_graph(_mlp_chain(reshape_rows=True)), range(6))
+    assert kind is None and why == "the reshape between the contractions does not keep rows"
