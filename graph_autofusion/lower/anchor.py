@@ -67,12 +67,15 @@ PARALLEL_MIN_MACS = 1 << 19
 CONTRACTION_ROUTINE = "af_sgemm_tile"
 PACKED_B_ROUTINE = "afc_gemm_bp"
 PACK_B_ROUTINE = "afc_pack_b"
+PACKED_A_ROUTINE = "afc_gemm_ap"
+PACK_A_ROUTINE = "afc_pack_a"
 
 
 @dataclass(frozen=True)
 class PackedPanels:
-    """The right operand of one tile as the library's B-panels, packed once at load: `at` (an
-    `ir.addr` into a `packed` buffer) is the first panel of the tile's block."""
+    """One operand of a tile as the library's panels, packed once at load: `at` (an `ir.addr`
+    into a `packed` buffer) is the first panel of the tile's block (B-panels for the right
+    operand of a MatMul/Gemm, A-panels for a conv's weight, the left operand)."""
 
     at: Expr
 
@@ -84,7 +87,7 @@ def contraction(
     n: Expr,
     k: int,
     alpha: float,
-    a: Expr,
+    a: Expr | PackedPanels,
     lda: Expr | int,
     b: Expr | PackedPanels,
     c: Expr,
@@ -93,9 +96,18 @@ def contraction(
     ldb: Expr | int = 0,
 ) -> Call:
     """`c[m x n] = alpha * op(a)[m x k] @ op(b)[k x n]` for one tile, row-major, `a`/`b`/`c` the
-    addresses (`ir.addr`) of the tiles' first elements, or `b` the tile's packed panels
-    (`trans_b`/`ldb` then unused). Every anchor kernel computes its products through this one
-    call, so a faster routine plugs in here."""
+    addresses (`ir.addr`) of the tiles' first elements, or `a` / `b` the tile's packed panels
+    (that operand's transpose flag and leading dimension then unused). Every anchor kernel,
+    MatMul/Gemm and Conv alike, computes its products through this one call, so a faster
+    routine plugs in here."""
+    if isinstance(a, PackedPanels):
+        if isinstance(b, PackedPanels):
+            raise ValueError("one operand of a tile product is packed at load, not both")
+        b_rs, b_cs = (ir.index(1), ir.index(ldb)) if trans_b else (ir.index(ldb), ir.index(1))
+        return Call(
+            PACKED_A_ROUTINE,
+            (m, n, ir.index(k), ir.const(alpha, DType.F32), a.at, b, b_rs, b_cs, c, ir.index(ldc)),
+        )
     if isinstance(b, PackedPanels):
         a_rs, a_cs = (ir.index(1), ir.index(lda)) if trans_a else (ir.index(lda), ir.index(1))
         return Call(
@@ -380,41 +392,50 @@ def _tiles(
         )
     )
     if write_back is not None or flat:
-        head.append(_epilogue(values, match, p, dest, write_back, flat, out_buf))
+        rows = (bi * p.m + m0, bi * p.m + m1)
+        head.append(epilogue_nest(values, match, dest, write_back, flat, out_buf, rows, (n0, n1)))
     parallel = tasks > 1 and p.macs >= PARALLEL_MIN_MACS
     loop = Loop(task, tasks, tuple(head), parallel=parallel, dynamic=parallel, scratch=tuple(scratch))
     return [loop], bool(scratch)
 
 
-def _epilogue(
+def _decompose(flat: Expr, dims: Sequence[int], prefix: str) -> tuple[list[Stmt], list[Expr]]:
+    """Lets naming the multi-index over `dims` of the linear index `flat` (itself for one axis)."""
+    if len(dims) == 1:
+        return [], [flat]
+    lets: list[Stmt] = []
+    names: list[Expr] = []
+    for a, d in enumerate(dims):
+        stride = math.prod(dims[a + 1 :])
+        name = ir.var(f"{prefix}{a}")
+        outermost = all(x == 1 for x in dims[:a])
+        expr = flat // stride if outermost else (flat // stride) % d
+        lets.append(Let(name, expr if d != 1 else ir.index(0)))
+        names.append(name)
+    return lets, names
+
+
+def epilogue_nest(
     values: _EpilogueValues,
     match: AnchorMatch,
-    p: Contraction,
     dest: Buffer,
     write_back: str | None,
     flat: list[str],
     out_buf: dict[str, Buffer],
+    rows: tuple[Expr, Expr],
+    cols: tuple[Expr, Expr],
 ) -> Loop:
-    """The epilogue over the tile just computed: rows `r` over the flattened batch x M, columns
-    `c` over N, every output value resolved at the domain index and stored."""
+    """The epilogue over the tile just computed: rows `r` in [rows) over the flattened leading
+    `match.split` domain axes (batch x M; a conv's N x C), columns `c` in [cols) over the rest
+    (N; a conv's pixels), every output value resolved at the domain index and stored."""
     domain, split = match.domain, match.split
     row_dims, col_dims = domain[:split], domain[split:]
     r, c = ir.var("r"), ir.var("c")
-    bi, m0, m1, n0, n1 = (ir.var(v) for v in ("bi", "m0", "m1", "n0", "n1"))
-    row_lets: list[Stmt] = []
-    names: list[Expr]
-    if len(row_dims) == 1:
-        names = [r]
-    else:
-        names = []
-        for a, d in enumerate(row_dims):
-            stride = math.prod(row_dims[a + 1 :])
-            name = ir.var(f"i{a}")
-            outermost = all(x == 1 for x in row_dims[:a])
-            expr = r // stride if outermost else (r // stride) % d
-            row_lets.append(Let(name, expr if d != 1 else ir.index(0)))
-            names.append(name)
-    names += [c] * len(col_dims)  # one column axis at most for a GEMM (none for MatMul(A, vector))
+    row_lets, names = _decompose(r, row_dims, "i")
+    # One column axis at most for a GEMM (none for MatMul(A, vector)); a conv's spatial axes
+    # decompose the pixel index inside the vector loop.
+    col_lets, col_names = _decompose(c, col_dims, "j") if len(col_dims) > 1 else ([], [c] * len(col_dims))
+    names = [*names, *col_names]
     values.new_scope()
     values.clean, values.assume = {}, {}
     values.groups = []
@@ -440,9 +461,8 @@ def _epilogue(
         v = ir.var(f"o{k}", DType.F32)
         lets.append(Let(v, _resolve(values, name, names, domain)))
         stores.append(Store(out_buf[name], linear, v))
-    row0 = bi * p.m + m0
-    inner = Loop(c, n1, (*lets, *stores), vector=True, start=n0)
-    return Loop(r, bi * p.m + m1, (*row_lets, inner), start=row0)
+    inner = Loop(c, cols[1], (*col_lets, *lets, *stores), vector=True, start=cols[0])
+    return Loop(r, rows[1], (*row_lets, inner), start=rows[0])
 
 
 def _declare_groups(

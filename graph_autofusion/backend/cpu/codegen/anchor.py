@@ -27,23 +27,16 @@ from dataclasses import dataclass, replace
 
 import onnx
 
-from ....lower.anchor import lower_anchor, method_of
-from ....plan.anchor_match import AnchorMatch, OperandView, match_anchor
+from ....kernel_ir import Call, Kernel, Loop, Stmt
+from ....lower.anchor import CONTRACTION_ROUTINE, lower_anchor, method_of
+from ....lower.conv import conv_geometry, lower_conv
+from ....plan.anchor_match import AnchorMatch, match_anchor
 from ..blas import BLAS_PREAMBLE
-from ..contraction import PANEL_QUANTUM, a_panels_floats, b_panels_floats, contraction_mode, library_source
+from ..contraction import b_panels_floats, contraction_mode, library_source
 from ..kernel_spec import KernelSpec
 from ..render_c import WORKSPACE_SUFFIX, c_comment, render_kernel
 from .common import PRELUDE, CodegenUnsupported, attrs_of
-from .conv import (
-    ConvGeometry,
-    PackedWeights,
-    bias_shape,
-    conv_geometry,
-    conv_method,
-    conv_tiles,
-    emit_conv_body,
-    emit_conv_transpose_body,
-)
+from .conv import bias_shape, emit_conv_transpose_body
 from .epilogue import (
     EPILOGUE_VIEWS,
     ERF_PRELUDE,
@@ -51,7 +44,6 @@ from .epilogue import (
     Operands,
     Step,
     build_epilogue,
-    contiguous_strides,
     emit_epilogue,
     plan_destination,
 )
@@ -211,19 +203,32 @@ def emit_anchor(spec: KernelSpec) -> AnchorKernel:
     if len(anchors) != 1:
         raise CodegenUnsupported(f"an anchor kernel has exactly one anchor, found {len(anchors)}")
     match = match_anchor(spec)
+    if match.anchor.op_type == "Conv":
+        return _rendered(lower_conv(spec, match))
     if match.contraction is None:
-        return _emit_conv(kernel, match)
-    return _emit_gemm(spec, match)
+        return _emit_conv_transpose(kernel, match)
+    return _rendered(lower_anchor(spec, match))
 
 
-def _emit_gemm(spec: KernelSpec, match: AnchorMatch) -> AnchorKernel:
-    """A MatMul/Gemm anchor: its match lowered to the kernel IR (lower/anchor.py) and rendered,
-    behind the text of the contraction routine it calls: the library's (`library_source`, as
-    atop a C-text anchor) when it packs its weight, else the BLAS declarations."""
-    lowered = lower_anchor(spec, match)
+def _rendered(lowered: Kernel) -> AnchorKernel:
+    """A MatMul/Gemm/Conv anchor lowered to the kernel IR (lower/anchor.py, lower/conv.py) and
+    rendered, behind the text of the contraction routine it calls: the library's
+    (`library_source`, as atop a C-text anchor) when it packs its weight, the BLAS declarations
+    when it calls OpenBLAS, nothing for a kernel without a contraction (a depthwise conv)."""
     if lowered.packed:
         return AnchorKernel(library_source() + "\n" + render_kernel(lowered), method_of(lowered), False)
-    return AnchorKernel(BLAS_PREAMBLE + render_kernel(lowered), method_of(lowered), True)
+    if _calls(lowered.body, CONTRACTION_ROUTINE):
+        return AnchorKernel(BLAS_PREAMBLE + render_kernel(lowered), method_of(lowered), True)
+    return AnchorKernel(render_kernel(lowered), method_of(lowered), False)
+
+
+def _calls(body: tuple[Stmt, ...], function: str) -> bool:
+    for s in body:
+        if isinstance(s, Call) and s.function == function:
+            return True
+        if isinstance(s, Loop) and _calls(s.body, function):
+            return True
+    return False
 
 
 def _destination(kernel: _Kernel, epi: Epilogue, anchor_output: str) -> tuple[str, EpilogueCall | None]:
@@ -232,8 +237,8 @@ def _destination(kernel: _Kernel, epi: Epilogue, anchor_output: str) -> tuple[st
     return kernel.ops.output_pointer(dest), call
 
 
-def _emit_conv(kernel: _Kernel, match: AnchorMatch) -> AnchorKernel:
-    """A Conv/ConvTranspose anchor from its match (dense operands: a conv takes no prologue)."""
+def _emit_conv_transpose(kernel: _Kernel, match: AnchorMatch) -> AnchorKernel:
+    """A ConvTranspose anchor from its match (dense operands: a conv takes no prologue)."""
     ops = kernel.ops
     node, rest = match.anchor, list(match.epilogue)
     geom = conv_geometry(node, ops)
@@ -259,42 +264,14 @@ def _emit_conv(kernel: _Kernel, match: AnchorMatch) -> AnchorKernel:
     )
     y_ptr, call = _destination(kernel, epi, y)
     x_ptr, w_ptr = (ops.pointer(view.tensor) for view in match.operands[:2])
-    if node.op_type == "ConvTranspose":
-        body, method = emit_conv_transpose_body(geom, x_ptr, w_ptr, y_ptr, call)
-    else:
-        packed = _packed_conv_weights(kernel, geom, match.operands[1])
-        helpers, body, method = emit_conv_body(geom, x_ptr, w_ptr, y_ptr, call, kernel.spec.symbol, packed)
-        kernel.helpers = helpers + kernel.helpers
+    body, method = emit_conv_transpose_body(geom, x_ptr, w_ptr, y_ptr, call)
     desc = (
         f"{node.op_type} {geom.n}x{geom.cin}x{geom.d}x{geom.h}x{geom.w} -> {geom.cout}x{geom.od}x{geom.oh}x"
         f"{geom.ow}, kernel {geom.kd}x{geom.kh}x{geom.kw}, stride {geom.sd}x{geom.sh}x{geom.sw}, "
         f"group {geom.group}; "
         f"epilogue {epi.describe()}"
     )
-    uses_blas = method != "conv_depthwise" and not kernel.packed
-    return kernel.assemble(body, method, uses_blas, desc)
-
-
-def _packed_conv_weights(kernel: _Kernel, g: ConvGeometry, w: OperandView) -> PackedWeights | None:
-    """The conv weights as the library's A-panels, one block per (group, channel tile); None
-    when BLAS contracts (no constant dense weights, depthwise, or the `blas` mode)."""
-    if conv_method(g) == "conv_depthwise" or not kernel.packs(w.tensor):
-        return None
-    if w.offset or w.strides != contiguous_strides(w.shape):
-        return None
-    _, _, ct, ctn = conv_tiles(g, PANEL_QUANTUM)
-    block = f"((({a_panels_floats(ct, g.kdim)}) + 15) / 16 * 16)"
-    src = kernel.ops.pointer(w.tensor)
-    lines = [
-        f"    for (long g = 0; g < {g.group}L; ++g)",
-        f"      for (long t = 0; t < {ctn}L; ++t) {{",
-        f"        const long c0 = t * {ct}L, c1 = c0 + {ct}L < {g.cog}L ? c0 + {ct}L : {g.cog}L;",
-        f"        afc_pack_a(c1 - c0, {g.kdim}L, {src} + (g * {g.cog}L + c0) * {g.kdim}L, {g.kdim}L, 1L,"
-        f" dst + (g * {ctn}L + t) * {block});",
-        "      }",
-    ]
-    ptr = kernel.pack(f"{g.group * ctn}L * {block}", lines)
-    return PackedWeights(ptr, block)
+    return kernel.assemble(body, method, True, desc)
 
 
 def _gemm_pre_steps(

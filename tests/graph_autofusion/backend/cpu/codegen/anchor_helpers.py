@@ -35,6 +35,7 @@ from graph_autofusion.backend.cpu.cache import KernelCache
 from graph_autofusion.backend.cpu.codegen.anchor import AnchorKernel, emit_anchor
 from graph_autofusion.backend.cpu.compiler import KernelSource, compile_kernels
 from graph_autofusion.backend.cpu.kernel_spec import KernelSpec, TensorInfo
+from graph_autofusion.backend.cpu.render_c import PREPACK_SUFFIX, WORKSPACE_SUFFIX
 
 RTOL = 1e-5
 ATOL_PER_SQRT_K = 3e-6
@@ -122,6 +123,7 @@ def spec_for(case: Case, symbol: str) -> tuple[KernelSpec, list[str]]:
         constants=inits,
         pattern="test",
         members=tuple(n.name or n.op_type for n in g.node),
+        weights=frozenset(n for n, v in inits.items() if v.size > 1),
     )
     return spec, params
 
@@ -141,8 +143,25 @@ def run_kernel(
     fn.argtypes = [ctypes.c_void_p]
     ins = [np.ascontiguousarray(v, dtype=np.float32) for v in values]
     outs = [np.full(t.shape, np.nan, dtype=np.float32) for t in spec.outputs]
-    ptrs = (ctypes.c_void_p * (len(ins) + len(outs)))(*[a.ctypes.data for a in (*ins, *outs)])
-    fn(ptrs)
+    ptrs: list[int] = [a.ctypes.data for a in (*ins, *outs)]
+    keep: list[np.ndarray] = []
+    # As the runtime calls a kernel: weights packed once (prepack) into an array passed after the
+    # parameters, then the per-thread workspace and its slice count.
+    prepack = f"{spec.symbol}{PREPACK_SUFFIX}"
+    if f"{prepack}_floats" in kernel.source:
+        packed = np.full(ctypes.c_int64.in_dll(lib, f"{prepack}_floats").value, np.nan, np.float32)
+        pack = getattr(lib, prepack)
+        pack.restype, pack.argtypes = None, [ctypes.c_void_p, ctypes.c_void_p]
+        pack((ctypes.c_void_p * len(ptrs))(*ptrs), packed.ctypes.data)
+        ptrs.append(packed.ctypes.data)
+        keep.append(packed)
+    if f"{spec.symbol}{WORKSPACE_SUFFIX}" in kernel.source:
+        threads = 8
+        slice_bytes = ctypes.c_int64.in_dll(lib, f"{spec.symbol}{WORKSPACE_SUFFIX}").value
+        workspace = np.zeros(slice_bytes * threads, np.uint8)
+        ptrs += [workspace.ctypes.data, threads]
+        keep.append(workspace)
+    fn((ctypes.c_void_p * len(ptrs))(*ptrs))
     return outs
 
 

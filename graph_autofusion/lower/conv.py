@@ -1,0 +1,549 @@
+"""Conv anchors (NCHW, 1-D to 3-D) as kernel IR, each shape routed to the method that suits it.
+
+What the kernel computes is its `AnchorMatch` (plan/anchor_match.py); this module renders it,
+sharing with lower/anchor.py the one contraction choice point (`contraction`), the packed-weight
+convention (`Kernel.packed` / `prepack`) and the epilogue loop nest (`epilogue_nest`):
+
+* `conv1x1_gemm`: 1x1 kernel, stride 1, no padding. The input already is the GEMM operand:
+  `Y[n, g] = W_g[Cout/g, Cin/g] x X[n, g][Cin/g, H*W]`, tiled over output pixels (and output
+  channels when there are too few pixel tiles to keep the threads busy).
+* `conv_depthwise`: one input and one output channel per group. A direct loop per channel plane
+  over a zero-padded copy of the plane (a workspace slice), so the inner loop over output
+  columns has no bounds checks and vectorizes; kernel size, strides and dilations are
+  compile-time constants and the taps are unrolled (up to MAX_UNROLLED_TAPS), so a 3x3 is nine
+  multiply-adds on registers.
+* `conv_im2col_tiled`: everything else (grouped by the task's group). The im2col matrix of one
+  tile of output pixels is built in a per-thread workspace slice sized to stay in L2, multiplied
+  by one single-threaded contraction straight into the output, and the epilogue finishes the
+  tile while it is hot (a whole-image im2col would be a large extra round trip to memory).
+
+    for task in 0..tasks (parallel, dynamic):   # images x groups x pixel tiles [x channel tiles]
+        [im2col of pixels [p0, p1) of the task's group into this thread's `col` slice]
+        for each channel tile [c0, c1) of the task:
+            call contraction(W_g[c0:c1, :], col or X[n, g][:, p0:p1] -> Y[n, g*cog + c0.., p0:p1])
+            epilogue over rows (n, g*cog + c0..c1) x pixels [p0, p1)
+
+With `AUTOFUSION_CONTRACTION=library` and a constant weight, the weight of each (group, channel
+tile) is packed once at load as the library's A-panels and each tile is one `afc_gemm_ap` call;
+otherwise OpenBLAS reads the weight in place. ConvTranspose is still C text
+(backend/cpu/codegen/conv.py), and uses the geometry defined here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import onnx
+
+from ..backend.cpu.contraction import PANEL_QUANTUM, contraction_mode
+from ..backend.cpu.kernel_spec import KernelSpec
+from ..kernel_ir import Buffer, Call, DType, Expr, If, Kernel, Let, Loop, Stmt, Store, TensorAt
+from ..kernel_ir import nodes as ir
+from ..plan.anchor_match import AnchorMatch, OperandView, dense_strides, match_anchor
+from .anchor import (
+    PACK_A_ROUTINE,
+    PARALLEL_MIN_MACS,
+    PackedPanels,
+    _EpilogueValues,
+    _is_raw,
+    contraction,
+    epilogue_nest,
+)
+from .values import Unsupported, attrs_of
+
+# Floats in one per-thread im2col tile: 96K floats = 384 KiB, inside a 512 KiB-1 MiB L2 with
+# room left for the weight panel the contraction packs.
+COL_TILE_FLOATS = 96 * 1024
+# Floats in one output tile finished by the epilogue while hot.
+OUT_TILE_FLOATS = 64 * 1024
+# Narrowest pixel tile: OpenBLAS re-packs the weight panel (Cout x K) on every call, amortized
+# over the tile's pixels, so tiles narrower than this lose more to packing than they gain in
+# cache residency.
+MIN_PIXEL_TILE = 128
+# Tasks to aim for when splitting a conv over output channels as well as pixels (every split
+# re-packs the im2col panel once more, so only as many as two threads need to balance).
+MIN_TASKS = 4
+# Depthwise windows up to this many taps are unrolled by the generator (7x7 included).
+MAX_UNROLLED_TAPS = 49
+# Rows of one packed weight block are rounded to this: a multiple of every ISA's A-panel height
+# (AFC_MR: 8, 6, 4), so the packed layout is Python arithmetic whatever -march builds the kernel.
+A_PANEL_QUANTUM = 24
+
+
+class Shapes(Protocol):
+    """Anything that knows the kernel's tensor shapes (KernelValues, codegen's Operands)."""
+
+    def shape(self, name: str) -> tuple[int, ...]: ...
+
+
+@dataclass(frozen=True)
+class ConvGeometry:
+    """A conv (or transposed conv) normalised to three spatial dims (depth, height, width): a 2-D
+    conv has depth 1, a 1-D conv depth and height 1, so one code path serves all three."""
+
+    n: int
+    cin: int
+    cout: int
+    group: int
+    h: int
+    w: int
+    oh: int
+    ow: int
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    dh: int
+    dw: int
+    pt: int  # top padding (height, begin)
+    pl: int  # left padding (width, begin)
+    d: int = 1  # depth (3-D only)
+    od: int = 1
+    kd: int = 1
+    sd: int = 1
+    dd: int = 1
+    pf: int = 0  # front padding (depth, begin)
+
+    @property
+    def cig(self) -> int:
+        return self.cin // self.group
+
+    @property
+    def cog(self) -> int:
+        return self.cout // self.group
+
+    @property
+    def kdim(self) -> int:
+        return self.cig * self.taps
+
+    @property
+    def taps(self) -> int:
+        return self.kd * self.kh * self.kw
+
+    @property
+    def pixels(self) -> int:
+        return self.od * self.oh * self.ow
+
+    @property
+    def plane(self) -> int:
+        """Elements of one input channel."""
+        return self.d * self.h * self.w
+
+
+def _spatial(values: Sequence[int], nsp: int, default: int) -> list[int]:
+    vals = [int(v) for v in values] if values else [default] * nsp
+    return [default] * (3 - nsp) + vals
+
+
+def _same_pad(size: int, out: int, k: int, s: int, d: int, mode: str) -> int:
+    total = max(0, (out - 1) * s + (k - 1) * d + 1 - size)
+    return total // 2 if mode == "SAME_UPPER" else total - total // 2
+
+
+def conv_geometry(node: onnx.NodeProto, ops: Shapes) -> ConvGeometry:
+    """Shapes, strides, dilations and begin paddings of a Conv or ConvTranspose node."""
+    x = ops.shape(node.input[0])
+    w = ops.shape(node.input[1])
+    y = ops.shape(node.output[0])
+    nsp = len(x) - 2
+    if nsp not in (1, 2, 3) or len(w) != len(x) or len(y) != len(x):
+        raise Unsupported(f"{node.op_type} with {nsp} spatial dims is not generated (1-D to 3-D are)")
+    attrs = attrs_of(node)
+    transpose = node.op_type == "ConvTranspose"
+    group = int(attrs.get("group", 1))  # type: ignore[call-overload]
+    k = _spatial(attrs.get("kernel_shape") or w[2:], nsp, 1)  # type: ignore[arg-type]
+    s = _spatial(attrs.get("strides") or [], nsp, 1)  # type: ignore[arg-type]
+    d = _spatial(attrs.get("dilations") or [], nsp, 1)  # type: ignore[arg-type]
+    size = _spatial(x[2:], nsp, 1)
+    out = _spatial(y[2:], nsp, 1)
+    auto_pad = attrs.get("auto_pad", b"NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)
+    pads = [int(p) for p in attrs.get("pads") or [0] * (2 * nsp)]  # type: ignore[union-attr]
+    begin = _spatial(pads[:nsp], nsp, 0)
+    if transpose:
+        out_pad = _spatial(attrs.get("output_padding") or [], nsp, 0)  # type: ignore[arg-type]
+        if auto_pad in ("SAME_UPPER", "SAME_LOWER") or ("output_shape" in attrs and "pads" not in attrs):
+            begin = []
+            for a in range(3):
+                total = s[a] * (size[a] - 1) + out_pad[a] + (k[a] - 1) * d[a] + 1 - out[a]
+                begin.append(total // 2 if auto_pad == "SAME_UPPER" else total - total // 2)
+        cin, cout = x[1], w[1] * group
+    else:
+        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            begin = [_same_pad(size[a], out[a], k[a], s[a], d[a], auto_pad) for a in range(3)]
+        elif auto_pad == "VALID":
+            begin = [0, 0, 0]
+        cin, cout = x[1], w[0]
+        if w[1] * group != cin:
+            raise Unsupported(f"Conv weights {w} do not match {cin} input channels in {group} groups")
+    if cin % group or cout % group or y[1] != cout:
+        raise Unsupported(f"{node.op_type} channels do not split into {group} groups")
+    return ConvGeometry(
+        n=x[0],
+        cin=cin,
+        cout=cout,
+        group=group,
+        h=size[1],
+        w=size[2],
+        oh=out[1],
+        ow=out[2],
+        kh=k[1],
+        kw=k[2],
+        sh=s[1],
+        sw=s[2],
+        dh=d[1],
+        dw=d[2],
+        pt=begin[1],
+        pl=begin[2],
+        d=size[0],
+        od=out[0],
+        kd=k[0],
+        sd=s[0],
+        dd=d[0],
+        pf=begin[0],
+    )
+
+
+def conv_method(g: ConvGeometry) -> str:
+    """The method a conv of this shape uses (recorded in the kernel)."""
+    if g.cig == 1 and g.cog == 1 and g.d == g.od == g.kd == 1:
+        return "conv_depthwise"
+    pointwise = (g.kd, g.kh, g.kw, g.sd, g.sh, g.sw, g.pf, g.pt, g.pl) == (1, 1, 1, 1, 1, 1, 0, 0, 0)
+    if pointwise and (g.od, g.oh, g.ow) == (g.d, g.h, g.w):
+        return "conv1x1_gemm"
+    return "conv_im2col_tiled"
+
+
+def _round_up(x: int, q: int) -> int:
+    return -(-x // q) * q
+
+
+def _pixel_tile(pixels: int, kdim: int, quantum: int = 16) -> int:
+    pt = max(MIN_PIXEL_TILE, COL_TILE_FLOATS // max(1, kdim))
+    if pt >= pixels:
+        return pixels
+    count = -(-pixels // pt)
+    return min(pixels, _round_up(-(-pixels // count), quantum))
+
+
+def _channel_tile(g: ConvGeometry, base_tasks: int, pt: int) -> int:
+    """Output channels per task: enough tasks for the threads, output tile within OUT_TILE_FLOATS."""
+    macs = g.n * g.cout * g.pixels * g.kdim
+    count = max(1, -(-g.cog * pt // OUT_TILE_FLOATS))
+    if macs >= PARALLEL_MIN_MACS and base_tasks * count < MIN_TASKS:
+        count = max(count, min(-(-MIN_TASKS // base_tasks), max(1, g.cog // 16)))
+    count = min(count, g.cog)
+    return -(-g.cog // count)
+
+
+def conv_tiles(g: ConvGeometry, quantum: int = 16) -> tuple[int, int, int, int]:
+    """(pixel tile, pixel tiles, channel tile, channel tiles) of the GEMM methods' tasks; pixel
+    tiles are multiples of `quantum` (the contraction library's PANEL_QUANTUM when it contracts:
+    a tile of whole panels wastes no lanes, measured 97 -> 109 GFLOP/s for a 176- vs 192-pixel
+    tile of ResNet-50's first 3x3 conv)."""
+    p = g.pixels
+    pt = _pixel_tile(p, g.kdim, quantum)
+    ptn = -(-p // pt)
+    if ptn > 1 and (g.n * g.group * ptn) % 2:
+        pt = min(p, _round_up(-(-p // (ptn + 1)), quantum))
+        ptn = -(-p // pt)
+    ct = _channel_tile(g, g.n * g.group * ptn, pt)
+    return pt, ptn, ct, -(-g.cog // ct)
+
+
+_Finish = Callable[[tuple[Expr, Expr], tuple[Expr, Expr]], list[Stmt]]
+
+
+class _ConvValues(_EpilogueValues):
+    """Epilogue values of a conv: the raw product where the contraction left it, plus the conv's
+    own bias `B[Cout]` read at the channel axis."""
+
+    def __init__(self, spec: KernelSpec, match: AnchorMatch) -> None:
+        super().__init__(spec, match)
+        node = match.anchor
+        self.bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
+
+    def _leaf(self, at: TensorAt) -> Expr | None:
+        value = super()._leaf(at)
+        if at.tensor != self.match.anchor.output[0] or self.bias is None or value is None:
+            return value
+        if math.prod(self.shape(self.bias)) != self.match.domain[1]:
+            raise Unsupported(
+                f"Conv bias {self.shape(self.bias)} does not match {self.match.domain[1]} channels"
+            )
+        return value + self._substitute(self.at(self.bias, [at.index[1]]))
+
+
+def lower_conv(spec: KernelSpec, match: AnchorMatch | None = None) -> Kernel:
+    """The kernel of a Conv `anchor` spec (its match computed here when not given)."""
+    match = match or match_anchor(spec)
+    node = match.anchor
+    if node.op_type != "Conv":
+        raise Unsupported(f"{node.op_type} anchors are not lowered by lower/conv.py")
+    values = _ConvValues(spec, match)
+    g = conv_geometry(node, values)
+    x, w = match.operands[:2]
+    for view in (x, w):
+        if view.offset or view.strides != dense_strides(view.shape):
+            raise Unsupported(f"Conv operand {view.tensor!r} is not dense (a conv takes no prologue)")
+    out_buf = {t.name: values.params[len(spec.inputs) + k] for k, t in enumerate(spec.outputs)}
+    y = node.output[0]
+    flat = [v for v in [y, *(n.output[0] for n in match.epilogue)] if v in out_buf]
+    if not flat:
+        raise Unsupported("no value of the conv epilogue is a kernel output")
+    dest = y if y in flat else flat[-1]
+    flat = [v for v in flat if v != dest]
+    values.raw_at = (out_buf[dest], None)
+    write_back = None if _is_raw(match, dest) and values.bias is None else dest
+
+    def finish(rows: tuple[Expr, Expr], cols: tuple[Expr, Expr]) -> list[Stmt]:
+        if write_back is None and not flat:
+            return []
+        return [epilogue_nest(values, match, out_buf[dest], write_back, flat, out_buf, rows, cols)]
+
+    method = conv_method(g)
+    weights: tuple[Buffer, Loop, int] | None = None
+    body: list[Stmt] = []
+    if math.prod(match.domain) and g.kdim:
+        if method == "conv_depthwise":
+            body = _depthwise(
+                g, values.buffer_of(x.tensor), values.buffer_of(w.tensor), out_buf[dest], finish
+            )
+        else:
+            weights = _packed_weights(values, g, w)
+            body = _gemm_tiles(values, g, method, x, w, out_buf[dest], weights, finish)
+    what = (
+        f"method: {method}; {_schedule(g, method, weights is not None)}; Conv {g.n}x{g.cin}x{g.d}x{g.h}x{g.w} -> {g.cout}x{g.od}x{g.oh}x{g.ow}, "
+        f"kernel {g.kd}x{g.kh}x{g.kw}, stride {g.sd}x{g.sh}x{g.sw}, group {g.group}; epilogue "
+        f"{' -> '.join(n.op_type for n in match.epilogue) or 'none'}"
+        + ("; the weight packed once at load (contraction library)" if weights else "")
+    )
+    return Kernel(
+        spec.symbol,
+        tuple(values.params),
+        tuple(body),
+        tuple(values.const_buffers.values()),
+        spec.describe(what),
+        packed=(weights[0],) if weights else (),
+        prepack=(weights[1],) if weights else (),
+    )
+
+
+def _schedule(g: ConvGeometry, method: str, packed: bool) -> str:
+    """The task split in words, for the kernel's description."""
+    if method == "conv_depthwise":
+        return f"{g.n * g.cout} channel planes, {g.kh}x{g.kw} window in {g.sw} column phase(s)"
+    pt, ptn, ct, ctn = conv_tiles(g, PANEL_QUANTUM if packed else 16)
+    return (
+        f"{g.n} images x {g.group} groups x {ptn} pixel tiles of {pt} x {ctn} channel tiles of {ct}; "
+        f"K = {g.kdim}"
+    )
+
+
+def _packed_weights(values: _ConvValues, g: ConvGeometry, w: OperandView) -> tuple[Buffer, Loop, int] | None:
+    """The weight as the library's A-panels, one block per (group, channel tile of `conv_tiles`),
+    filled once at load; None when OpenBLAS contracts (not a weight, or the `blas` mode)."""
+    if contraction_mode() != "library" or w.tensor not in values.spec.weights:
+        return None
+    b = values.buffer_of(w.tensor)
+    if b.role != "input" or b.dtype is not DType.F32:
+        return None
+    _, _, ct, ctn = conv_tiles(g, PANEL_QUANTUM)
+    block = _round_up(_round_up(ct, A_PANEL_QUANTUM) * max(g.kdim, 1), 16)
+    packed = Buffer("packed_w", DType.F32, g.group * ctn * block, "packed")
+    gi, t, c0 = ir.var("g"), ir.var("t"), ir.var("c0")
+    pack = Call(
+        PACK_A_ROUTINE,
+        (
+            ir.minimum(c0 + ct, g.cog) - c0,
+            ir.index(g.kdim),
+            ir.addr(b, (gi * g.cog + c0) * g.kdim),
+            ir.index(g.kdim),
+            ir.index(1),
+            ir.addr(packed, (gi * ctn + t) * block),
+        ),
+    )
+    fill = Loop(gi, g.group, (Loop(t, ctn, (Let(c0, t * ct), pack)),))
+    return packed, fill, block
+
+
+def _gemm_tiles(
+    values: _ConvValues,
+    g: ConvGeometry,
+    method: str,
+    x: OperandView,
+    w: OperandView,
+    dest: Buffer,
+    weights: tuple[Buffer, Loop, int] | None,
+    finish: _Finish,
+) -> list[Stmt]:
+    """`conv1x1_gemm` / `conv_im2col_tiled`: one contraction per (task, channel tile).
+
+    Channel tiles run inside the task, sharing its im2col tile, when there are already enough
+    tasks for the threads; otherwise each is a task of its own (the im2col of a pixel tile is
+    then built once per channel tile: cheap next to the product, since a conv only needs
+    channel tiles to make tasks when its pixels are few)."""
+    x_buf, w_buf = values.buffer_of(x.tensor), values.buffer_of(w.tensor)
+    pixels = g.pixels
+    pt, ptn, ct, ctn = conv_tiles(g, PANEL_QUANTUM if weights is not None else 16)
+    keys = g.n * g.group * ptn
+    im2col = method == "conv_im2col_tiled"
+    inner = im2col and ctn > 1 and keys >= MIN_TASKS
+    tasks = keys if inner else keys * ctn
+    parallel = tasks > 1 and g.n * g.cout * pixels * g.kdim >= PARALLEL_MIN_MACS
+    task, key, cb = ir.var("task"), ir.var("key"), ir.var("cb")
+    pi, gi, ni = ir.var("pi"), ir.var("gi"), ir.var("ni")
+    p0, p1, ch0, ch1, row0 = (ir.var(v) for v in ("p0", "p1", "ch0", "ch1", "row0"))
+    head: list[Stmt] = [Let(key, task)] if inner else [Let(cb, task % ctn), Let(key, task // ctn)]
+    head += [
+        Let(pi, key % ptn),
+        Let(gi, (key // ptn) % g.group),
+        Let(ni, key // (ptn * g.group)),
+        Let(p0, pi * pt),
+        Let(p1, ir.minimum(p0 + pt, pixels)),
+    ]
+    xg = (ni * g.cin + gi * g.cig) * g.plane
+    scratch: tuple[Buffer, ...] = ()
+    if im2col:
+        col = Buffer("col", DType.F32, g.kdim * pt, "scratch")
+        scratch = (col,)
+        head.append(_im2col(g, x_buf, xg, col, p0, p1))
+        b_ptr, ldb = ir.addr(col, 0), p1 - p0
+    else:
+        b_ptr, ldb = ir.addr(x_buf, xg + p0), ir.index(pixels)
+    a: Expr | PackedPanels
+    if weights is not None:
+        packed, _, block = weights
+        a = PackedPanels(ir.addr(packed, (gi * ctn + cb) * block))
+    else:
+        a = ir.addr(w_buf, (gi * g.cog + ch0) * g.kdim)
+    per_tile: list[Stmt] = [
+        Let(ch0, cb * ct),
+        Let(ch1, ir.minimum(ch0 + ct, g.cog)),
+        Let(row0, ni * g.cout + gi * g.cog + ch0),
+        contraction(
+            trans_a=False,
+            m=ch1 - ch0,
+            n=p1 - p0,
+            k=g.kdim,
+            alpha=1.0,
+            a=a,
+            lda=g.kdim,
+            b=b_ptr,
+            ldb=ldb,
+            c=ir.addr(dest, row0 * pixels + p0),
+            ldc=pixels,
+        ),
+        *finish((row0, row0 + (ch1 - ch0)), (p0, p1)),
+    ]
+    head += [Loop(cb, ctn, tuple(per_tile))] if inner else per_tile
+    return [Loop(task, tasks, tuple(head), parallel=parallel, dynamic=parallel, scratch=scratch)]
+
+
+def _im2col(g: ConvGeometry, x: Buffer, xg: Expr, col: Buffer, p0: Expr, p1: Expr) -> Loop:
+    """`col[(c, kd, kh, kw)][p - p0]` for output pixels [p0, p1) of one group's input channels,
+    zero off the image: per tap and output row, a zero run, a (strided) copy run and a zero
+    run, bounds worked out once per row so that the copy loop has no checks."""
+    kk, ci, kz, ky, kx = ir.var("kk"), ir.var("ci"), ir.var("kz"), ir.var("ky"), ir.var("kx")
+    orow, iz, iy, off, rb = ir.var("orow"), ir.var("iz"), ir.var("iy"), ir.var("off"), ir.var("rb")
+    q0, q1, lo, hi, dst = ir.var("q0"), ir.var("q1"), ir.var("lo"), ir.var("hi"), ir.var("dst")
+    ox = ir.var("ox")
+    zero = ir.const(0.0, DType.F32)
+
+    def run(start: Expr, stop: Expr, value: Expr | None) -> Loop:
+        return Loop(
+            ox, stop, (Store(col, dst + ox, value if value is not None else zero),), vector=True, start=start
+        )
+
+    in_rows = ir.logical_and(
+        ir.logical_and(ir.ge(iz, 0), ir.lt(iz, g.d)), ir.logical_and(ir.ge(iy, 0), ir.lt(iy, g.h))
+    )
+    copy = ir.load(x, rb + ox * g.sw + off)
+    row = (
+        Let(iz, (orow // g.oh) * g.sd - g.pf + kz * g.dd),
+        Let(iy, (orow % g.oh) * g.sh - g.pt + ky * g.dh),
+        Let(q0, ir.maximum(p0 - orow * g.ow, 0)),
+        Let(q1, ir.minimum(p1 - orow * g.ow, g.ow)),
+        Let(dst, kk * (p1 - p0) + orow * g.ow - p0),
+        If(
+            in_rows,
+            (
+                Let(rb, xg + ci * g.plane + (iz * g.h + iy) * g.w),
+                Let(lo, ir.clamp(ir.select(ir.lt(off, 0), (-off + (g.sw - 1)) // g.sw, 0), q0, q1)),
+                Let(hi, ir.clamp(ir.select(ir.ge(g.w - 1 - off, 0), (g.w - 1 - off) // g.sw + 1, 0), lo, q1)),
+                run(q0, lo, None),
+                run(lo, hi, copy),
+                run(hi, q1, None),
+            ),
+            (run(q0, q1, None),),
+        ),
+    )
+    return Loop(
+        kk,
+        g.kdim,
+        (
+            Let(ci, kk // g.taps),
+            Let(kz, (kk // (g.kh * g.kw)) % g.kd),
+            Let(ky, (kk // g.kw) % g.kh),
+            Let(kx, kk % g.kw),
+            Let(off, kx * g.dw - g.pl),
+            Loop(orow, (p1 - 1) // g.ow + 1, row, start=p0 // g.ow),
+        ),
+    )
+
+
+def _depthwise(g: ConvGeometry, x: Buffer, w: Buffer, dest: Buffer, finish: _Finish) -> list[Stmt]:
+    """Direct depthwise loop, one task per channel plane. The zero-padded plane is stored as `sw`
+    column phases (phase q holds padded columns q, q + sw, ...), so every tap reads a unit-stride
+    run even for stride 2 and the inner loop vectorizes without gathers."""
+    hp = (g.oh - 1) * g.sh + (g.kh - 1) * g.dh + 1
+    wp = (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1
+    wq = -(-wp // g.sw)
+    phase = hp * wq
+    planes = g.n * g.cout
+    parallel = planes > 1 and planes * g.pixels * g.kh * g.kw >= PARALLEL_MIN_MACS // 4
+    pad = Buffer("pad", DType.F32, g.sw * phase, "scratch")
+    plane, ch, z, ih, t = ir.var("plane"), ir.var("ch"), ir.var("z"), ir.var("ih"), ir.var("t")
+    oy, ox, base = ir.var("oy"), ir.var("ox"), ir.var("base")
+    body: list[Stmt] = [
+        Let(ch, plane % g.cout),
+        Loop(z, g.sw * phase, (Store(pad, z, ir.const(0.0, DType.F32)),), vector=True),
+    ]
+    # Padded column q = ph + sw * t holds input column q - pl; copy each phase's valid run.
+    copies: list[Stmt] = []
+    for ph in range(g.sw):
+        t0 = max(0, -(-(g.pl - ph) // g.sw))
+        t1 = min(wq, (g.w - 1 + g.pl - ph) // g.sw + 1, -(-(wp - ph) // g.sw))
+        if t1 > t0:
+            src = ir.load(x, plane * (g.h * g.w) + ih * g.w + (ph - g.pl) + t * g.sw)
+            copies.append(
+                Loop(t, t1, (Store(pad, ph * phase + (ih + g.pt) * wq + t, src),), vector=True, start=t0)
+            )
+    if copies:
+        body.append(Loop(ih, min(g.h, hp - g.pt), tuple(copies), start=max(0, -g.pt)))
+    taps = [(ky, kx) for ky in range(g.kh) for kx in range(g.kw)]
+    window: Expr
+    if len(taps) <= MAX_UNROLLED_TAPS:
+        # The taps unrolled with compile-time offsets: the accumulator stays in a register and
+        # the loop over output columns vectorizes.
+        wk = [ir.var(f"w{k}", DType.F32) for k in range(len(taps))]
+        body += [Let(v, ir.load(w, ch * len(taps) + k)) for k, v in enumerate(wk)]
+        terms = []
+        for k, (ky, kx) in enumerate(taps):
+            o = kx * g.dw
+            terms.append(wk[k] * ir.load(pad, base + ((o % g.sw) * phase + ky * g.dh * wq + o // g.sw) + ox))
+        window = terms[0]
+        for term in terms[1:]:
+            window = window + term
+    else:
+        tap = ir.var("tap")
+        o = (tap % g.kw) * g.dw
+        at = base + (o % g.sw) * phase + (tap // g.kw) * (g.dh * wq) + o // g.sw + ox
+        window = ir.fold("sum", tap, 0, len(taps), ir.load(w, ch * len(taps) + tap) * ir.load(pad, at))
+    store = Store(dest, plane * g.pixels + oy * g.ow + ox, window)
+    body.append(Loop(oy, g.oh, (Let(base, oy * (g.sh * wq)), Loop(ox, g.ow, (store,), vector=True))))
+    body += finish((plane, plane + 1), (ir.index(0), ir.index(g.pixels)))
+    return [Loop(plane, planes, tuple(body), parallel=parallel, dynamic=parallel, scratch=(pad,))]
