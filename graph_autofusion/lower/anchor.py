@@ -399,20 +399,14 @@ def _tiles(
     return [loop], bool(scratch)
 
 
-def _decompose(flat: Expr, dims: Sequence[int], prefix: str) -> tuple[list[Stmt], list[Expr]]:
-    """Lets naming the multi-index over `dims` of the linear index `flat` (itself for one axis)."""
-    if len(dims) == 1:
-        return [], [flat]
-    lets: list[Stmt] = []
-    names: list[Expr] = []
+def _axes(flat: Expr, dims: Sequence[int]) -> list[Expr]:
+    """The multi-index over `dims` of the linear index `flat`, as expressions."""
+    out: list[Expr] = []
     for a, d in enumerate(dims):
         stride = math.prod(dims[a + 1 :])
-        name = ir.var(f"{prefix}{a}")
         outermost = all(x == 1 for x in dims[:a])
-        expr = flat // stride if outermost else (flat // stride) % d
-        lets.append(Let(name, expr if d != 1 else ir.index(0)))
-        names.append(name)
-    return lets, names
+        out.append(ir.index(0) if d == 1 else flat // stride if outermost else (flat // stride) % d)
+    return out
 
 
 def epilogue_nest(
@@ -431,11 +425,16 @@ def epilogue_nest(
     domain, split = match.domain, match.split
     row_dims, col_dims = domain[:split], domain[split:]
     r, c = ir.var("r"), ir.var("c")
-    row_lets, names = _decompose(r, row_dims, "i")
-    # One column axis at most for a GEMM (none for MatMul(A, vector)); a conv's spatial axes
-    # decompose the pixel index inside the vector loop.
-    col_lets, col_names = _decompose(c, col_dims, "j") if len(col_dims) > 1 else ([], [c] * len(col_dims))
-    names = [*names, *col_names]
+    row_lets: list[Stmt] = []
+    names: list[Expr] = [r] * len(row_dims)  # none for MatMul(vector, B)
+    if len(row_dims) > 1:
+        row_vars = [ir.var(f"i{a}") for a in range(len(row_dims))]
+        row_lets = [Let(v, e) for v, e in zip(row_vars, _axes(r, row_dims), strict=True)]
+        names = list(row_vars)
+    # One column axis at most for a GEMM (none for MatMul(A, vector)); a conv's spatial axes are
+    # expressions of the pixel index, not lets, so that the ones no value reads cost nothing
+    # (an unused division would keep the vector loop scalar).
+    names += _axes(c, col_dims) if len(col_dims) > 1 else [c] * len(col_dims)
     values.new_scope()
     values.clean, values.assume = {}, {}
     values.groups = []
@@ -461,7 +460,7 @@ def epilogue_nest(
         v = ir.var(f"o{k}", DType.F32)
         lets.append(Let(v, _resolve(values, name, names, domain)))
         stores.append(Store(out_buf[name], linear, v))
-    inner = Loop(c, cols[1], (*col_lets, *lets, *stores), vector=True, start=cols[0])
+    inner = Loop(c, cols[1], (*lets, *stores), vector=True, start=cols[0])
     return Loop(r, rows[1], (*row_lets, inner), start=rows[0])
 
 

@@ -316,7 +316,8 @@ def lower_conv(spec: KernelSpec, match: AnchorMatch | None = None) -> Kernel:
             weights = _packed_weights(values, g, w)
             body = _gemm_tiles(values, g, method, x, w, out_buf[dest], weights, finish)
     what = (
-        f"method: {method}; {_schedule(g, method, weights is not None)}; Conv {g.n}x{g.cin}x{g.d}x{g.h}x{g.w} -> {g.cout}x{g.od}x{g.oh}x{g.ow}, "
+        f"method: {method}; {_schedule(g, method, weights is not None)}; "
+        f"Conv {g.n}x{g.cin}x{g.d}x{g.h}x{g.w} -> {g.cout}x{g.od}x{g.oh}x{g.ow}, "
         f"kernel {g.kd}x{g.kh}x{g.kw}, stride {g.sd}x{g.sh}x{g.sw}, group {g.group}; epilogue "
         f"{' -> '.join(n.op_type for n in match.epilogue) or 'none'}"
         + ("; the weight packed once at load (contraction library)" if weights else "")

@@ -107,8 +107,9 @@ def _infos(model: onnx.ModelProto) -> dict[str, TensorInfo]:
     return out
 
 
-def spec_for(case: Case, symbol: str) -> tuple[KernelSpec, list[str]]:
-    """The KernelSpec of the whole graph as one kernel, and the parameter order of its inputs."""
+def spec_for(case: Case, symbol: str, *, weights: bool = False) -> tuple[KernelSpec, list[str]]:
+    """The KernelSpec of the whole graph as one kernel, and the parameter order of its inputs;
+    `weights`: its initializers are weights (bound at every call, so packed once at load)."""
     g = case.model.graph
     infos = _infos(case.model)
     inits = {i.name: numpy_helper.to_array(i) for i in g.initializer}
@@ -123,7 +124,7 @@ def spec_for(case: Case, symbol: str) -> tuple[KernelSpec, list[str]]:
         constants=inits,
         pattern="test",
         members=tuple(n.name or n.op_type for n in g.node),
-        weights=frozenset(n for n, v in inits.items() if v.size > 1),
+        weights=frozenset(n for n, v in inits.items() if v.size > 1 and weights),
     )
     return spec, params
 
@@ -173,9 +174,11 @@ def run_ort(case: Case) -> list[np.ndarray]:
     return sess.run(None, case.feeds)
 
 
-def check(case: Case, symbol: str, *, k: int, method: str | None = None, scale: float = 1.0) -> AnchorKernel:
+def check(
+    case: Case, symbol: str, *, k: int, method: str | None = None, scale: float = 1.0, weights: bool = False
+) -> AnchorKernel:
     """Generate, compile, run and compare with onnxruntime; returns the kernel for further checks."""
-    spec, params = spec_for(case, symbol)
+    spec, params = spec_for(case, symbol, weights=weights)
     kernel = emit_anchor(spec)
     if method is not None:
         assert kernel.method == method, kernel.method

@@ -95,8 +95,8 @@ def _assert_epilogue_vectorized(kernel: AnchorKernel, tmp_path: Path) -> None:
         text=True,
         check=True,
     )
-    # conv.py's C text writes `for (long c = c0; ...)`; the kernel IR's epilogue `for (int64_t c = n0; ...)`
-    epilogue_loop = re.compile(r"for \((long|int64_t) c = (c0|n0); c < (c1|n1); \+\+c\)")
+    # The kernel IR's epilogue: `for (int64_t c = n0; ...)` (MatMul/Gemm), `c = p0` (Conv)
+    epilogue_loop = re.compile(r"for \(int64_t c = (n0|p0); c < (n1|p1); \+\+c\)")
     loops = [n for n, line in enumerate(kernel.source.splitlines(), 1) if epilogue_loop.search(line)]
     assert loops, "no epilogue loop found"
     vectorized = {int(m) for m in re.findall(r"k\.c:(\d+):\d+: optimized: loop vectorized", proc.stderr)}
