@@ -1,0 +1,216 @@
+"""Lowering Conv anchors to kernel IR (lower/conv.py): each method's tile loop, its contraction
+calls through the one choice point (OpenBLAS, or the library on a weight packed once at load),
+and the rendered kernels computing what onnxruntime computes, in both contraction modes."""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import helper, numpy_helper
+
+from graph_autofusion.backend.cpu.blas import BLAS_PREAMBLE
+from graph_autofusion.backend.cpu.cache import KernelCache
+from graph_autofusion.backend.cpu.compiler import KernelSource, compile_kernels
+from graph_autofusion.backend.cpu.contraction import CONTRACTION_ENV, library_source
+from graph_autofusion.backend.cpu.kernel_spec import KernelSpec, TensorInfo
+from graph_autofusion.backend.cpu.render_c import PREPACK_SUFFIX, WORKSPACE_SUFFIX, render_kernel
+from graph_autofusion.kernel_ir import Call, Kernel, Loop
+from graph_autofusion.lower.anchor import CONTRACTION_ROUTINE, PACKED_A_ROUTINE, method_of
+from graph_autofusion.lower.conv import lower_conv
+from graph_autofusion.lower.values import Unsupported
+
+F = onnx.TensorProto.FLOAT
+MODES = ("library", "blas")
+IM2COL, GEMM1X1, DEPTHWISE = "conv_im2col_tiled", "conv1x1_gemm", "conv_depthwise"
+
+
+def _model(x_shape, w_shape, *, bias: bool, relu: bool, **attrs) -> tuple[onnx.ModelProto, dict]:
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal(w_shape).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "w")]
+    ins = ["x", "w"]
+    if bias:
+        inits.append(numpy_helper.from_array(rng.standard_normal(w_shape[0]).astype(np.float32), "b"))
+        ins.append("b")
+    nodes = [helper.make_node("Conv", ins, ["y"], **attrs)]
+    out = "y"
+    if relu:
+        nodes.append(helper.make_node("Relu", ["y"], ["o"]))
+        out = "o"
+    graph = helper.make_graph(
+        nodes,
+        "conv",
+        [helper.make_tensor_value_info("x", F, list(x_shape))],
+        [helper.make_tensor_value_info(out, F, None)],
+        inits,
+    )
+    model = onnx.shape_inference.infer_shapes(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    )
+    feeds = {"x": rng.standard_normal(x_shape).astype(np.float32)}
+    return model, feeds
+
+
+def _spec(model: onnx.ModelProto) -> tuple[KernelSpec, list[np.ndarray]]:
+    g = model.graph
+    infos: dict[str, TensorInfo] = {}
+    for vi in (*g.input, *g.value_info, *g.output):
+        dims = tuple(int(d.dim_value) for d in vi.type.tensor_type.shape.dim)
+        infos[vi.name] = TensorInfo(vi.name, dims, F)
+    inits = {i.name: numpy_helper.to_array(i) for i in g.initializer}
+    for name, value in inits.items():
+        infos[name] = TensorInfo(name, value.shape, F)
+    spec = KernelSpec(
+        symbol="conv_k",
+        template="anchor",
+        nodes=tuple(g.node),
+        inputs=(infos["x"], *(infos[n] for n in inits)),
+        outputs=tuple(infos[o.name] for o in g.output),
+        tensors=infos,
+        weights=frozenset(inits),
+    )
+    return spec, list(inits.values())
+
+
+def _calls(body) -> list[Call]:
+    found: list[Call] = []
+    for s in body:
+        if isinstance(s, Call):
+            found.append(s)
+        elif isinstance(s, Loop):
+            found += _calls(s.body)
+    return found
+
+
+def _run(kernel: Kernel, inputs: list[np.ndarray], tmp_path: Path) -> np.ndarray:
+    """Compile and call the kernel as the runtime does: prepack once, then two calls (the packed
+    weights must survive a call) with the packed array and the workspace after the parameters."""
+    library = bool(kernel.packed)
+    source = (library_source() if library else BLAS_PREAMBLE) + "\n" + render_kernel(kernel)
+    (art,) = compile_kernels(
+        [KernelSource(kernel.name, source, uses_blas=not library)], cache=KernelCache(tmp_path)
+    )
+    lib = art.load()
+    ins = [np.ascontiguousarray(x, dtype=np.float32) for x in inputs]
+    (out,) = [np.full(b.size, np.nan, np.float32) for b in kernel.params[len(ins) :]]
+    ptrs = [a.ctypes.data for a in (*ins, out)]
+    keep = []
+    if library:
+        packed = np.full(
+            ctypes.c_int64.in_dll(lib, f"{kernel.name}{PREPACK_SUFFIX}_floats").value, np.nan, np.float32
+        )
+        prepack = getattr(lib, f"{kernel.name}{PREPACK_SUFFIX}")
+        prepack.restype, prepack.argtypes = None, [ctypes.c_void_p, ctypes.c_void_p]
+        prepack((ctypes.c_void_p * len(ptrs))(*ptrs), packed.ctypes.data)
+        ptrs.append(packed.ctypes.data)
+        keep.append(packed)
+    if f"{kernel.name}{WORKSPACE_SUFFIX}" in source:
+        threads = 8
+        ws = np.zeros(
+            ctypes.c_int64.in_dll(lib, f"{kernel.name}{WORKSPACE_SUFFIX}").value * threads, np.uint8
+        )
+        ptrs += [ws.ctypes.data, threads]
+        keep.append(ws)
+    fn = getattr(lib, kernel.name)
+    fn.restype, fn.argtypes = None, [ctypes.c_void_p]
+    for _ in range(2):
+        out.fill(np.nan)
+        fn((ctypes.c_void_p * len(ptrs))(*ptrs))
+    return out
+
+
+CASES = {
+    "3x3_s1_p1": ((2, 8, 11, 11), (12, 8, 3, 3), {"pads": [1, 1, 1, 1]}, IM2COL),
+    "3x3_s2_asym": ((1, 6, 13, 10), (10, 6, 3, 3), {"strides": [2, 2], "pads": [0, 1, 2, 1]}, IM2COL),
+    "same_upper_s2": ((1, 4, 9, 8), (8, 4, 3, 3), {"strides": [2, 2], "auto_pad": "SAME_UPPER"}, IM2COL),
+    "same_lower_k4": ((1, 4, 9, 8), (8, 4, 4, 4), {"auto_pad": "SAME_LOWER"}, IM2COL),
+    "valid_k5": ((1, 3, 12, 12), (5, 3, 5, 5), {"auto_pad": "VALID"}, IM2COL),
+    "dilated": ((1, 4, 15, 15), (6, 4, 3, 3), {"dilations": [2, 3], "pads": [2, 3, 2, 3]}, IM2COL),
+    "stem_7x7_s2": ((1, 3, 64, 64), (16, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}, IM2COL),
+    "grouped": ((2, 8, 9, 9), (12, 4, 3, 3), {"group": 2, "pads": [1, 1, 1, 1]}, IM2COL),
+    "channel_multiplier": ((1, 4, 8, 8), (8, 1, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]}, IM2COL),
+    "1x1": ((2, 24, 10, 10), (40, 24, 1, 1), {}, GEMM1X1),
+    "1x1_grouped": ((1, 16, 7, 7), (16, 4, 1, 1), {"group": 4}, GEMM1X1),
+    "1x1_s2": ((1, 16, 14, 14), (32, 16, 1, 1), {"strides": [2, 2]}, IM2COL),
+    "depthwise_3x3": ((2, 16, 14, 14), (16, 1, 3, 3), {"group": 16, "pads": [1, 1, 1, 1]}, DEPTHWISE),
+    "depthwise_s2_asym": (
+        (1, 8, 15, 12), (8, 1, 3, 3), {"group": 8, "strides": [2, 2], "pads": [1, 0, 0, 1]}, DEPTHWISE
+    ),
+    "depthwise_9x9_looped": ((1, 4, 12, 12), (4, 1, 9, 9), {"group": 4, "pads": [4, 4, 4, 4]}, DEPTHWISE),
+    "conv1d": ((2, 6, 30), (8, 6, 3), {"strides": [2], "pads": [1, 2]}, IM2COL),
+    "conv3d": ((1, 3, 6, 7, 8), (5, 3, 3, 3, 3), {"pads": [1, 0, 1, 1, 2, 1]}, IM2COL),
+    "big_parallel": ((1, 32, 40, 40), (64, 32, 3, 3), {"pads": [1, 1, 1, 1]}, IM2COL),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_conv_matches_onnxruntime(
+    name: str, mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(CONTRACTION_ENV, mode)
+    x_shape, w_shape, attrs, method = CASES[name]
+    model, feeds = _model(x_shape, w_shape, bias=True, relu=True, **attrs)
+    spec, weights = _spec(model)
+    kernel = lower_conv(spec)
+    assert method_of(kernel) == method
+    calls = {c.function for c in _calls(kernel.body)}
+    if method == "conv_depthwise":
+        assert not calls and not kernel.packed  # a direct loop, no contraction
+    elif mode == "library":
+        assert calls == {PACKED_A_ROUTINE} and len(kernel.packed) == 1
+    else:
+        assert calls == {CONTRACTION_ROUTINE} and not kernel.packed
+    got = _run(kernel, [feeds["x"], *weights], tmp_path)
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    (want,) = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"]).run(
+        None, feeds
+    )
+    k = math.prod(w_shape[1:])
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=2e-5 * math.sqrt(k) * 8)
+
+
+def test_raw_conv_output_stores_the_product_without_an_epilogue(tmp_path: Path) -> None:
+    model, feeds = _model((1, 8, 10, 10), (8, 8, 3, 3), bias=False, relu=False, pads=[1, 1, 1, 1])
+    spec, weights = _spec(model)
+    kernel = lower_conv(spec)
+    assert not any(isinstance(s, Loop) and s.var.name == "r" for s in _walk(kernel.body))
+    got = _run(kernel, [feeds["x"], *weights], tmp_path)
+    (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, feeds
+    )
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-3)
+
+
+def test_im2col_uses_a_workspace_slice_not_an_allocation() -> None:
+    model, _ = _model((1, 8, 20, 20), (16, 8, 3, 3), bias=True, relu=True, pads=[1, 1, 1, 1])
+    spec, _ = _spec(model)
+    kernel = lower_conv(spec)
+    (task,) = [s for s in kernel.body if isinstance(s, Loop)]
+    assert [b.name for b in task.scratch] == ["col"]
+    assert "malloc" not in render_kernel(kernel)
+
+
+def test_conv_transpose_is_not_lowered_here() -> None:
+    x = helper.make_tensor_value_info("x", F, [1, 4, 5, 5])
+    y = helper.make_tensor_value_info("y", F, [1, 6, 11, 11])
+    w = numpy_helper.from_array(np.ones((4, 6, 3, 3), np.float32), "w")
+    node = helper.make_node("ConvTranspose", ["x", "w"], ["y"], strides=[2, 2])
+    model = helper.make_model(helper.make_graph([node], "ct", [x], [y], [w]), ir_version=8)
+    spec, _ = _spec(model)
+    with pytest.raises(Unsupported, match="ConvTranspose"):
+        lower_conv(spec)
+
+
+def _walk(body):
+    for s in body:
+        yield s
+        if isinstance(s, Loop):
+            yield from _walk(s.body)
