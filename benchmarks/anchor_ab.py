@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -121,11 +122,21 @@ def _problems() -> dict[str, tuple[list[onnx.NodeProto], dict, list[str], dict]]
     }
 
 
-def _conv_problems(r) -> dict[str, tuple[list[onnx.NodeProto], dict, list[str], dict]]:  # type: ignore[no-untyped-def]
+Problem = tuple[list[onnx.NodeProto], dict, list[str], dict]
+
+
+def _conv_problems(r: Callable[..., np.ndarray]) -> dict[str, Problem]:
     """ResNet-50 and MobileNetV2 convs (batch 1, 224x224 input), BatchNorm folded into the bias."""
     six = {"lo": np.float32(0.0), "hi": np.float32(6.0)}
 
-    def conv(x, w, *, act: str = "relu", res: tuple[int, ...] | None = None, **attrs):  # type: ignore[no-untyped-def]
+    def conv(
+        x: tuple[int, ...],
+        w: tuple[int, ...],
+        *,
+        act: str = "relu",
+        res: tuple[int, ...] | None = None,
+        **attrs: object,
+    ) -> Problem:
         nodes = [N("Conv", ["x", "w", "b"], ["y"], **attrs)]
         feeds = {"x": r(*x)}
         last = "y"

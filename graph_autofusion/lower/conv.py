@@ -1,4 +1,5 @@
-"""Conv anchors (NCHW, 1-D to 3-D) as kernel IR, each shape routed to the method that suits it.
+"""Conv and ConvTranspose anchors (NCHW, 1-D to 3-D) as kernel IR, each shape routed to the method
+that suits it.
 
 What the kernel computes is its `AnchorMatch` (plan/anchor_match.py); this module renders it,
 sharing with lower/anchor.py the one contraction choice point (`contraction`), the packed-weight
@@ -23,10 +24,14 @@ convention (`Kernel.packed` / `prepack`) and the epilogue loop nest (`epilogue_n
             call contraction(W_g[c0:c1, :], col or X[n, g][:, p0:p1] -> Y[n, g*cog + c0.., p0:p1])
             epilogue over rows (n, g*cog + c0..c1) x pixels [p0, p1)
 
-With `AUTOFUSION_CONTRACTION=library` and a constant weight, the weight of each (group, channel
-tile) is packed once at load as the library's A-panels and each tile is one `afc_gemm_ap` call;
-otherwise OpenBLAS reads the weight in place. ConvTranspose is still C text
-(backend/cpu/codegen/conv.py), and uses the geometry defined here.
+* `conv_transpose_col2im` (ConvTranspose): per (image, group, block of output channels), one
+  contraction `col = W_g^T x X[n, g]` into a per-thread workspace slice, then a scatter-add
+  (col2im) into the output block, then the epilogue on that block.
+
+With `AUTOFUSION_CONTRACTION=library` and a constant weight, a Conv's weight of each (group,
+channel tile) is packed once at load as the library's A-panels and each tile is one
+`afc_gemm_ap` call; otherwise (and for ConvTranspose, whose weight is read transposed) OpenBLAS
+reads the weight in place.
 """
 
 from __future__ import annotations
@@ -278,10 +283,10 @@ class _ConvValues(_EpilogueValues):
 
 
 def lower_conv(spec: KernelSpec, match: AnchorMatch | None = None) -> Kernel:
-    """The kernel of a Conv `anchor` spec (its match computed here when not given)."""
+    """The kernel of a Conv or ConvTranspose `anchor` spec (its match computed here when not given)."""
     match = match or match_anchor(spec)
     node = match.anchor
-    if node.op_type != "Conv":
+    if node.op_type not in ("Conv", "ConvTranspose"):
         raise Unsupported(f"{node.op_type} anchors are not lowered by lower/conv.py")
     values = _ConvValues(spec, match)
     g = conv_geometry(node, values)
@@ -304,10 +309,13 @@ def lower_conv(spec: KernelSpec, match: AnchorMatch | None = None) -> Kernel:
             return []
         return [epilogue_nest(values, match, out_buf[dest], write_back, flat, out_buf, rows, cols)]
 
-    method = conv_method(g)
+    transpose = node.op_type == "ConvTranspose"
+    method = "conv_transpose_col2im" if transpose else conv_method(g)
     weights: tuple[Buffer, Loop, int] | None = None
     body: list[Stmt] = []
-    if math.prod(match.domain) and g.kdim:
+    if math.prod(match.domain) and transpose:
+        body = _col2im(g, values.buffer_of(x.tensor), values.buffer_of(w.tensor), out_buf[dest], finish)
+    elif math.prod(match.domain) and g.kdim:
         if method == "conv_depthwise":
             body = _depthwise(
                 g, values.buffer_of(x.tensor), values.buffer_of(w.tensor), out_buf[dest], finish
@@ -317,7 +325,7 @@ def lower_conv(spec: KernelSpec, match: AnchorMatch | None = None) -> Kernel:
             body = _gemm_tiles(values, g, method, x, w, out_buf[dest], weights, finish)
     what = (
         f"method: {method}; {_schedule(g, method, weights is not None)}; "
-        f"Conv {g.n}x{g.cin}x{g.d}x{g.h}x{g.w} -> {g.cout}x{g.od}x{g.oh}x{g.ow}, "
+        f"{node.op_type} {g.n}x{g.cin}x{g.d}x{g.h}x{g.w} -> {g.cout}x{g.od}x{g.oh}x{g.ow}, "
         f"kernel {g.kd}x{g.kh}x{g.kw}, stride {g.sd}x{g.sh}x{g.sw}, group {g.group}; epilogue "
         f"{' -> '.join(n.op_type for n in match.epilogue) or 'none'}"
         + ("; the weight packed once at load (contraction library)" if weights else "")
@@ -335,6 +343,12 @@ def lower_conv(spec: KernelSpec, match: AnchorMatch | None = None) -> Kernel:
 
 def _schedule(g: ConvGeometry, method: str, packed: bool) -> str:
     """The task split in words, for the kernel's description."""
+    if method == "conv_transpose_col2im":
+        ct, ctn = _transpose_tiles(g)
+        return (
+            f"{g.n} images x {g.group} groups x {ctn} channel blocks of {ct}; contraction "
+            f"[{ct * g.taps}x{g.cig}]x[{g.cig}x{g.plane}] then scatter-add"
+        )
     if method == "conv_depthwise":
         return f"{g.n * g.cout} channel planes, {g.kh}x{g.kw} window in {g.sw} column phase(s)"
     pt, ptn, ct, ctn = conv_tiles(g, PANEL_QUANTUM if packed else 16)
@@ -548,3 +562,88 @@ def _depthwise(g: ConvGeometry, x: Buffer, w: Buffer, dest: Buffer, finish: _Fin
     body.append(Loop(oy, g.oh, (Let(base, oy * (g.sh * wq)), Loop(ox, g.ow, (store,), vector=True))))
     body += finish((plane, plane + 1), (ir.index(0), ir.index(g.pixels)))
     return [Loop(plane, planes, tuple(body), parallel=parallel, dynamic=parallel, scratch=(pad,))]
+
+
+def _transpose_tiles(g: ConvGeometry) -> tuple[int, int]:
+    """(channel block, blocks) of a ConvTranspose: a block's column buffer (ct x taps x input
+    pixels) within 4 x COL_TILE_FLOATS, blocks equal-sized."""
+    ct = max(1, min(g.cog, COL_TILE_FLOATS * 4 // max(1, g.taps * g.plane)))
+    ctn = -(-g.cog // ct)
+    return -(-g.cog // ctn), ctn
+
+
+def _col2im(g: ConvGeometry, x: Buffer, w: Buffer, dest: Buffer, finish: _Finish) -> list[Stmt]:
+    """`conv_transpose_col2im`: per (image, group, block of output channels), one contraction
+    `col = W_g^T x X[n, g]` into a per-thread workspace slice, then a scatter-add (col2im) of
+    each tap's column rows into the zeroed output block, then the epilogue on that block. The
+    scatter's column range is worked out per tap and row, so its inner loop has no checks."""
+    khw, hw, ohw = g.taps, g.plane, g.pixels
+    ct, ctn = _transpose_tiles(g)
+    tasks = g.n * g.group * ctn
+    parallel = tasks > 1 and g.n * g.cin * hw * g.cog * khw >= PARALLEL_MIN_MACS
+    col = Buffer("col", DType.F32, ct * khw * hw, "scratch")
+    task, cb, gi, ni = ir.var("task"), ir.var("cb"), ir.var("gi"), ir.var("ni")
+    ch0, ch1, row0, z = ir.var("ch0"), ir.var("ch1"), ir.var("row0"), ir.var("z")
+    co, kk, kz, ky, kx, off = (ir.var(v) for v in ("co", "kk", "kz", "ky", "kx", "off"))
+    irow, oz, oy, lo, hi, iw = (ir.var(v) for v in ("irow", "oz", "oy", "lo", "hi", "iw"))
+    src, dst = ir.var("src"), ir.var("dst")
+    at = dst + iw * g.sw
+    scatter = Loop(
+        irow,
+        g.d * g.h,
+        (
+            Let(oz, (irow // g.h) * g.sd - g.pf + kz * g.dd),
+            Let(oy, (irow % g.h) * g.sh - g.pt + ky * g.dh),
+            If(
+                ir.logical_and(
+                    ir.logical_and(ir.ge(oz, 0), ir.lt(oz, g.od)),
+                    ir.logical_and(ir.ge(oy, 0), ir.lt(oy, g.oh)),
+                ),
+                (
+                    Let(dst, row0 * ohw + co * ohw + (oz * g.oh + oy) * g.ow + off),
+                    Loop(
+                        iw,
+                        hi,
+                        (Store(dest, at, ir.load(dest, at) + ir.load(col, src + irow * g.w + iw)),),
+                        start=lo,
+                    ),
+                ),
+            ),
+        ),
+    )
+    per_tap = (
+        Let(kz, kk // (g.kh * g.kw)),
+        Let(ky, (kk // g.kw) % g.kh),
+        Let(kx, kk % g.kw),
+        Let(off, kx * g.dw - g.pl),
+        # input columns iw with 0 <= iw * sw + off < ow
+        Let(lo, ir.clamp(ir.select(ir.lt(off, 0), (-off + (g.sw - 1)) // g.sw, 0), 0, g.w)),
+        Let(hi, ir.clamp(ir.select(ir.ge(g.ow - 1 - off, 0), (g.ow - 1 - off) // g.sw + 1, 0), lo, g.w)),
+        Let(src, (co * khw + kk) * hw),
+        scatter,
+    )
+    body: list[Stmt] = [
+        Let(cb, task % ctn),
+        Let(gi, (task // ctn) % g.group),
+        Let(ni, task // (ctn * g.group)),
+        Let(ch0, cb * ct),
+        Let(ch1, ir.minimum(ch0 + ct, g.cog)),
+        contraction(
+            trans_a=True,
+            m=(ch1 - ch0) * khw,
+            n=ir.index(hw),
+            k=g.cig,
+            alpha=1.0,
+            a=ir.addr(w, gi * (g.cig * g.cog * khw) + ch0 * khw),
+            lda=g.cog * khw,
+            b=ir.addr(x, (ni * g.cin + gi * g.cig) * hw),
+            ldb=hw,
+            c=ir.addr(col, 0),
+            ldc=hw,
+        ),
+        Let(row0, ni * g.cout + gi * g.cog + ch0),
+        Loop(z, (ch1 - ch0) * ohw, (Store(dest, row0 * ohw + z, ir.const(0.0, DType.F32)),), vector=True),
+        Loop(co, ch1 - ch0, (Loop(kk, khw, per_tap),)),
+        *finish((row0, row0 + (ch1 - ch0)), (ir.index(0), ir.index(ohw))),
+    ]
+    return [Loop(task, tasks, tuple(body), parallel=parallel, dynamic=parallel, scratch=(col,))]

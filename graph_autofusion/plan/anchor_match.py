@@ -19,8 +19,8 @@ succeeds". A match is
   where the GEMM stores each tile (`OutputTail`).
 
 `to_json` is the form the exporter writes into the fused function's doc_string
-(docs/fused-format.md). Conv/ConvTranspose matches carry no contraction (conv.py computes their
-geometry).
+(docs/fused-format.md). Conv/ConvTranspose matches carry no contraction (lower/conv.py computes
+their geometry).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""Lowering Conv anchors to kernel IR (lower/conv.py): each method's tile loop, its contraction
-calls through the one choice point (OpenBLAS, or the library on a weight packed once at load),
-and the rendered kernels computing what onnxruntime computes, in both contraction modes."""
+"""Lowering Conv and ConvTranspose anchors to kernel IR (lower/conv.py): each method's tile loop,
+its contraction calls through the one choice point (OpenBLAS, or the library on a weight packed
+once at load), and the rendered kernels computing what onnxruntime computes, in both contraction
+modes."""
 
 from __future__ import annotations
 
@@ -23,22 +24,24 @@ from graph_autofusion.backend.cpu.render_c import PREPACK_SUFFIX, WORKSPACE_SUFF
 from graph_autofusion.kernel_ir import Call, Kernel, Loop
 from graph_autofusion.lower.anchor import CONTRACTION_ROUTINE, PACKED_A_ROUTINE, method_of
 from graph_autofusion.lower.conv import lower_conv
-from graph_autofusion.lower.values import Unsupported
 
 F = onnx.TensorProto.FLOAT
 MODES = ("library", "blas")
 IM2COL, GEMM1X1, DEPTHWISE = "conv_im2col_tiled", "conv1x1_gemm", "conv_depthwise"
 
 
-def _model(x_shape, w_shape, *, bias: bool, relu: bool, **attrs) -> tuple[onnx.ModelProto, dict]:
+def _model(
+    x_shape, w_shape, *, bias: bool, relu: bool, op: str = "Conv", **attrs
+) -> tuple[onnx.ModelProto, dict]:
     rng = np.random.default_rng(7)
     w = rng.standard_normal(w_shape).astype(np.float32)
     inits = [numpy_helper.from_array(w, "w")]
     ins = ["x", "w"]
     if bias:
-        inits.append(numpy_helper.from_array(rng.standard_normal(w_shape[0]).astype(np.float32), "b"))
+        cout = w_shape[1] * int(attrs.get("group", 1)) if op == "ConvTranspose" else w_shape[0]
+        inits.append(numpy_helper.from_array(rng.standard_normal(cout).astype(np.float32), "b"))
         ins.append("b")
-    nodes = [helper.make_node("Conv", ins, ["y"], **attrs)]
+    nodes = [helper.make_node(op, ins, ["y"], **attrs)]
     out = "y"
     if relu:
         nodes.append(helper.make_node("Relu", ["y"], ["o"]))
@@ -198,15 +201,39 @@ def test_im2col_uses_a_workspace_slice_not_an_allocation() -> None:
     assert "malloc" not in render_kernel(kernel)
 
 
-def test_conv_transpose_is_not_lowered_here() -> None:
-    x = helper.make_tensor_value_info("x", F, [1, 4, 5, 5])
-    y = helper.make_tensor_value_info("y", F, [1, 6, 11, 11])
-    w = numpy_helper.from_array(np.ones((4, 6, 3, 3), np.float32), "w")
-    node = helper.make_node("ConvTranspose", ["x", "w"], ["y"], strides=[2, 2])
-    model = helper.make_model(helper.make_graph([node], "ct", [x], [y], [w]), ir_version=8)
-    spec, _ = _spec(model)
-    with pytest.raises(Unsupported, match="ConvTranspose"):
-        lower_conv(spec)
+TRANSPOSE_CASES = {
+    "s2_output_padding": (
+        (1, 8, 5, 5), (8, 6, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1]}
+    ),
+    "asym_pads_dilated": (
+        (2, 4, 6, 5), (4, 3, 3, 2), {"strides": [1, 2], "pads": [0, 1, 2, 0], "dilations": [2, 1]}
+    ),
+    "grouped": ((1, 6, 4, 4), (6, 2, 3, 3), {"group": 3, "strides": [2, 2]}),
+    "same_upper": ((1, 4, 5, 6), (4, 5, 3, 3), {"strides": [2, 2], "auto_pad": "SAME_UPPER"}),
+    "conv1d": ((1, 4, 9), (4, 3, 4), {"strides": [3], "pads": [1, 1]}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", sorted(TRANSPOSE_CASES))
+def test_conv_transpose_matches_onnxruntime(
+    name: str, mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(CONTRACTION_ENV, mode)
+    x_shape, w_shape, attrs = TRANSPOSE_CASES[name]
+    model, feeds = _model(x_shape, w_shape, bias=True, relu=True, op="ConvTranspose", **attrs)
+    spec, weights = _spec(model)
+    kernel = lower_conv(spec)
+    assert method_of(kernel) == "conv_transpose_col2im"
+    # W_g is read transposed in place: OpenBLAS in both modes, the column buffer a workspace slice
+    assert {c.function for c in _calls(kernel.body)} == {CONTRACTION_ROUTINE} and not kernel.packed
+    (task,) = [s for s in kernel.body if isinstance(s, Loop)]
+    assert [b.name for b in task.scratch] == ["col"]
+    got = _run(kernel, [feeds["x"], *weights], tmp_path)
+    (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, feeds
+    )
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-3)
 
 
 def _walk(body):

@@ -5,9 +5,9 @@
     attention.py   the attention template: lower/attention.py's IR, rendered
     pool.py        MaxPool / AveragePool / LpPool windows (an index rule of lower/values.py)
     single.py      other single ops whose rule folds an axis (ArgMax, CumSum)
-    anchor.py      Conv / MatMul / Gemm with their epilogues (BLAS): a MatMul/Gemm anchor is its
-                   AnchorMatch lowered to the IR (lower/anchor.py), rendered; Conv and anchor
-                   chains are still C text (conv.py, gemm.py, epilogue.py)
+    anchor.py      Conv / ConvTranspose / MatMul / Gemm with their epilogues: a single anchor is
+                   its AnchorMatch lowered to the IR (lower/anchor.py, lower/conv.py), rendered;
+                   anchor chains are still C text (gemm.py, epilogue.py)
     common.py      what the anchor generators share
 
 A generator that meets something it cannot compile raises `CodegenUnsupported`; the runtime then

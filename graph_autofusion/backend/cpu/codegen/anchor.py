@@ -8,15 +8,15 @@ the linear index the epilogue runs on), and a MatMul/Gemm may end in one output 
 keeps the last axis last (followed only by views): the GEMM then stores each tile straight into
 the permuted layout instead of writing the product and copying it.
 
-A single MatMul/Gemm anchor is its `AnchorMatch` (plan/anchor_match.py) lowered to the kernel IR
-by lower/anchor.py and rendered by render_c.py. Conv/ConvTranspose and the row-block chain are
-still C text assembled here from the pieces next door: `gemm.py` (views, GEMM problems, chain
-tiling), `conv.py` (conv geometry and methods), `epilogue.py` (operands and the per-tile epilogue).
+A single anchor is its `AnchorMatch` (plan/anchor_match.py) lowered to the kernel IR by
+lower/anchor.py (MatMul/Gemm) or lower/conv.py (Conv/ConvTranspose) and rendered by render_c.py.
+The row-block chain is still C text assembled here from the pieces next door: `gemm.py` (views,
+GEMM problems, chain tiling), `epilogue.py` (operands and the per-tile epilogue).
 
 With `AUTOFUSION_CONTRACTION=library`, a constant weight operand is packed once at load for the
 contraction library (backend/cpu/contraction), on both paths and by the same convention
 (kernel_spec.py: `<symbol>_prepack`): C text reserves its blocks with `_Kernel.pack`; a lowered
-MatMul/Gemm holds it as the IR kernel's `packed` buffer and `prepack` loop. Either way the
+MatMul/Gemm/Conv holds it as the IR kernel's `packed` buffer and `prepack` loop. Either way the
 library's text sits atop the unit.
 """
 
@@ -29,14 +29,13 @@ import onnx
 
 from ....kernel_ir import Call, Kernel, Loop, Stmt
 from ....lower.anchor import CONTRACTION_ROUTINE, lower_anchor, method_of
-from ....lower.conv import conv_geometry, lower_conv
-from ....plan.anchor_match import AnchorMatch, match_anchor
+from ....lower.conv import lower_conv
+from ....plan.anchor_match import match_anchor
 from ..blas import BLAS_PREAMBLE
 from ..contraction import b_panels_floats, contraction_mode, library_source
 from ..kernel_spec import KernelSpec
 from ..render_c import WORKSPACE_SUFFIX, c_comment, render_kernel
 from .common import PRELUDE, CodegenUnsupported, attrs_of
-from .conv import bias_shape, emit_conv_transpose_body
 from .epilogue import (
     EPILOGUE_VIEWS,
     ERF_PRELUDE,
@@ -203,10 +202,8 @@ def emit_anchor(spec: KernelSpec) -> AnchorKernel:
     if len(anchors) != 1:
         raise CodegenUnsupported(f"an anchor kernel has exactly one anchor, found {len(anchors)}")
     match = match_anchor(spec)
-    if match.anchor.op_type == "Conv":
+    if match.contraction is None:  # Conv / ConvTranspose
         return _rendered(lower_conv(spec, match))
-    if match.contraction is None:
-        return _emit_conv_transpose(kernel, match)
     return _rendered(lower_anchor(spec, match))
 
 
@@ -235,43 +232,6 @@ def _destination(kernel: _Kernel, epi: Epilogue, anchor_output: str) -> tuple[st
     dest, write_back, flat = plan_destination(epi, kernel.ops, anchor_output=anchor_output)
     call = kernel.epilogue_call(epi, write_back, flat)
     return kernel.ops.output_pointer(dest), call
-
-
-def _emit_conv_transpose(kernel: _Kernel, match: AnchorMatch) -> AnchorKernel:
-    """A ConvTranspose anchor from its match (dense operands: a conv takes no prologue)."""
-    ops = kernel.ops
-    node, rest = match.anchor, list(match.epilogue)
-    geom = conv_geometry(node, ops)
-    y = node.output[0]
-    y_shape = ops.shape(y)
-    pre: list[Step] = []
-    source = y
-    overrides: dict[str, tuple[int, ...]] = {}
-    if len(node.input) > 2 and node.input[2]:
-        source = f"__af_acc_{kernel.spec.symbol}"
-        ops.shapes[source] = y_shape
-        pre.append(Step("Add", (source, node.input[2]), y))
-        overrides[node.input[2]] = bias_shape(node, ops)
-    epi = build_epilogue(
-        ops,
-        source=source,
-        anchor_output=y,
-        domain=y_shape,
-        split=2,
-        pre_steps=pre,
-        nodes=rest,
-        shape_overrides=overrides,
-    )
-    y_ptr, call = _destination(kernel, epi, y)
-    x_ptr, w_ptr = (ops.pointer(view.tensor) for view in match.operands[:2])
-    body, method = emit_conv_transpose_body(geom, x_ptr, w_ptr, y_ptr, call)
-    desc = (
-        f"{node.op_type} {geom.n}x{geom.cin}x{geom.d}x{geom.h}x{geom.w} -> {geom.cout}x{geom.od}x{geom.oh}x"
-        f"{geom.ow}, kernel {geom.kd}x{geom.kh}x{geom.kw}, stride {geom.sd}x{geom.sh}x{geom.sw}, "
-        f"group {geom.group}; "
-        f"epilogue {epi.describe()}"
-    )
-    return kernel.assemble(body, method, True, desc)
 
 
 def _gemm_pre_steps(

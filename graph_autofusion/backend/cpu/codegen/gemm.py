@@ -2,7 +2,7 @@
 
 A single MatMul/Gemm anchor is lowered to the kernel IR (lower/anchor.py, which also holds the
 tile sizes and the reasoning behind them); what stays here serves the row-block chain
-GEMM -> epilogue -> GEMM -> epilogue (`emit_chain_body`) and conv.py: operand views through
+GEMM -> epilogue -> GEMM -> epilogue (`emit_chain_body`): operand views through
 stride-only prologues (`trace_view`: Transpose, Reshape, Squeeze/Unsqueeze/Flatten/Identity,
 Split outputs and step-1 Slices as a base offset), GEMM problems (`matmul_problem`,
 `gemm_problem`), and one tile's sgemm call (`sgemm_tile`), packing a view BLAS cannot address
