@@ -12,7 +12,8 @@ scale as an epilogue, the attention context stored through Transpose(0,2,1,3) ->
 Conv1D (Gemm with C, Reshape, residual); a small MLP layer; ResNet-50's convs (the 7x7 stride-2
 stem, a 3x3, a 3x3 stride 2, a 1x1 expansion with the residual add, the stride-2 1x1 downsample,
 a 3x3 on 7x7 pixels) and MobileNetV2's (3x3 depthwise, stride 1 and 2, with ReLU6 as Clip; a 1x1
-expansion and projection), each with its folded-BatchNorm bias and activation.
+expansion and projection), each with its folded-BatchNorm bias and activation; and a
+ConvTranspose 2x upsampling.
 
 The float constants the kernels take as parameters are the spec's `weights` (where the checkout's
 KernelSpec has that field), so with `AUTOFUSION_CONTRACTION=library` (the default) each side
@@ -135,16 +136,17 @@ def _conv_problems(r: Callable[..., np.ndarray]) -> dict[str, Problem]:
         *,
         act: str = "relu",
         res: tuple[int, ...] | None = None,
+        op: str = "Conv",
         **attrs: object,
     ) -> Problem:
-        nodes = [N("Conv", ["x", "w", "b"], ["y"], **attrs)]
+        nodes = [N(op, ["x", "w", "b"], ["y"], **attrs)]
         feeds = {"x": r(*x)}
         last = "y"
         if res is not None:
             nodes.append(N("Add", ["y", "res"], ["ya"]))
             feeds["res"] = r(*res)
             last = "ya"
-        consts = {"w": r(*w), "b": r(w[0])}
+        consts = {"w": r(*w), "b": r(w[1] if op == "ConvTranspose" else w[0])}
         if act == "relu":
             nodes.append(N("Relu", [last], ["o"]))
         elif act == "relu6":
@@ -168,6 +170,8 @@ def _conv_problems(r: Callable[..., np.ndarray]) -> dict[str, Problem]:
         ),
         "conv_mbv2_1x1_expand": conv((1, 24, 56, 56), (144, 24, 1, 1), act="relu6"),
         "conv_mbv2_1x1_project": conv((1, 144, 56, 56), (24, 144, 1, 1), act="none"),
+        # a decoder's 2x upsampling (U-Net / FCN style), weights [Cin, Cout, 4, 4]
+        "convT_up2_4x4_28": conv((1, 128, 28, 28), (128, 64, 4, 4), op="ConvTranspose", strides=s2, pads=p1),
     }
 
 
