@@ -214,6 +214,9 @@ class _EpilogueValues(KernelValues):
         super().__init__(spec)
         self.match = match
         self.raw_at: tuple[Buffer, tuple[int, ...] | None] | None = None  # set by lower_anchor
+        # Where the raw product's element 0 of the tile rows sits: subtracted from every raw
+        # index, so that a chain's per-thread workspace slice holds only its row block.
+        self.raw_origin: Expr | None = None
 
     def _leaf(self, at: TensorAt) -> Expr | None:
         match = self.match
@@ -228,6 +231,8 @@ class _EpilogueValues(KernelValues):
             where = ir.index(0)
             for e, s in zip(idx, strides, strict=True):
                 where = e * s + where if s else where
+        if self.raw_origin is not None:
+            where = where - self.raw_origin
         value: Expr = ir.load(buf, where)
         if match.addend is not None:
             add = match.addend
@@ -418,10 +423,12 @@ def epilogue_nest(
     out_buf: dict[str, Buffer],
     rows: tuple[Expr, Expr],
     cols: tuple[Expr, Expr],
+    dest_origin: Expr | None = None,
 ) -> Loop:
     """The epilogue over the tile just computed: rows `r` in [rows) over the flattened leading
     `match.split` domain axes (batch x M; a conv's N x C), columns `c` in [cols) over the rest
-    (N; a conv's pixels), every output value resolved at the domain index and stored."""
+    (N; a conv's pixels), every output value resolved at the domain index and stored.
+    `dest_origin`: subtracted from the destination's index (a workspace holding one row block)."""
     domain, split = match.domain, match.split
     row_dims, col_dims = domain[:split], domain[split:]
     r, c = ir.var("r"), ir.var("c")
@@ -453,6 +460,8 @@ def epilogue_nest(
             where = ir.index(0)
             for e, s in zip(names, match.tail.strides, strict=True):
                 where = e * s + where if s else where
+        if dest_origin is not None:
+            where = where - dest_origin
         v = ir.var("wb", DType.F32)
         lets.append(Let(v, _resolve(values, write_back, names, domain)))
         stores.append(Store(dest, where, v))

@@ -677,25 +677,26 @@ def match_chain(spec: KernelSpec) -> ChainMatch:
     first, second = anchors
     if first.op_type not in GEMM_OPS or second.op_type not in GEMM_OPS:
         raise Unsupported("only MatMul/Gemm pairs share a kernel")
-    middle: list[onnx.NodeProto] = []
     node = body.producer.get(second.input[0])
     while node is not None and node is not first:
-        if not (_elementwise_or_view(node) or lookup(node.op_type).kind == OpKind.VIEW):
-            raise Unsupported(f"{node.op_type} between the two contractions is not elementwise")
-        middle.append(node)
         node = body.producer.get(node.input[0])
     if node is not first:
         raise Unsupported("the second contraction does not consume the first")
-    middle.reverse()
+    # Every node on a path from the first product to the second's left operand, side branches
+    # included (GELU's `x * 0.5 * (1 + erf(x / sqrt 2))` reads x three times).
+    after_first = {id(n) for n in body.descendants(first)}
+    middle = [n for n in body.ancestors(second) if id(n) in after_first]
+    for n in middle:
+        if not (_elementwise_or_view(n) or lookup(n.op_type).kind == OpKind.VIEW):
+            raise Unsupported(f"{n.op_type} between the two contractions is not elementwise")
     y1 = first.output[0]
     n1 = (body.shape(y1) or (0,))[-1]
     k2 = (body.shape(second.input[0]) or (0,))[-1]
     rows1, rows2 = body.numel(y1) // max(n1, 1), body.numel(second.input[0]) // max(k2, 1)
-    if n1 != k2 or rows1 != rows2:
+    # A view may change the row length (rows of n1 re-read as rows of k2): the chain then runs
+    # on blocks of whole rows of both, so only the element count must agree.
+    if n1 < 1 or k2 < 1 or rows1 * n1 != rows2 * k2:
         raise Unsupported("the reshape between the contractions does not keep rows")
-    for n in (first, *middle):
-        if any(o in body.outputs for o in n.output if o):
-            raise Unsupported("the intermediate of a contraction chain is read outside the kernel")
     for n in middle:
         if lookup(n.op_type).kind != OpKind.VIEW and body.numel(n.output[0]) != body.numel(y1):
             raise Unsupported("the first contraction's epilogue changes its domain")

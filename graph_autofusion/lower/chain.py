@@ -1,0 +1,249 @@
+"""Two chained MatMul/Gemm anchors as kernel IR: per row block, both products and both epilogues,
+the intermediate in a per-thread workspace slice that never leaves the cache.
+
+What the kernel computes is its `ChainMatch` (plan/anchor_match.py); each half is the
+`AnchorMatch` of a one-anchor spec over that half's nodes (`sub_spec`), so the operand views,
+Gemm addends and output tails are the planner's, not re-derived here:
+
+    for blk in 0..blocks (parallel, dynamic):            # row blocks of the first product
+        m0, m1 = the block's rows
+        contraction(A1 rows [m0, m1), B1 -> h)           # h: this thread's workspace slice
+        for r, c in the block: h[r - m0, c] <- middle epilogue(h[r - m0, c])
+        contraction(h, B2 -> Y rows [m0, m1))
+        for r, c in the block: Y[r, c] (and other outputs) <- epilogue(Y[r, c])
+
+A view between the two products keeps the rows (the match says so), so a row block of the first
+product is the same row block of the second's left operand. Both products go through
+`lower.anchor.contraction`, so with `AUTOFUSION_CONTRACTION=library` each constant weight is
+packed once at load as one block of all its columns (the chain computes whole rows).
+"""
+
+from __future__ import annotations
+
+import math
+
+import onnx
+
+from ..backend.cpu.contraction import contraction_mode
+from ..backend.cpu.kernel_spec import KernelSpec
+from ..kernel_ir import Buffer, DType, Expr, Kernel, Let, Loop, Stmt
+from ..kernel_ir import nodes as ir
+from ..plan.anchor_match import AnchorMatch, ChainMatch, Contraction, match_anchor, match_chain
+from .anchor import (
+    PARALLEL_MIN_MACS,
+    TILE_ROWS,
+    PackedPanels,
+    _EpilogueValues,
+    _is_raw,
+    contraction,
+    epilogue_nest,
+    pack_weights,
+)
+from .values import Unsupported
+
+# Rows of the intermediate per block: half an anchor tile, a multiple of 8, so that the block's
+# intermediate (rows x N1 floats) stays in L2 between the two products.
+CHAIN_ROWS = TILE_ROWS // 2
+CHAIN_ROW_STEP = 8
+MIN_BLOCKS = 4
+
+
+def sub_spec(
+    spec: KernelSpec, symbol: str, nodes: list[onnx.NodeProto], extra_outputs: list[str]
+) -> KernelSpec:
+    """A one-anchor spec over part of a chain's body; its parameters keep the body's tensor names
+    (`extra_outputs`: the intermediate, an output of the first half and an input of the second)."""
+    constants = [n for n in spec.nodes if n.op_type == "Constant" and n not in nodes]
+    body = [*constants, *nodes]
+    body.sort(key=lambda n: list(spec.nodes).index(n))
+    produced = {o for n in body for o in n.output if o}
+    params = {t.name for t in spec.inputs} | set(extra_outputs)
+    reads: list[str] = []
+    for n in body:
+        for name in n.input:
+            if name and name not in produced and name not in reads and name in params:
+                reads.append(name)
+    kernel_outputs = {t.name for t in spec.outputs}
+    outputs = [o for n in nodes for o in n.output if o in kernel_outputs or o in extra_outputs]
+    return KernelSpec(
+        symbol=symbol,
+        template="anchor",
+        nodes=tuple(body),
+        inputs=tuple(spec.tensors[r] for r in reads),
+        outputs=tuple(spec.tensors[o] for o in dict.fromkeys(outputs)),
+        tensors=spec.tensors,
+        constants=spec.constants,
+        pattern=spec.pattern,
+        members=spec.members,
+    )
+
+
+def chain_halves(spec: KernelSpec, chain: ChainMatch) -> tuple[AnchorMatch, AnchorMatch]:
+    """The anchor matches of the chain's two halves: first + middle (ending in the second's left
+    operand), second + epilogue (reading it)."""
+    h = chain.second.input[0]
+    first = sub_spec(spec, f"{spec.symbol}_s1", [chain.first, *chain.middle], [h])
+    second = sub_spec(spec, f"{spec.symbol}_s2", [chain.second, *chain.epilogue], [h])
+    return match_anchor(first), match_anchor(second)
+
+
+def row_blocks(p1: Contraction, p2: Contraction, den: int = 1) -> tuple[int, int]:
+    """(rows per block, blocks): about CHAIN_ROWS rows of the first product, a multiple of `den`
+    (so that a block is whole rows of the second's left operand too), at least MIN_BLOCKS blocks
+    when the chain is worth parallelising."""
+    step = math.lcm(CHAIN_ROW_STEP, den)
+    blocks = max(1, -(-p1.m // max(step, CHAIN_ROWS // step * step)))
+    if p1.macs + p2.macs >= PARALLEL_MIN_MACS and blocks < MIN_BLOCKS and p1.m >= MIN_BLOCKS * step:
+        blocks = MIN_BLOCKS
+    per_block = -(-p1.m // blocks)
+    mb = min(p1.m, -(-per_block // step) * step)
+    return mb, -(-p1.m // mb)
+
+
+def _weights(values: _EpilogueValues, p: Contraction, name: str) -> tuple[Buffer, Loop, int] | None:
+    """The right operand packed once at load as one block of all columns when the library
+    contracts (a weight bound at every call, fp32, shared across rows); None: OpenBLAS."""
+    if contraction_mode() != "library" or p.b.tensor not in values.spec.weights or p.k < 1 or p.n < 1:
+        return None
+    b = values.buffer_of(p.b.tensor)
+    if b.role != "input" or b.dtype is not DType.F32:
+        return None
+    return pack_weights(k=p.k, n=p.n, nb=p.n, b=b, offset=p.b.offset, rs=p.b.rs, cs=p.b.cs, name=name)
+
+
+def _right(
+    values: _EpilogueValues, p: Contraction, weights: tuple[Buffer, Loop, int] | None
+) -> tuple[Expr | PackedPanels, bool, int]:
+    if weights is not None:
+        return PackedPanels(ir.addr(weights[0], 0)), False, 0
+    layout = p.b.blas()
+    if layout is None:
+        raise Unsupported("a chained weight BLAS cannot read in place")
+    return ir.addr(values.buffer_of(p.b.tensor), p.b.offset), layout[0], layout[1]
+
+
+def lower_chain(spec: KernelSpec, chain: ChainMatch | None = None) -> Kernel:
+    """The kernel of an `anchor_chain` spec; raises `Unsupported` when its layout rules out row
+    blocks (the caller then runs the halves as two anchor kernels)."""
+    chain = chain or match_chain(spec)
+    match1, match2 = chain_halves(spec, chain)
+    p1, p2 = match1.contraction, match2.contraction
+    h = chain.second.input[0]
+    if p1 is None or p2 is None or p1.batch or p2.batch:
+        raise Unsupported("a matmul chain needs weights shared across the batch")
+    if match1.tail is not None or p1.c_rs != p1.n:
+        raise Unsupported("the chain's intermediate is not a dense row block")
+    a2 = p2.a
+    if a2.tensor != h or a2.offset or a2.rs != p2.k or a2.cs != 1 or p1.m * p1.n != p2.m * p2.k:
+        raise Unsupported("the second matmul does not read the intermediate's rows in place")
+    # A block of r rows of the intermediate is r * num / den rows of the second's left operand.
+    g = math.gcd(p1.n, p2.k)
+    num, den = p1.n // g, p2.k // g
+    a1 = p1.a.blas()
+    if a1 is None:
+        raise Unsupported("the first matmul's left operand needs packing")
+    values = _EpilogueValues(spec, match1)
+    out_buf = {t.name: values.params[len(spec.inputs) + k] for k, t in enumerate(spec.outputs)}
+    w1, w2 = _weights(values, p1, "packed_b1"), _weights(values, p2, "packed_b2")
+    b1, tb1, ldb1 = _right(values, p1, w1)
+    b2, tb2, ldb2 = _right(values, p2, w2)
+
+    # The second half's destination, as a single anchor's (lower_anchor).
+    y = match2.anchor.output[0]
+    flat = [v for v in [y, *(n.output[0] for n in match2.epilogue)] if v in out_buf]
+    if match2.tail is not None:
+        dest, value, strides = match2.tail.output, match2.tail.value, match2.tail.strides
+    else:
+        if not flat:
+            raise Unsupported("no value of the chain's epilogue is a kernel output")
+        dest = y if y in flat else flat[-1]
+        value, strides = dest, None
+    flat = [v for v in flat if v != dest]
+    write_back2 = None if _is_raw(match2, value) else value
+    write_back1 = None if _is_raw(match1, h) else h
+    # First-half values the kernel also returns (the activated hidden layer, say): stored while
+    # the block is hot, at their own linear index.
+    y1 = match1.anchor.output[0]
+    flat1 = [v for v in [y1, *(n.output[0] for n in match1.epilogue)] if v in out_buf]
+
+    cols1, cols2 = (ir.index(0), ir.index(p1.n)), (ir.index(0), ir.index(p2.n))
+    mb, blocks = row_blocks(p1, p2, den)
+    r0, r1 = ir.var("r0"), ir.var("r1")
+    ws = Buffer("h", DType.F32, mb * p1.n, "scratch")
+    blk, m0, m1 = ir.var("blk"), ir.var("m0"), ir.var("m1")
+    body: list[Stmt] = [Let(m0, blk * mb), Let(m1, ir.minimum(m0 + mb, p1.m))]
+    if (num, den) != (1, 1):
+        body += [Let(r0, m0 * num // den), Let(r1, m1 * num // den)]
+    else:
+        r0, r1 = m0, m1
+    body.append(
+        contraction(
+            trans_a=a1[0],
+            m=m1 - m0,
+            n=ir.index(p1.n),
+            k=p1.k,
+            alpha=p1.alpha,
+            a=ir.addr(values.buffer_of(p1.a.tensor), p1.a.offset + m0 * p1.a.rs),
+            lda=a1[1],
+            b=b1,
+            trans_b=tb1,
+            ldb=ldb1,
+            c=ir.addr(ws, 0),
+            ldc=p1.n,
+        )
+    )
+    if write_back1 is not None or flat1:
+        values.raw_at, values.raw_origin = (ws, None), m0 * p1.n
+        body.append(
+            epilogue_nest(
+                values,
+                match1,
+                ws,
+                write_back1,
+                flat1,
+                out_buf,
+                (m0, m1),
+                cols1,
+                m0 * p1.n,
+            )
+        )
+    y_buf = out_buf[dest]
+    body.append(
+        contraction(
+            trans_a=False,
+            m=r1 - r0,
+            n=ir.index(p2.n),
+            k=p2.k,
+            alpha=p2.alpha,
+            a=ir.addr(ws, 0),
+            lda=p2.k,
+            b=b2,
+            trans_b=tb2,
+            ldb=ldb2,
+            c=ir.addr(y_buf, r0 * p2.c_rs),
+            ldc=p2.c_rs,
+        )
+    )
+    if write_back2 is not None or flat:
+        values.match, values.raw_at, values.raw_origin = match2, (y_buf, strides), None
+        body.append(epilogue_nest(values, match2, y_buf, write_back2, flat, out_buf, (r0, r1), cols2))
+    parallel = blocks > 1 and p1.macs + p2.macs >= PARALLEL_MIN_MACS
+    loop = Loop(blk, blocks, tuple(body), parallel=parallel, dynamic=parallel, scratch=(ws,))
+    weights = [w for w in (w1, w2) if w is not None]
+    middle = " -> ".join(n.op_type for n in match1.epilogue) or "none"
+    after = " -> ".join(n.op_type for n in match2.epilogue) or "none"
+    what = (
+        f"method: matmul_chain; [{p1.m}x{p1.k}]x[{p1.k}x{p1.n}] -> {middle}"
+        f" -> [{p2.m}x{p2.k}]x[{p2.k}x{p2.n}] -> {after}; {blocks} row blocks of {mb},"
+        " the intermediate in a per-thread workspace slice"
+        + (f"; {len(weights)} weight(s) packed once at load (contraction library)" if weights else "")
+    )
+    return Kernel(
+        spec.symbol,
+        tuple(values.params),
+        (loop,) if math.prod(match2.domain) and p1.m else (),
+        tuple(values.const_buffers.values()),
+        spec.describe(what),
+        packed=tuple(w[0] for w in weights),
+        prepack=tuple(w[1] for w in weights),
+    )
