@@ -87,12 +87,11 @@ def chain_halves(spec: KernelSpec, chain: ChainMatch) -> tuple[AnchorMatch, Anch
     return match_anchor(first), match_anchor(second)
 
 
-def row_blocks(p1: Contraction, p2: Contraction, den: int = 1) -> tuple[int, int]:
-    """(rows per block, blocks): about CHAIN_ROWS rows of the first product, a multiple of `den`
-    (so that a block is whole rows of the second's left operand too), at least MIN_BLOCKS blocks
-    when the chain is worth parallelising."""
-    step = math.lcm(CHAIN_ROW_STEP, den)
-    blocks = max(1, -(-p1.m // max(step, CHAIN_ROWS // step * step)))
+def row_blocks(p1: Contraction, p2: Contraction) -> tuple[int, int]:
+    """(rows per block, blocks): about CHAIN_ROWS rows, a multiple of CHAIN_ROW_STEP, at least
+    MIN_BLOCKS blocks when the chain is worth parallelising."""
+    step = CHAIN_ROW_STEP
+    blocks = max(1, -(-p1.m // CHAIN_ROWS))
     if p1.macs + p2.macs >= PARALLEL_MIN_MACS and blocks < MIN_BLOCKS and p1.m >= MIN_BLOCKS * step:
         blocks = MIN_BLOCKS
     per_block = -(-p1.m // blocks)
@@ -134,11 +133,8 @@ def lower_chain(spec: KernelSpec, chain: ChainMatch | None = None) -> Kernel:
     if match1.tail is not None or p1.c_rs != p1.n:
         raise Unsupported("the chain's intermediate is not a dense row block")
     a2 = p2.a
-    if a2.tensor != h or a2.offset or a2.rs != p2.k or a2.cs != 1 or p1.m * p1.n != p2.m * p2.k:
+    if a2.tensor != h or a2.offset or a2.rs != p2.k or a2.cs != 1 or p1.n != p2.k or p1.m != p2.m:
         raise Unsupported("the second matmul does not read the intermediate's rows in place")
-    # A block of r rows of the intermediate is r * num / den rows of the second's left operand.
-    g = math.gcd(p1.n, p2.k)
-    num, den = p1.n // g, p2.k // g
     a1 = p1.a.blas()
     if a1 is None:
         raise Unsupported("the first matmul's left operand needs packing")
@@ -161,21 +157,12 @@ def lower_chain(spec: KernelSpec, chain: ChainMatch | None = None) -> Kernel:
     flat = [v for v in flat if v != dest]
     write_back2 = None if _is_raw(match2, value) else value
     write_back1 = None if _is_raw(match1, h) else h
-    # First-half values the kernel also returns (the activated hidden layer, say): stored while
-    # the block is hot, at their own linear index.
-    y1 = match1.anchor.output[0]
-    flat1 = [v for v in [y1, *(n.output[0] for n in match1.epilogue)] if v in out_buf]
 
     cols1, cols2 = (ir.index(0), ir.index(p1.n)), (ir.index(0), ir.index(p2.n))
-    mb, blocks = row_blocks(p1, p2, den)
-    r0, r1 = ir.var("r0"), ir.var("r1")
+    mb, blocks = row_blocks(p1, p2)
     ws = Buffer("h", DType.F32, mb * p1.n, "scratch")
     blk, m0, m1 = ir.var("blk"), ir.var("m0"), ir.var("m1")
     body: list[Stmt] = [Let(m0, blk * mb), Let(m1, ir.minimum(m0 + mb, p1.m))]
-    if (num, den) != (1, 1):
-        body += [Let(r0, m0 * num // den), Let(r1, m1 * num // den)]
-    else:
-        r0, r1 = m0, m1
     body.append(
         contraction(
             trans_a=a1[0],
@@ -192,7 +179,7 @@ def lower_chain(spec: KernelSpec, chain: ChainMatch | None = None) -> Kernel:
             ldc=p1.n,
         )
     )
-    if write_back1 is not None or flat1:
+    if write_back1 is not None:
         values.raw_at, values.raw_origin = (ws, None), m0 * p1.n
         body.append(
             epilogue_nest(
@@ -200,7 +187,7 @@ def lower_chain(spec: KernelSpec, chain: ChainMatch | None = None) -> Kernel:
                 match1,
                 ws,
                 write_back1,
-                flat1,
+                [],
                 out_buf,
                 (m0, m1),
                 cols1,
@@ -211,7 +198,7 @@ def lower_chain(spec: KernelSpec, chain: ChainMatch | None = None) -> Kernel:
     body.append(
         contraction(
             trans_a=False,
-            m=r1 - r0,
+            m=m1 - m0,
             n=ir.index(p2.n),
             k=p2.k,
             alpha=p2.alpha,
@@ -220,13 +207,13 @@ def lower_chain(spec: KernelSpec, chain: ChainMatch | None = None) -> Kernel:
             b=b2,
             trans_b=tb2,
             ldb=ldb2,
-            c=ir.addr(y_buf, r0 * p2.c_rs),
+            c=ir.addr(y_buf, m0 * p2.c_rs),
             ldc=p2.c_rs,
         )
     )
     if write_back2 is not None or flat:
         values.match, values.raw_at, values.raw_origin = match2, (y_buf, strides), None
-        body.append(epilogue_nest(values, match2, y_buf, write_back2, flat, out_buf, (r0, r1), cols2))
+        body.append(epilogue_nest(values, match2, y_buf, write_back2, flat, out_buf, (m0, m1), cols2))
     parallel = blocks > 1 and p1.macs + p2.macs >= PARALLEL_MIN_MACS
     loop = Loop(blk, blocks, tuple(body), parallel=parallel, dynamic=parallel, scratch=(ws,))
     weights = [w for w in (w1, w2) if w is not None]

@@ -693,10 +693,11 @@ def match_chain(spec: KernelSpec) -> ChainMatch:
     n1 = (body.shape(y1) or (0,))[-1]
     k2 = (body.shape(second.input[0]) or (0,))[-1]
     rows1, rows2 = body.numel(y1) // max(n1, 1), body.numel(second.input[0]) // max(k2, 1)
-    # A view may change the row length (rows of n1 re-read as rows of k2): the chain then runs
-    # on blocks of whole rows of both, so only the element count must agree.
-    if n1 < 1 or k2 < 1 or rows1 * n1 != rows2 * k2:
+    if n1 != k2 or rows1 != rows2:
         raise Unsupported("the reshape between the contractions does not keep rows")
+    for n in (first, *middle):
+        if any(o in body.outputs for o in n.output if o):
+            raise Unsupported("the intermediate of a contraction chain is read outside the kernel")
     for n in middle:
         if lookup(n.op_type).kind != OpKind.VIEW and body.numel(n.output[0]) != body.numel(y1):
             raise Unsupported("the first contraction's epilogue changes its domain")

@@ -311,7 +311,14 @@ def test_chain_linear_reshape_linear(rng: np.random.Generator, new_shape: tuple[
         },
         template="anchor_chain",
     )
-    check(case, f"chain_reshape_{new_shape[1]}", k=max(16, new_shape[1]) * 4, method="matmul_chain")
+    if new_shape[1] == 48:  # rows of the first product are rows of the second's operand
+        check(case, f"chain_reshape_{new_shape[1]}", k=max(16, new_shape[1]) * 4, method="matmul_chain")
+        return
+    # The planner forms no chain whose reshape changes the row length (plan/anchor_match.py), and
+    # the second Gemm cannot read the first stage through a reshape prologue either.
+    spec, _ = spec_for(case, f"chain_reshape_{new_shape[1]}")
+    with pytest.raises(CodegenUnsupported, match="does not keep rows"):
+        emit_anchor(spec)
 
 
 def test_non_elementwise_epilogue_is_refused(rng: np.random.Generator) -> None:
@@ -339,7 +346,9 @@ def test_epilogue_that_broadcasts_the_product_is_refused(rng: np.random.Generato
 
 
 def test_chain_intermediate_also_returned(rng: np.random.Generator) -> None:
-    # The activated hidden layer is a kernel output too: stage 1 writes it while the block is hot.
+    # The activated hidden layer is a kernel output too: the planner forms no row-block chain
+    # around it (plan/anchor_match.py), so the two stages run one after the other and stage 1
+    # writes it, each tile while hot.
     case = make_case(
         [
             _node("Gemm", ["x", "w1", "b1"], ["h"]),
@@ -351,7 +360,7 @@ def test_chain_intermediate_also_returned(rng: np.random.Generator) -> None:
         {"w1": rand(rng, 24, 40), "b1": rand(rng, 40), "w2": rand(rng, 40, 8)},
         template="anchor_chain",
     )
-    check(case, "chain_two_outputs", k=40, method="matmul_chain")
+    check(case, "chain_two_outputs", k=40, method="matmul_chain_staged")
 
 
 def test_two_anchor_kernels_share_one_translation_unit(rng: np.random.Generator) -> None:
