@@ -1,0 +1,140 @@
+"""Two chained MatMul/Gemm anchors lowered from the planner's `ChainMatch` (lower/chain.py):
+per row block both products and both epilogues, the intermediate in a per-thread workspace
+slice. Every kernel is compiled, called the way the runtime calls it (prepack once, packed
+array, workspace) and compared with onnxruntime, on OpenBLAS and on the contraction library."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import helper
+
+from graph_autofusion.backend.cpu.contraction import CONTRACTION_ENV
+from graph_autofusion.kernel_ir import Call, Loop
+from graph_autofusion.lower.anchor import CONTRACTION_ROUTINE, PACKED_B_ROUTINE
+from graph_autofusion.lower.chain import lower_chain
+
+# The anchor kernels' harness (build a case, run it against onnxruntime) lives with their tests.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backend" / "cpu" / "codegen"))
+from anchor_helpers import check, make_case, rand, spec_for
+
+N = helper.make_node
+GELU = {
+    "sqrt2": np.array(1.4142135381698608, dtype=np.float32),
+    "one": np.array(1.0, dtype=np.float32),
+    "half": np.array(0.5, dtype=np.float32),
+}
+
+
+@pytest.fixture(params=["blas", "library"])
+def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv(CONTRACTION_ENV, request.param)
+    return str(request.param)
+
+
+def _calls(body) -> list[Call]:  # type: ignore[no-untyped-def]
+    found: list[Call] = []
+    for s in body:
+        if isinstance(s, Call):
+            found.append(s)
+        elif isinstance(s, Loop):
+            found += _calls(s.body)
+    return found
+
+
+def _check_chain(case, symbol: str, k: int, mode: str) -> None:  # type: ignore[no-untyped-def]
+    """The lowered chain runs both products per row block through the routine the mode picks
+    (both weights packed at load on the library), and computes what onnxruntime computes."""
+    spec, _ = spec_for(case, symbol, weights=True)
+    kernel = lower_chain(spec)
+    (loop,) = kernel.body
+    assert isinstance(loop, Loop) and [b.name for b in loop.scratch] == ["h"]
+    routine = PACKED_B_ROUTINE if mode == "library" else CONTRACTION_ROUTINE
+    assert [c.function for c in _calls(kernel.body)] == [routine, routine]
+    assert len(kernel.packed) == (2 if mode == "library" else 0)
+    check(case, symbol, k=k, method="matmul_chain", weights=True)
+
+
+def test_relu_between_odd_sizes(mode: str) -> None:
+    rng = np.random.default_rng(1)
+    case = make_case(
+        [N("MatMul", ["x", "w1"], ["h"]), N("Relu", ["h"], ["a"]), N("MatMul", ["a", "w2"], ["o"])],
+        {"x": rand(rng, 37, 29)},
+        ["o"],
+        {"w1": rand(rng, 29, 53), "w2": rand(rng, 53, 19)},
+        template="anchor_chain",
+    )
+    _check_chain(case, f"chain_relu_{mode}", 53, mode)
+
+
+def test_no_middle_epilogue_and_a_bias_after(mode: str) -> None:
+    """Nothing between the products: the first writes the workspace and the second reads it raw."""
+    rng = np.random.default_rng(2)
+    case = make_case(
+        [N("MatMul", ["x", "w1"], ["h"]), N("MatMul", ["h", "w2"], ["y"]), N("Add", ["y", "b"], ["o"])],
+        {"x": rand(rng, 2, 21, 24)},
+        ["o"],
+        {"w1": rand(rng, 24, 40), "w2": rand(rng, 40, 13), "b": rand(rng, 13)},
+        template="anchor_chain",
+    )
+    _check_chain(case, f"chain_plain_{mode}", 40, mode)
+
+
+def test_reshape_between_and_gemm_trans_b(mode: str) -> None:
+    """A row-keeping Reshape between the products, and a Gemm (transB, alpha, bias) second."""
+    rng = np.random.default_rng(3)
+    case = make_case(
+        [
+            N("MatMul", ["x", "w1"], ["h"]),
+            N("Relu", ["h"], ["hr"]),
+            N("Reshape", ["hr", "shape"], ["h2"]),
+            N("Gemm", ["h2", "w2", "b2"], ["o"], transB=1, alpha=0.5),
+        ],
+        {"x": rand(rng, 3, 11, 20)},
+        ["o"],
+        {
+            "w1": rand(rng, 20, 36),
+            "shape": np.array([33, 36], dtype=np.int64),
+            "w2": rand(rng, 17, 36),
+            "b2": rand(rng, 17),
+        },
+        template="anchor_chain",
+    )
+    _check_chain(case, f"chain_reshape_{mode}", 36 * 4, mode)
+
+
+def test_gelu_between_and_many_row_blocks(mode: str) -> None:
+    """GELU reads the first product on three branches; 300 rows make several row blocks (the
+    last one partial), run by the thread team."""
+    rng = np.random.default_rng(4)
+    case = make_case(
+        [
+            N("MatMul", ["x", "w1"], ["h"]),
+            N("Add", ["h", "b1"], ["hb"]),
+            N("Div", ["hb", "sqrt2"], ["g_div"]),
+            N("Erf", ["g_div"], ["g_erf"]),
+            N("Add", ["g_erf", "one"], ["g_add"]),
+            N("Mul", ["hb", "g_add"], ["g_mul"]),
+            N("Mul", ["g_mul", "half"], ["a"]),
+            N("MatMul", ["a", "w2"], ["y"]),
+            N("Add", ["y", "b2"], ["z"]),
+            N("Add", ["z", "x"], ["o"]),
+        ],
+        {"x": rand(rng, 300, 64)},
+        ["o"],
+        {
+            "w1": rand(rng, 64, 200),
+            "b1": rand(rng, 200),
+            "w2": rand(rng, 200, 64) * 0.25,
+            "b2": rand(rng, 64),
+            **GELU,
+        },
+        template="anchor_chain",
+    )
+    spec, _ = spec_for(case, "probe")
+    (loop,) = lower_chain(spec).body
+    assert isinstance(loop, Loop) and loop.parallel and loop.stop == 5
+    _check_chain(case, f"chain_gelu_{mode}", 200, mode)
