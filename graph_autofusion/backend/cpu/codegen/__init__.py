@@ -6,9 +6,9 @@
     pool.py        MaxPool / AveragePool / LpPool windows (an index rule of lower/values.py)
     single.py      other single ops whose rule folds an axis (ArgMax, CumSum)
     anchor.py      Conv / ConvTranspose / MatMul / Gemm with their epilogues: a single anchor is
-                   its AnchorMatch lowered to the IR (lower/anchor.py, lower/conv.py), rendered;
-                   anchor chains are still C text (gemm.py, epilogue.py)
-    common.py      what the anchor generators share
+                   its AnchorMatch lowered to the IR (lower/anchor.py, lower/conv.py), a two-GEMM
+                   chain its ChainMatch (lower/chain.py), rendered
+    common.py      the generators' one exception
 
 A generator that meets something it cannot compile raises `CodegenUnsupported`; the runtime then
 runs that kernel's nodes as host ops and lists them, so nothing is dropped silently.

@@ -35,8 +35,8 @@ from ....plan.anchor_match import match_anchor
 from ..blas import BLAS_PREAMBLE
 from ..contraction import library_source
 from ..kernel_spec import KernelSpec
-from ..render_c import WORKSPACE_SUFFIX, c_comment, render_kernel
-from .common import PRELUDE, CodegenUnsupported
+from ..render_c import PRELUDE, WORKSPACE_SUFFIX, c_comment, render_kernel
+from .common import CodegenUnsupported
 
 # Ops that only relabel elements: the staged chain looks through them for its intermediate.
 VIEW_OPS = frozenset(

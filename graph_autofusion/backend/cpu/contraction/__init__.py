@@ -96,8 +96,3 @@ def a_panels_floats(m: int, k: int) -> str:
     compiler building the kernel knows, so generated code never depends on Python agreeing with
     the -march a kernel is finally built for (a bundle recompiled for another host included)."""
     return f"((({m}L) + AFC_MR - 1) / AFC_MR * AFC_MR * {max(k, 1)}L)"
-
-
-def b_panels_floats(k: int, n: int) -> str:
-    """C constant expression: floats of the B-panels of a k x n operand (afc_packed_b_floats)."""
-    return f"((({n}L) + AFC_NR - 1) / AFC_NR * AFC_NR * {max(k, 1)}L)"

@@ -17,7 +17,6 @@ import graph_autofusion as gaf
 from graph_autofusion import zoo
 from graph_autofusion.backend.cpu.codegen.anchor import emit_anchor
 from graph_autofusion.backend.cpu.codegen.common import CodegenUnsupported
-from graph_autofusion.backend.cpu.codegen.epilogue import split_rows
 from graph_autofusion.ir import Graph
 from graph_autofusion.plan.templates import classify
 
@@ -102,7 +101,6 @@ def test_bias_broadcasts_against_the_viewed_shape(rng: np.random.Generator) -> N
 
 def test_view_that_cuts_across_rows_uses_linear_index(rng: np.random.Generator) -> None:
     """[6, 10] viewed as [5, 12]: rows of the tile do not line up with rows of the view."""
-    assert split_rows((5, 12), (0, 1), 10) is None
     case = make_case(
         [
             _node("MatMul", ["x", "w"], ["y"]),
