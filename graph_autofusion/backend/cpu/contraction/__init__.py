@@ -87,12 +87,3 @@ def library_source() -> str:
     header = (_HERE / "afc.h").read_text(encoding="utf-8")
     body = (_HERE / "afc.c").read_text(encoding="utf-8")
     return f"{header}\n{body}"
-
-
-def a_panels_floats(m: int, k: int) -> str:
-    """C constant expression: floats of the A-panels of an m x k operand (afc_packed_a_floats).
-
-    An expression, not a number: the panel height `AFC_MR` is the ISA's, which only the C
-    compiler building the kernel knows, so generated code never depends on Python agreeing with
-    the -march a kernel is finally built for (a bundle recompiled for another host included)."""
-    return f"((({m}L) + AFC_MR - 1) / AFC_MR * AFC_MR * {max(k, 1)}L)"
