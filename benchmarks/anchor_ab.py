@@ -9,7 +9,8 @@ so the load hurts both alike, and checks that both compute the same outputs.
 Problems (batch 1, sequence 128): BERT's FFN (MatMul + bias + exact GELU; MatMul + bias +
 residual), its fused QKV projection, attention scores with K^T as a Transpose prologue and the
 scale as an epilogue, the attention context stored through Transpose(0,2,1,3) -> Reshape; GPT-2's
-Conv1D (Gemm with C, Reshape, residual); a small MLP layer; ResNet-50's convs (the 7x7 stride-2
+Conv1D (Gemm with C, Reshape, residual); a small MLP layer; two-GEMM chains (an MLP block with
+ReLU, BERT's whole FFN with GELU between); ResNet-50's convs (the 7x7 stride-2
 stem, a 3x3, a 3x3 stride 2, a 1x1 expansion with the residual add, the stride-2 1x1 downsample,
 a 3x3 on 7x7 pixels) and MobileNetV2's (3x3 depthwise, stride 1 and 2, with ReLU6 as Clip; a 1x1
 expansion and projection), each with its folded-BatchNorm bias and activation; and a
@@ -120,6 +121,45 @@ def _problems() -> dict[str, tuple[list[onnx.NodeProto], dict, list[str], dict]]
             ["o"],
             {"w": r(256, 128), "b": r(128)},
         ),
+        # Two-GEMM chains (template anchor_chain: both products per row block, the hidden layer
+        # in a per-thread buffer): an MLP block, and BERT's whole FFN with exact GELU between.
+        "chain_mlp_relu": (
+            [
+                N("MatMul", ["x", "w1"], ["h"]),
+                N("Add", ["h", "b1"], ["hb"]),
+                N("Relu", ["hb"], ["a"]),
+                N("MatMul", ["a", "w2"], ["y"]),
+                N("Add", ["y", "b2"], ["o"]),
+            ],
+            {"x": r(128, 256)},
+            ["o"],
+            {"w1": r(256, 1024), "b1": r(1024), "w2": r(1024, 256), "b2": r(256)},
+        ),
+        "chain_bert_ffn": (
+            [
+                N("MatMul", ["x", "w1"], ["h"]),
+                N("Add", ["h", "b1"], ["hb"]),
+                N("Div", ["hb", "sqrt2"], ["g_div"]),
+                N("Erf", ["g_div"], ["g_erf"]),
+                N("Add", ["g_erf", "one"], ["g_add"]),
+                N("Mul", ["hb", "g_add"], ["g_mul"]),
+                N("Mul", ["g_mul", "half"], ["a"]),
+                N("MatMul", ["a", "w2"], ["y"]),
+                N("Add", ["y", "b2"], ["z"]),
+                N("Add", ["z", "x"], ["o"]),
+            ],
+            {"x": r(128, 768)},
+            ["o"],
+            {
+                "w1": r(768, 3072),
+                "b1": r(3072),
+                "w2": r(3072, 768),
+                "b2": r(768),
+                "sqrt2": np.array(1.4142135, np.float32),
+                "one": np.array(1.0, np.float32),
+                "half": np.array(0.5, np.float32),
+            },
+        ),
     }
 
 
@@ -203,9 +243,10 @@ def dump(path: str) -> None:
         extra = {}
         if "weights" in KernelSpec.__dataclass_fields__:  # a checkout that packs weights once
             extra["weights"] = frozenset(p for p in params if p in consts)
+        contractions = sum(n.op_type in ("MatMul", "Gemm", "Conv", "ConvTranspose") for n in nodes)
         spec = KernelSpec(
             symbol=f"ab_{name}",
-            template="anchor",
+            template="anchor_chain" if contractions == 2 else "anchor",
             nodes=tuple(nodes),
             inputs=tuple(infos[p] for p in params),
             outputs=tuple(infos[o] for o in outputs),
