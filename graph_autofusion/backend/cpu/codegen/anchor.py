@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import onnx
 
-from ....kernel_ir import Call, Kernel, Loop, Stmt
+from ....kernel_ir import Call, If, Kernel, Loop, Stmt
 from ....lower.anchor import CONTRACTION_ROUTINE, lower_anchor, method_of
 from ....lower.chain import lower_chain, sub_spec
 from ....lower.conv import lower_conv
@@ -91,13 +91,12 @@ def emit_anchor(spec: KernelSpec) -> AnchorKernel:
 def _rendered(lowered: Kernel) -> AnchorKernel:
     """A MatMul/Gemm/Conv anchor lowered to the kernel IR (lower/anchor.py, lower/conv.py) and
     rendered, behind the text of the contraction routine it calls: the library's
-    (`library_source`, as atop a C-text anchor) when it packs its weight, the BLAS declarations
-    when it calls OpenBLAS, nothing for a kernel without a contraction (a depthwise conv)."""
-    if lowered.packed:
-        return AnchorKernel(library_source() + "\n" + render_kernel(lowered), method_of(lowered), False)
-    if _calls(lowered.body, CONTRACTION_ROUTINE):
-        return AnchorKernel(BLAS_PREAMBLE + render_kernel(lowered), method_of(lowered), True)
-    return AnchorKernel(render_kernel(lowered), method_of(lowered), False)
+    (`library_source`) when it packs a weight, the BLAS declarations when it calls OpenBLAS (a
+    chain may do both), nothing for a kernel without a contraction (a depthwise conv)."""
+    # A chain may pack one weight and call OpenBLAS for its other product: both texts, then.
+    blas = _calls(lowered.body, CONTRACTION_ROUTINE)
+    prelude = (library_source() + "\n" if lowered.packed else "") + (BLAS_PREAMBLE if blas else "")
+    return AnchorKernel(prelude + render_kernel(lowered), method_of(lowered), blas)
 
 
 def _calls(body: tuple[Stmt, ...], function: str) -> bool:
@@ -105,6 +104,8 @@ def _calls(body: tuple[Stmt, ...], function: str) -> bool:
         if isinstance(s, Call) and s.function == function:
             return True
         if isinstance(s, Loop) and _calls(s.body, function):
+            return True
+        if isinstance(s, If) and (_calls(s.then, function) or _calls(s.otherwise, function)):
             return True
     return False
 
