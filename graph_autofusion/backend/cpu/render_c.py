@@ -239,15 +239,11 @@ class ExprRenderer(ExprVisitor):
 
     target = "C"
 
-    def __init__(self, inline: bool = False) -> None:
-        super().__init__()
-        self.inline = inline  # one C expression, no locals (for text spliced into older generators)
-
     def bind(self, e: Expr, text: str, block: Block) -> str:
         if isinstance(e, ir.Fold):  # the accumulator: already a local
             block.memo[e] = text
             return text
-        if self.inline or _is_index(e) or _is_predicate(e) or _is_atom(text):
+        if _is_index(e) or _is_predicate(e) or _is_atom(text):
             # Index arithmetic stays inline (the vectorizer sees the unit stride), and so do
             # predicates: a 1-byte local between a compare and its select keeps a loop of
             # floats from vectorizing.
@@ -285,7 +281,7 @@ class ExprRenderer(ExprVisitor):
         return f"(({c_type(e.dtype)}){x})"
 
     def expr_select(self, e: ir.Select, block: Block) -> str:
-        if e.guarded and not self.inline:
+        if e.guarded:
             return self._guarded(e, block)
         c = e.cond
         if (e.dtype is DType.F32 and isinstance(c, ir.Binary) and c.op == "lt" and c.b is e.a
@@ -315,8 +311,6 @@ class ExprRenderer(ExprVisitor):
     def expr_fold(self, e: ir.Fold, block: Block) -> str:
         """An accumulator and its loop. Nested folds of the same combining op share one
         accumulator (a window's rows and columns: one running max, one sequential sum)."""
-        if self.inline:
-            raise ValueError("a fold needs a loop: it cannot be one C expression")
         acc = self.fresh("acc")
         vt = c_type(e.value.dtype)
         if e.op.startswith("arg"):
@@ -421,12 +415,6 @@ def _is_predicate(e: Expr) -> bool:
 
 def _is_atom(text: str) -> bool:
     return text.replace("_", "").isalnum() or text.startswith(("INT64_C", "(-INT64_C"))
-
-
-def render_inline(e: Expr) -> str:
-    """One expression as a single C expression (no locals; C's `?:` still evaluates only the
-    chosen arm), for generators that still splice C text around it."""
-    return ExprRenderer(inline=True).expr(e, Block(indent=0))
 
 
 # -- statements and kernels ------------------------------------------------------------------------
