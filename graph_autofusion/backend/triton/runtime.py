@@ -6,7 +6,7 @@
 
 The execution plan is the CPU runtime's (backend/cpu/extract.py): views alias, kernels launch,
 host ops run through the CPU backend's host-op path. Each kernel is lowered to the kernel IR (or
-matched as an anchor, anchor.py), rendered as a Triton module, written under the cache by the
+rendered from its anchor match, anchor.py) as a Triton module, written under the cache by the
 digest of its text and imported from there (Triton reads a jit function's source from its file),
 so identical kernels are rendered and compiled once. A kernel the renderer declines runs as a host
 op with code `codegen_unsupported` and the renderer's sentence — listed, never silent.
