@@ -274,8 +274,10 @@ static inline void afc_ukernel(int64_t kc, const float *restrict ap, const float
 }
 #endif
 
-/* A packed once (weights), B strided: B is packed per (KC x NC) block into the thread buffer;
- * each MR x KC slice of A is reused from L1 across the block's columns. */
+/* A packed once (weights), B strided: B is packed per (KC x NC) block into the thread buffer
+ * (L2); the Goto order then keeps one KC x NR B micro-panel in L1 while the MR x KC slices of a
+ * block of MC rows of A stream past it. Streaming A rather than B moves a quarter of the bytes
+ * per micro-kernel call (MR = NR / 4), which matters when the weights come from memory. */
 static void afc_gemm_ap(int64_t m, int64_t n, int64_t k, float alpha, const float *ap, const float *b,
                         int64_t b_rs, int64_t b_cs, float *c, int64_t ldc) {
   if (m <= 0 || n <= 0) return;
@@ -290,12 +292,15 @@ static void afc_gemm_ap(int64_t m, int64_t n, int64_t k, float alpha, const floa
     for (int64_t n0 = 0; n0 < n; n0 += AFC_NC) {
       const int64_t nc = n - n0 < AFC_NC ? n - n0 : AFC_NC;
       afc_pack_b_block(kc, nc, b + k0 * b_rs + n0 * b_cs, b_rs, b_cs, buf);
-      for (int64_t i0 = 0; i0 < m; i0 += AFC_MR) {
-        const int mr = (int)(m - i0 < AFC_MR ? m - i0 : AFC_MR);
-        const float *a_panel = ap + i0 * k + k0 * AFC_MR;
+      for (int64_t i1 = 0; i1 < m; i1 += AFC_MC) {
+        const int64_t mc = m - i1 < AFC_MC ? m - i1 : AFC_MC;
         for (int64_t j0 = 0; j0 < nc; j0 += AFC_NR) {
           const int nr = (int)(nc - j0 < AFC_NR ? nc - j0 : AFC_NR);
-          afc_ukernel(kc, a_panel, buf + j0 * kc, c + i0 * ldc + n0 + j0, ldc, mr, nr, alpha, k0 > 0);
+          for (int64_t i0 = i1; i0 < i1 + mc; i0 += AFC_MR) {
+            const int mr = (int)(m - i0 < AFC_MR ? m - i0 : AFC_MR);
+            const float *a_panel = ap + i0 * k + k0 * AFC_MR;
+            afc_ukernel(kc, a_panel, buf + j0 * kc, c + i0 * ldc + n0 + j0, ldc, mr, nr, alpha, k0 > 0);
+          }
         }
       }
     }

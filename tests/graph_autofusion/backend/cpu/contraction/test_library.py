@@ -74,7 +74,7 @@ SHAPES = [
     (9, 47, 257),  # K one past the K block
     (15, 65, 513),
     (17, 31, 64),
-    (200, 400, 300),  # M past the A block of afc_gemm_bp, N past the B block of afc_gemm_ap
+    (200, 400, 300),  # M past the row blocks (MC) of both drivers, N past the B block of afc_gemm_ap
 ]
 
 
