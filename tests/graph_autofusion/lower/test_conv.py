@@ -22,7 +22,7 @@ from graph_autofusion.backend.cpu.contraction import CONTRACTION_ENV, library_so
 from graph_autofusion.backend.cpu.kernel_spec import KernelSpec, TensorInfo
 from graph_autofusion.backend.cpu.render_c import PREPACK_SUFFIX, WORKSPACE_SUFFIX, render_kernel
 from graph_autofusion.kernel_ir import Call, Kernel, Loop
-from graph_autofusion.lower.anchor import CONTRACTION_ROUTINE, PACKED_A_ROUTINE, method_of
+from graph_autofusion.lower.anchor import CONTRACTION_ROUTINE, PACKED_A_ROUTINE, PACKED_B_ROUTINE, method_of
 from graph_autofusion.lower.conv import lower_conv
 
 F = onnx.TensorProto.FLOAT
@@ -167,7 +167,10 @@ def test_conv_matches_onnxruntime(
     if method == "conv_depthwise":
         assert not calls and not kernel.packed  # a direct loop, no contraction
     elif mode == "library":
-        assert calls == {PACKED_A_ROUTINE} and len(kernel.packed) == 1
+        # pixels as rows (B-panels of W^T) for one group of fewer than 64 pixels, not 32
+        pixels = math.prod(spec.tensors[spec.nodes[0].output[0]].shape[2:])
+        rows = attrs.get("group", 1) == 1 and pixels < 64 and pixels % 32
+        assert calls == {PACKED_B_ROUTINE if rows else PACKED_A_ROUTINE} and len(kernel.packed) == 1
     else:
         assert calls == {CONTRACTION_ROUTINE} and not kernel.packed
     got = _run(kernel, [feeds["x"], *weights], tmp_path)
@@ -178,6 +181,31 @@ def test_conv_matches_onnxruntime(
     )
     k = math.prod(w_shape[1:])
     np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=2e-5 * math.sqrt(k) * 8)
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "w_shape", "attrs", "rows"),
+    [
+        ((2, 32, 7, 7), (40, 32, 3, 3), {"pads": [1, 1, 1, 1]}, True),  # 49 pixels, channel tiles 32 + 8
+        ((1, 48, 7, 7), (80, 48, 1, 1), {}, True),  # 1x1 on the activation read transposed
+        ((1, 16, 8, 8), (24, 16, 3, 3), {"pads": [1, 1, 1, 1]}, False),  # 64 pixels: whole panels
+    ],
+)
+def test_narrow_convs_put_the_pixels_in_the_rows(
+    x_shape, w_shape, attrs, rows: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(CONTRACTION_ENV, "library")
+    model, feeds = _model(x_shape, w_shape, bias=True, relu=True, **attrs)
+    spec, weights = _spec(model)
+    kernel = lower_conv(spec)
+    assert {c.function for c in _calls(kernel.body)} == {PACKED_B_ROUTINE if rows else PACKED_A_ROUTINE}
+    (task,) = [s for s in kernel.body if isinstance(s, Loop)]
+    assert ("tile" in [b.name for b in task.scratch]) == rows  # the transposed product's workspace
+    got = _run(kernel, [feeds["x"], *weights], tmp_path)
+    (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, feeds
+    )
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-3)
 
 
 def test_raw_conv_output_stores_the_product_without_an_epilogue(tmp_path: Path) -> None:

@@ -45,6 +45,18 @@ static void afc_pack_a_block(int64_t m, int64_t kc, const float *a, int64_t rs, 
     const int64_t rows = m - p < AFC_MR ? m - p : AFC_MR;
     float *dst = ap + p * kc;
     if (rows < AFC_MR) memset(dst, 0, sizeof(float) * (size_t)(kc * AFC_MR));
+    if (rs == 1 && cs != 1) {
+      /* A read transposed (a conv's pixels as rows: A[pixel][channel] = x[channel * ld + pixel]):
+       * a panel's MR rows at one depth are contiguous, one short copy per depth. */
+      const float *src = a + p;
+      if (rows == AFC_MR) {
+        for (int64_t kk = 0; kk < kc; ++kk) memcpy(dst + kk * AFC_MR, src + kk * cs, sizeof(float) * AFC_MR);
+      } else {
+        for (int64_t kk = 0; kk < kc; ++kk)
+          for (int64_t i = 0; i < rows; ++i) dst[kk * AFC_MR + i] = src[kk * cs + i];
+      }
+      continue;
+    }
     for (int64_t i = 0; i < rows; ++i) {
       const float *src = a + (p + i) * rs;
       if (cs == 1) {

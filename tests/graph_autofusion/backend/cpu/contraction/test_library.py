@@ -105,6 +105,16 @@ def test_strided_operands_and_alpha(lib: Library) -> None:
     _check(lib.gemm_ap(lib.pack_a(a), wide, m), a, wide)
 
 
+def test_transposed_left_operand_over_several_depth_blocks(lib: Library) -> None:
+    # A conv's pixels as rows: A[pixel][channel] read from an NCHW plane (row stride 1), 49 rows
+    # (whole panels and a tail), K past two depth blocks.
+    rng = np.random.default_rng(5)
+    m, n, k = 49, 96, 600
+    a = rng.standard_normal((k, m)).astype(np.float32).T
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    _check(lib.gemm_bp(a, lib.pack_b(b), n), a, b)
+
+
 def test_values_of_very_different_scales(lib: Library) -> None:
     rng = np.random.default_rng(4)
     m, n, k = 11, 40, 130
