@@ -87,6 +87,10 @@ MAX_UNROLLED_TAPS = 49
 # Convs with fewer output pixels than this, not a whole number of column panels, put the pixels in
 # the rows of the product (`pixels_as_rows`).
 ROWS_MAX_PIXELS = 64
+# Floats of padding after each row of the transposed product's tile: its rows are a power of two
+# of floats apart otherwise (512 channels: 2 KiB), so the column the transposed store reads maps
+# onto two L1 sets and misses on every load.
+TILE_ROW_PAD = 16
 # Rows of one packed weight block are rounded to this: a multiple of every ISA's A-panel height
 # (AFC_MR: 8, 6, 4), so the packed layout is Python arithmetic whatever -march builds the kernel.
 A_PANEL_QUANTUM = 24
@@ -467,7 +471,8 @@ def _gemm_tiles(
         # Y^T[pixels x channels] = col^T x W^T into this thread's `tile`, then stored transposed
         assert weights is not None
         packed, _, block = weights
-        tile = Buffer("tile", DType.F32, pt * ct, "scratch")
+        ldt = ct + TILE_ROW_PAD
+        tile = Buffer("tile", DType.F32, pt * ldt, "scratch")
         scratch += (tile,)
         c, q = ir.var("c"), ir.var("q")
         product = [
@@ -481,7 +486,7 @@ def _gemm_tiles(
                 lda=ldb,
                 b=PackedPanels(ir.addr(packed, cb * block)),
                 c=ir.addr(tile, 0),
-                ldc=ct,
+                ldc=ldt,
             ),
             Loop(
                 c,
@@ -490,7 +495,7 @@ def _gemm_tiles(
                     Loop(
                         q,
                         p1 - p0,
-                        (Store(dest, (row0 + c) * pixels + p0 + q, ir.load(tile, q * ct + c)),),
+                        (Store(dest, (row0 + c) * pixels + p0 + q, ir.load(tile, q * ldt + c)),),
                         vector=True,
                     ),
                 ),
