@@ -167,9 +167,11 @@ def test_conv_matches_onnxruntime(
     if method == "conv_depthwise":
         assert not calls and not kernel.packed  # a direct loop, no contraction
     elif mode == "library":
-        # pixels as rows (B-panels of W^T) for one group of fewer than 64 pixels, not 32
+        # pixels as rows (B-panels of W^T) for one group of fewer than 64 pixels, not 32 (up to
+        # 256 when im2col builds the operand)
         pixels = math.prod(spec.tensors[spec.nodes[0].output[0]].shape[2:])
-        rows = attrs.get("group", 1) == 1 and pixels < 64 and pixels % 32
+        few = pixels < 64 or (pixels <= 256 and method == IM2COL)
+        rows = attrs.get("group", 1) == 1 and pixels % 32 and few
         assert calls == {PACKED_B_ROUTINE if rows else PACKED_A_ROUTINE} and len(kernel.packed) == 1
     else:
         assert calls == {CONTRACTION_ROUTINE} and not kernel.packed
@@ -189,6 +191,10 @@ def test_conv_matches_onnxruntime(
         ((2, 32, 7, 7), (40, 32, 3, 3), {"pads": [1, 1, 1, 1]}, True),  # 49 pixels, channel tiles 32 + 8
         ((1, 48, 7, 7), (80, 48, 1, 1), {}, True),  # 1x1 on the activation read transposed
         ((1, 16, 8, 8), (24, 16, 3, 3), {"pads": [1, 1, 1, 1]}, False),  # 64 pixels: whole panels
+        # 196 pixels: two pixel tiles (104 + 92 rows), channel tiles 32 + 8 inside each task
+        ((1, 16, 14, 14), (40, 16, 3, 3), {"pads": [1, 1, 1, 1]}, True),
+        ((2, 16, 14, 14), (40, 16, 3, 3), {"pads": [1, 1, 1, 1]}, True),
+        ((1, 16, 14, 14), (40, 16, 1, 1), {}, False),  # 1x1 of 196 pixels: pixels as columns
     ],
 )
 def test_narrow_convs_put_the_pixels_in_the_rows(

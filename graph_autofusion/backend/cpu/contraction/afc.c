@@ -19,6 +19,15 @@ static inline int64_t afc_kc(int64_t k) {
   return (k + blocks - 1) / blocks;
 }
 
+/* The rows of each A block of afc_gemm_bp: M split into equal blocks of at most AFC_MC, rounded
+ * up to whole panels (a conv's 196 pixels as rows run as 104 + 92, not 192 + 4: every block
+ * streams all of B's micro-panels past its A panels, which a 4-row block does not amortize). */
+static inline int64_t afc_mc(int64_t m) {
+  const int64_t blocks = (m + AFC_MC - 1) / AFC_MC;
+  const int64_t rows = (m + blocks - 1) / blocks;
+  return (rows + AFC_MR - 1) / AFC_MR * AFC_MR;
+}
+
 /* The per-thread block buffer for the operand packed per call: allocated on a thread's first
  * call and kept for the thread's life (OpenMP pools reuse their threads), so a tile costs no
  * malloc. */
@@ -329,11 +338,11 @@ static void afc_gemm_bp(int64_t m, int64_t n, int64_t k, float alpha, const floa
     return;
   }
   float *buf = afc_buffer();
-  const int64_t kb = afc_kc(k);
+  const int64_t kb = afc_kc(k), mb = afc_mc(m);
   for (int64_t k0 = 0; k0 < k; k0 += kb) {
     const int64_t kc = k - k0 < kb ? k - k0 : kb;
-    for (int64_t i0 = 0; i0 < m; i0 += AFC_MC) {
-      const int64_t mc = m - i0 < AFC_MC ? m - i0 : AFC_MC;
+    for (int64_t i0 = 0; i0 < m; i0 += mb) {
+      const int64_t mc = m - i0 < mb ? m - i0 : mb;
       afc_pack_a_block(mc, kc, a + i0 * a_rs + k0 * a_cs, a_rs, a_cs, buf);
       for (int64_t j0 = 0; j0 < n; j0 += AFC_NR) {
         const int nr = (int)(n - j0 < AFC_NR ? n - j0 : AFC_NR);
