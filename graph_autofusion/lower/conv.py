@@ -95,6 +95,10 @@ ROWS_MAX_IM2COL_PIXELS = 256
 # Pixel tiles of at most this many rows with the pixels as rows, a multiple of ROWS_QUANTUM.
 ROWS_PIXEL_TILE = 128
 ROWS_QUANTUM = 8
+# Tasks to aim for when an im2col conv with the pixels as rows splits its output channels: each
+# channel tile that is a task of its own builds the whole im2col again (4608 x 49 floats for
+# ResNet-50's last 3x3 convs), so only as many as the two threads need.
+ROWS_IM2COL_MIN_TASKS = 2
 # Floats of padding after each row of the transposed product's tile: its rows are a power of two
 # of floats apart otherwise (512 channels: 2 KiB), so the column the transposed store reads maps
 # onto two L1 sets and misses on every load.
@@ -270,12 +274,12 @@ def _pixel_tile(pixels: int, kdim: int, quantum: int = 16) -> int:
     return min(pixels, _round_up(-(-pixels // count), quantum))
 
 
-def _channel_tile(g: ConvGeometry, base_tasks: int, pt: int) -> int:
+def _channel_tile(g: ConvGeometry, base_tasks: int, pt: int, min_tasks: int = MIN_TASKS) -> int:
     """Output channels per task: enough tasks for the threads, output tile within OUT_TILE_FLOATS."""
     macs = g.n * g.cout * g.pixels * g.kdim
     count = max(1, -(-g.cog * pt // OUT_TILE_FLOATS))
-    if macs >= PARALLEL_MIN_MACS and base_tasks * count < MIN_TASKS:
-        count = max(count, min(-(-MIN_TASKS // base_tasks), max(1, g.cog // 16)))
+    if macs >= PARALLEL_MIN_MACS and base_tasks * count < min_tasks:
+        count = max(count, min(-(-min_tasks // base_tasks), max(1, g.cog // 16)))
     count = min(count, g.cog)
     return -(-g.cog // count)
 
@@ -293,7 +297,9 @@ def conv_tiles(g: ConvGeometry, quantum: int = 16, rows: bool = False) -> tuple[
         count = -(-p // ROWS_PIXEL_TILE)
         pt = min(p, _round_up(-(-p // count), ROWS_QUANTUM))
         ptn = -(-p // pt)
-        ct = min(g.cog, _round_up(_channel_tile(g, g.n * g.group * ptn, pt), PANEL_QUANTUM))
+        im2col = conv_method(g) == "conv_im2col_tiled"
+        tasks = ROWS_IM2COL_MIN_TASKS if im2col else MIN_TASKS
+        ct = min(g.cog, _round_up(_channel_tile(g, g.n * g.group * ptn, pt, tasks), PANEL_QUANTUM))
         return pt, ptn, ct, -(-g.cog // ct)
     pt = _pixel_tile(p, g.kdim, quantum)
     ptn = -(-p // pt)
