@@ -104,7 +104,11 @@ static void afc_pack_b(int64_t k, int64_t n, const float *b, int64_t rs, int64_t
 }
 
 /* The micro-kernel: C[mr x nr] (= or +=) alpha * sum_kk ap[kk][0:MR] (x) bp[kk][0:NR].
- * `ap`, `bp` are panels of depth kc; mr <= MR and nr <= NR say how much of the tile is stored. */
+ * `ap`, `bp` are panels of depth kc; mr <= MR and nr <= NR say how much of the tile is stored.
+ * `pf` (advancing `pfs` floats per depth step, one cache line prefetched per step) is the panel
+ * the driver streams next: a weight panel that comes from L3 or memory arrives while this one
+ * computes (the hardware prefetcher ramps up again at every 4 KiB page of a panel). Drivers
+ * pass the current panel with pfs = 0 when there is nothing to fetch. */
 #if defined(__AVX512F__)
 /* A tile of at most 16 columns (the tail of a row of panels: 196 = 6 x 32 + 4 pixels) runs on
  * one vector per row, half the FMAs of the full kernel. */
@@ -133,7 +137,8 @@ static void afc_ukernel_16(int64_t kc, const float *restrict ap, const float *re
 }
 
 static inline void afc_ukernel(int64_t kc, const float *restrict ap, const float *restrict bp,
-                               float *restrict c, int64_t ldc, int mr, int nr, float alpha, int acc) {
+                               float *restrict c, int64_t ldc, int mr, int nr, float alpha, int acc,
+                               const float *pf, int64_t pfs) {
   if (nr <= 16) {
     afc_ukernel_16(kc, ap, bp, c, ldc, mr, nr, alpha, acc);
     return;
@@ -145,6 +150,8 @@ static inline void afc_ukernel(int64_t kc, const float *restrict ap, const float
     c1[i] = _mm512_setzero_ps();
   }
   for (int64_t kk = 0; kk < kc; ++kk) {
+    _mm_prefetch((const char *)pf, _MM_HINT_T0);
+    pf += pfs;
     const __m512 b0 = _mm512_loadu_ps(bp), b1 = _mm512_loadu_ps(bp + 16);
 #pragma GCC unroll 8
     for (int i = 0; i < AFC_MR; ++i) {
@@ -217,7 +224,8 @@ static void afc_ukernel_8(int64_t kc, const float *restrict ap, const float *res
 }
 
 static inline void afc_ukernel(int64_t kc, const float *restrict ap, const float *restrict bp,
-                               float *restrict c, int64_t ldc, int mr, int nr, float alpha, int acc) {
+                               float *restrict c, int64_t ldc, int mr, int nr, float alpha, int acc,
+                               const float *pf, int64_t pfs) {
   if (nr <= 8) {
     afc_ukernel_8(kc, ap, bp, c, ldc, mr, nr, alpha, acc);
     return;
@@ -229,6 +237,8 @@ static inline void afc_ukernel(int64_t kc, const float *restrict ap, const float
     c1[i] = _mm256_setzero_ps();
   }
   for (int64_t kk = 0; kk < kc; ++kk) {
+    _mm_prefetch((const char *)pf, _MM_HINT_T0);
+    pf += pfs;
     const __m256 b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + 8);
 #pragma GCC unroll 8
     for (int i = 0; i < AFC_MR; ++i) {
@@ -273,7 +283,10 @@ static inline void afc_ukernel(int64_t kc, const float *restrict ap, const float
 }
 #else
 static inline void afc_ukernel(int64_t kc, const float *restrict ap, const float *restrict bp,
-                               float *restrict c, int64_t ldc, int mr, int nr, float alpha, int acc) {
+                               float *restrict c, int64_t ldc, int mr, int nr, float alpha, int acc,
+                               const float *pf, int64_t pfs) {
+  (void)pf;
+  (void)pfs;
   float tile[AFC_MR][AFC_NR];
   for (int i = 0; i < AFC_MR; ++i)
     for (int j = 0; j < AFC_NR; ++j) tile[i][j] = 0.0f;
@@ -320,7 +333,11 @@ static void afc_gemm_ap(int64_t m, int64_t n, int64_t k, float alpha, const floa
           for (int64_t i0 = i1; i0 < i1 + mc; i0 += AFC_MR) {
             const int mr = (int)(m - i0 < AFC_MR ? m - i0 : AFC_MR);
             const float *a_panel = ap + i0 * k + k0 * AFC_MR;
-            afc_ukernel(kc, a_panel, buf + j0 * kc, c + i0 * ldc + n0 + j0, ldc, mr, nr, alpha, k0 > 0);
+            /* the first pass over the block's A panels fetches each one's successor */
+            const int fetch = j0 == 0 && n0 == 0 && i0 + AFC_MR < m;
+            const float *pf = fetch ? a_panel + AFC_MR * k : a_panel;
+            afc_ukernel(kc, a_panel, buf + j0 * kc, c + i0 * ldc + n0 + j0, ldc, mr, nr, alpha, k0 > 0,
+                        pf, fetch ? AFC_MR : 0);
           }
         }
       }
@@ -347,9 +364,16 @@ static void afc_gemm_bp(int64_t m, int64_t n, int64_t k, float alpha, const floa
       for (int64_t j0 = 0; j0 < n; j0 += AFC_NR) {
         const int nr = (int)(n - j0 < AFC_NR ? n - j0 : AFC_NR);
         const float *b_panel = bp + j0 * k + k0 * AFC_NR;
+        /* the next B panel (a weight, from L3 or memory on the first row block), a line per
+         * depth step over the first two A panels' calls (a panel is two lines per step) */
+        const float *next = j0 + AFC_NR < n ? b_panel + AFC_NR * k : k0 + kc < k ? bp + (k0 + kc) * AFC_NR : 0;
+        const int fetch = next && i0 == 0;
         for (int64_t ii = 0; ii < mc; ii += AFC_MR) {
           const int mr = (int)(mc - ii < AFC_MR ? mc - ii : AFC_MR);
-          afc_ukernel(kc, buf + ii * kc, b_panel, c + (i0 + ii) * ldc + j0, ldc, mr, nr, alpha, k0 > 0);
+          const int64_t half = ii / AFC_MR;
+          const float *pf = fetch && half < 2 ? next + half * kc * (AFC_NR / 2) : b_panel;
+          afc_ukernel(kc, buf + ii * kc, b_panel, c + (i0 + ii) * ldc + j0, ldc, mr, nr, alpha, k0 > 0,
+                      pf, fetch && half < 2 ? AFC_NR / 2 : 0);
         }
       }
     }
