@@ -19,7 +19,7 @@ from graph_autofusion.backend.cpu.contraction import CONTRACTION_ENV
 from graph_autofusion.backend.cpu.kernel_spec import KernelSpec, TensorInfo
 from graph_autofusion.backend.cpu.render_c import render_kernel
 from graph_autofusion.kernel_ir import Loop
-from graph_autofusion.lower.anchor import CONTRACTION_ROUTINE, PACKED_A_ROUTINE, method_of
+from graph_autofusion.lower.anchor import CONTRACTION_ROUTINE, PACKED_A_ROUTINE, PACKED_B_ROUTINE, method_of
 from graph_autofusion.lower.conv import lower_conv
 
 F = onnx.TensorProto.FLOAT
@@ -117,7 +117,12 @@ def test_conv_matches_onnxruntime(
     if method == "conv_depthwise":
         assert not routines and not kernel.packed  # a direct loop, no contraction
     elif mode == "library":
-        assert routines == {PACKED_A_ROUTINE} and len(kernel.packed) == 1
+        # pixels as rows (B-panels of W^T) for one group of fewer than 64 pixels, not 32 (up to
+        # 256 when im2col builds the operand)
+        pixels = math.prod(spec.tensors[spec.nodes[0].output[0]].shape[2:])
+        few = pixels < 64 or (pixels <= 256 and method == IM2COL)
+        rows = attrs.get("group", 1) == 1 and pixels % 32 and few
+        assert routines == {PACKED_B_ROUTINE if rows else PACKED_A_ROUTINE} and len(kernel.packed) == 1
     else:
         assert routines == {CONTRACTION_ROUTINE} and not kernel.packed
     (got,) = run(kernel, [feeds["x"], *weights], tmp_path)
@@ -128,6 +133,35 @@ def test_conv_matches_onnxruntime(
     )
     k = math.prod(w_shape[1:])
     np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=2e-5 * math.sqrt(k) * 8)
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "w_shape", "attrs", "rows"),
+    [
+        ((2, 32, 7, 7), (40, 32, 3, 3), {"pads": [1, 1, 1, 1]}, True),  # 49 pixels, channel tiles 32 + 8
+        ((1, 48, 7, 7), (80, 48, 1, 1), {}, True),  # 1x1 on the activation read transposed
+        ((1, 16, 8, 8), (24, 16, 3, 3), {"pads": [1, 1, 1, 1]}, False),  # 64 pixels: whole panels
+        # 196 pixels: two pixel tiles (104 + 92 rows), channel tiles 32 + 8 inside each task
+        ((1, 16, 14, 14), (40, 16, 3, 3), {"pads": [1, 1, 1, 1]}, True),
+        ((2, 16, 14, 14), (40, 16, 3, 3), {"pads": [1, 1, 1, 1]}, True),
+        ((1, 16, 14, 14), (40, 16, 1, 1), {}, False),  # 1x1 of 196 pixels: pixels as columns
+    ],
+)
+def test_narrow_convs_put_the_pixels_in_the_rows(
+    x_shape, w_shape, attrs, rows: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(CONTRACTION_ENV, "library")
+    model, feeds = _model(x_shape, w_shape, bias=True, relu=True, **attrs)
+    spec, weights = _spec(model)
+    kernel = lower_conv(spec)
+    assert {c.function for c in calls(kernel.body)} == {PACKED_B_ROUTINE if rows else PACKED_A_ROUTINE}
+    (task,) = [s for s in kernel.body if isinstance(s, Loop)]
+    assert ("tile" in [b.name for b in task.scratch]) == rows  # the transposed product's workspace
+    (got,) = run(kernel, [feeds["x"], *weights], tmp_path)
+    (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, feeds
+    )
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-3)
 
 
 def test_raw_conv_output_stores_the_product_without_an_epilogue(tmp_path: Path) -> None:
