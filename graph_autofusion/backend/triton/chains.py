@@ -16,15 +16,14 @@ from dataclasses import replace
 import onnx
 
 from ...lower.values import Unsupported
+from ...plan.anchor_match import ANCHOR_OPS
 from ..cpu.extract import ExecutionPlan, KernelStep
 from ..cpu.kernel_spec import KernelSpec, TensorInfo
-
-CONTRACTIONS = ("MatMul", "Gemm", "Conv")
 
 
 def split_chain(spec: KernelSpec) -> list[KernelSpec]:
     """The group as kernels of one contraction each, in order (`Unsupported` when it cannot be cut)."""
-    contractions = [k for k, n in enumerate(spec.nodes) if n.op_type in CONTRACTIONS]
+    contractions = [k for k, n in enumerate(spec.nodes) if n.op_type in ANCHOR_OPS]
     if len(contractions) < 2:
         raise Unsupported("not an anchor chain")
     producer = {o: k for k, n in enumerate(spec.nodes) for o in n.output if o}
@@ -48,7 +47,7 @@ def split_chain(spec: KernelSpec) -> list[KernelSpec]:
     tail_outputs = [t.name for t in spec.outputs if t.name not in made]
     tail_spec = _part(spec, tail, tail_outputs, 1)
     parts = [head_spec]
-    if sum(1 for n in tail if n.op_type in CONTRACTIONS) > 1:
+    if sum(1 for n in tail if n.op_type in ANCHOR_OPS) > 1:
         parts.extend(split_chain(tail_spec))
     else:
         parts.append(tail_spec)
