@@ -422,7 +422,10 @@ class CompiledModel:
                 run_args.clear()
 
         workspace = self._workspace_slices()
-        packed_only = self._packed_only_weights()
+        # Packing runs kernel code: for kernels this host cannot run (built to be saved as a
+        # bundle for another host) nothing is packed or released; that host packs at load.
+        self._packs = self.isa.runs_on(host_isa())
+        packed_only = self._packed_only_weights() if self._packs else set()
         for step in self._steps:
             if isinstance(step, ViewStep):
                 continue
@@ -487,6 +490,8 @@ class CompiledModel:
             floats = int(ctypes.c_int64.in_dll(lib, step.symbol + PREPACK_SUFFIX).value)
         except ValueError:  # no such symbol: nothing to pack
             return None
+        if not self._packs:
+            return 0  # never called: `_require_isa` refuses to run such kernels
         key = (step.symbol, tuple(step.inputs))
         stored = self._stored_packed.get(key)
         if key not in self._packed and stored is not None:
