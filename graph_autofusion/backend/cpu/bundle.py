@@ -64,7 +64,7 @@ from ...errors import InvalidConfigError, InvalidModelError, IsaMismatchError
 from .contraction import PACKED_LAYOUT_VERSION
 from .extract import extract
 from .isa import IsaTarget, host_isa, normalise_machine, parse_isa, target_isa
-from .runtime import CompiledModel, KernelInfo, PackedKey, compile_model
+from .runtime import CompiledModel, KernelInfo, PackedKey, compile_model, structure_only
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +98,10 @@ def save_bundle(compiled: CompiledModel, path: str | Path) -> Path:
     with tempfile.TemporaryDirectory(prefix="autofusion-bundle-") as tmp:
         root = Path(tmp) / "bundle"
         (root / "kernels").mkdir(parents=True)
-        model_bytes = compiled.model.SerializeToString(deterministic=True)
-        (root / MODEL_FILE).write_bytes(model_bytes)
+        if compiled.model_file is not None:  # loaded from a bundle: its model file as it was
+            shutil.copyfile(compiled.model_file, root / MODEL_FILE)
+        else:
+            (root / MODEL_FILE).write_bytes(compiled.model.SerializeToString(deterministic=True))
         kernels: dict[str, Any] = {}
         for symbol, info in compiled.kernels.items():
             rel = f"kernels/{info.digest}.so"
@@ -121,7 +123,7 @@ def save_bundle(compiled: CompiledModel, path: str | Path) -> Path:
         manifest = {
             "format": FORMAT,
             "version": VERSION,
-            "model": {"file": MODEL_FILE, "sha256": hashlib.sha256(model_bytes).hexdigest()},
+            "model": {"file": MODEL_FILE, "sha256": _sha256(root / MODEL_FILE)},
             "isa": compiled.isa.name,
             "machine": compiled.isa.arch,
             "compiler": {"version": cc.version, "target": cc.target},
@@ -168,7 +170,12 @@ def _save_packed(compiled: CompiledModel, root: Path) -> dict[str, Any]:
                 "crc32": zlib.crc32(data),
             }
         )
-    return {"layout": PACKED_LAYOUT_VERSION, "isa": compiled.isa.name, "buffers": buffers}
+    return {
+        "layout": PACKED_LAYOUT_VERSION,
+        "isa": compiled.isa.name,
+        "buffers": buffers,
+        "released": compiled.released_weights,
+    }
 
 
 def load(bundle_path: str | Path, *, threads: int | None = None, recompile: bool = True) -> CompiledModel:
@@ -241,7 +248,9 @@ def _load_dir(root: Path, threads: int | None, recompile: bool) -> CompiledModel
                 bundle_isa=str(built_for),
                 host_isa=host.name,
             )
-        return _recompile(model, built_for, threads)
+        compiled = _recompile(model, built_for, threads)
+        compiled.detach_model(model_file)
+        return compiled
     plan = extract(model)
     kernels: dict[str, KernelInfo] = {}
     for symbol, entry in manifest["kernels"].items():
@@ -259,7 +268,15 @@ def _load_dir(root: Path, threads: int | None, recompile: bool) -> CompiledModel
     if missing:
         raise BundleError(f"the bundle has no artifact for kernel {missing[0]}", code="bundle_corrupt")
     driver = checked(manifest["driver"], "driver")
-    packed = _load_packed(root, manifest, kernels)
+    # Before the packed weights are mapped: the weights that only they serve are dropped (never
+    # held raw after this), and so is the model (every weight again), whose graph the plan keeps.
+    usable = _packed_usable(manifest)
+    released = _released_weights(manifest, plan.initializers) if usable else []
+    for name in released:
+        del plan.initializers[name]
+    plan.model = structure_only(plan.model)
+    del model
+    packed = _load_packed(root, manifest, kernels) if usable else {}
     compiled = CompiledModel(
         plan,
         kernels,
@@ -269,21 +286,19 @@ def _load_dir(root: Path, threads: int | None, recompile: bool) -> CompiledModel
         threads=threads,
         isa=built_for if isinstance(built_for, IsaTarget) else None,
         packed=packed,
+        released=released,
+        model_file=model_file,
     )
     compiled.stats["cache"] = {"hits": len(kernels), "misses": 0}
     compiled.stats["compile_seconds"] = 0.0
     return compiled
 
 
-def _load_packed(
-    root: Path, manifest: dict[str, Any], kernels: dict[str, KernelInfo]
-) -> dict[PackedKey, np.ndarray]:
-    """The bundle's packed weights, mapped read-only and checked (size, CRC-32, the kernel that
-    packed them), by (kernel, operands); empty when the bundle has none or of another layout
-    version or ISA, so that the runtime packs them afresh."""
+def _packed_usable(manifest: dict[str, Any]) -> bool:
+    """Whether the manifest's packed weights are of this engine's layout for the bundle's ISA."""
     section = manifest.get("packed")
-    if not section:
-        return {}
+    if not section or not section.get("buffers"):
+        return False
     if section.get("layout") != PACKED_LAYOUT_VERSION or section.get("isa") != manifest.get("isa"):
         log.info(
             "the bundle's packed weights are layout %s for %s (here: layout %s for %s): packing afresh",
@@ -292,7 +307,28 @@ def _load_packed(
             PACKED_LAYOUT_VERSION,
             manifest.get("isa"),
         )
-        return {}
+        return False
+    return True
+
+
+def _released_weights(manifest: dict[str, Any], initializers: dict[str, np.ndarray]) -> list[str]:
+    """The weights the manifest says only its packed buffers read."""
+    released = [str(n) for n in manifest["packed"].get("released", [])]
+    unknown = [n for n in released if n not in initializers]
+    if unknown:
+        raise BundleError(
+            f"the manifest says only packed buffers read {unknown[0]!r}, which is not a weight of the model",
+            code="bundle_corrupt",
+        )
+    return released
+
+
+def _load_packed(
+    root: Path, manifest: dict[str, Any], kernels: dict[str, KernelInfo]
+) -> dict[PackedKey, np.ndarray]:
+    """The bundle's packed weights (`_packed_usable` ones), mapped read-only and checked (size,
+    CRC-32, the kernel that packed them), by (kernel, operands)."""
+    section = manifest["packed"]
     found: dict[PackedKey, np.ndarray] = {}
     for entry in section.get("buffers", []):
         symbol = str(entry["kernel"])

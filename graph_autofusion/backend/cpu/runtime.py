@@ -29,7 +29,7 @@ import contextlib
 import ctypes
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ import numpy as np
 import onnx
 
 from ...errors import InvalidModelError, IsaMismatchError, RuntimeInputError, UnsupportedModelError
+from ...onnx_utils import copy_fields
 from . import sanitize
 from .arena import ALIGNMENT, Buffer, plan_offsets
 from .cache import KernelCache, default_cache
@@ -238,14 +239,21 @@ class CompiledModel:
         threads: int | None = None,
         isa: IsaTarget | None = None,
         packed: Mapping[PackedKey, np.ndarray] | None = None,
+        released: Collection[str] = (),
+        model_file: Path | None = None,
     ) -> None:
         """`packed`: weights already packed by these very kernels (a bundle's, read back), used
-        instead of packing at load; each must be the size its kernel asks for."""
+        instead of packing at load; each must be the size its kernel asks for. `released`:
+        weights left out of `plan.initializers` because only those packed buffers read them (a
+        bundle lists them), so they are never held raw, not even while loading. `model_file`: the
+        model is not held (`plan.model` keeps its graph, `structure_only`); `model` reads it back
+        from there."""
         started = time.perf_counter()
         if threads is not None and threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
         self.plan = plan
-        self.model = plan.model
+        self._model: onnx.ModelProto | None = None if model_file else plan.model
+        self.model_file = model_file  # where `model` is read from when it is not held
         self.kernels = dict(kernels)
         self.unsupported = dict(unsupported)
         self.threads = threads or available_cpus()
@@ -260,6 +268,10 @@ class CompiledModel:
         self.sanitize = sanitize.sanitize_mode()
         self._runs = 0
         self._stored_packed = dict(packed or {})
+        self._released: dict[str, int] = {}  # weights held in packed form only -> raw bytes
+        for name in released:
+            info = plan.tensors[name]
+            self._released[name] = info.numel * info.dtype.itemsize
         if any(k.uses_blas for k in self.kernels.values()):
             from .blas import load_blas
 
@@ -342,7 +354,6 @@ class CompiledModel:
         self._scratch: dict[str, np.ndarray] = {}
         # Weights packed once for the contraction library, per (kernel, its operands).
         self._packed: dict[PackedKey, np.ndarray] = {}
-        self._released: dict[str, int] = {}  # weights held in packed form only -> raw bytes
 
     def _workspace_slices(self) -> dict[str, int]:
         """Bytes of one thread's workspace slice per kernel that takes one (render_c.py)."""
@@ -376,13 +387,20 @@ class CompiledModel:
                 continue
             for j, name in enumerate(step.inputs):
                 r = self._root.get(name, name)
-                if not name or r not in self._weights:
+                if not name or (r not in self._weights and r not in self._released):
                     continue
                 if isinstance(step, KernelStep) and masks[step.symbol] >> j & 1:
                     packed_uses.add(r)
                 else:
                     raw_uses.add(r)
-        return packed_uses - raw_uses
+        wrong = sorted(raw_uses & set(self._released))
+        if wrong:
+            raise InvalidModelError(
+                f"weight {wrong[0]!r} was left out as read only packed, but is read raw here",
+                code="bundle_corrupt",
+                weight=wrong[0],
+            )
+        return packed_uses - raw_uses - set(self._released)
 
     def array(self, name: str) -> np.ndarray:
         """The live storage of a tensor (a view into the arena or a weight array)."""
@@ -505,6 +523,14 @@ class CompiledModel:
                 )
             self._packed[key] = stored
         if key not in self._packed:
+            absent = sorted(set(step.inputs) & set(self._released))
+            if absent:
+                raise InvalidModelError(
+                    f"kernel {step.symbol} has no stored packed weights for {', '.join(step.inputs)} "
+                    f"and {absent[0]!r} is not held raw to pack them from",
+                    code="bundle_corrupt",
+                    kernel=step.symbol,
+                )
             ptrs = pointers()
             raw = np.zeros(floats * 4 + ALIGNMENT, dtype=np.uint8)
             shift = (-raw.ctypes.data) % ALIGNMENT
@@ -560,6 +586,28 @@ class CompiledModel:
         if not self._packed:
             return "none"
         return "bundle" if stored == len(self._packed) else "packed at load" if not stored else "mixed"
+
+    @property
+    def model(self) -> onnx.ModelProto:
+        """The fused model the kernels were generated from, every weight included (read back
+        from `model_file` once `detach_model` dropped it)."""
+        if self._model is not None:
+            return self._model
+        assert self.model_file is not None
+        return onnx.load_model(str(self.model_file))
+
+    @property
+    def released_weights(self) -> list[str]:
+        """The weights held only packed, never raw (bundle.py lists them in the manifest)."""
+        return sorted(self._released)
+
+    def detach_model(self, model_file: Path) -> None:
+        """Stop holding the model (and with it a raw copy of every weight): everything a run needs
+        was taken from it at load, and `model` reads it back from `model_file` (a bundle's) if
+        asked. The plan keeps the graph without its initializers."""
+        self.plan.model = structure_only(self.plan.model)
+        self._model = None
+        self.model_file = model_file
 
     @property
     def packed_weights(self) -> dict[PackedKey, np.ndarray]:
@@ -765,6 +813,15 @@ class CompiledModel:
         """Drop references to the arena and kernels (the shared objects stay mapped)."""
         with contextlib.suppress(AttributeError):
             del self._segments, self._per_kernel, self._argvs
+
+
+def structure_only(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `model` without its initializers (its weights): what the runtime needs of a
+    model once the weights are arrays (host ops read its opset and functions)."""
+    light = onnx.ModelProto()
+    copy_fields(model, light, skip=("graph",))
+    copy_fields(model.graph, light.graph, skip=("initializer",))
+    return light
 
 
 def check_inputs(

@@ -184,3 +184,36 @@ def test_a_bundle_loaded_with_released_weights_can_be_saved_again(packed, tmp_pa
     assert_close(again(feeds), packed(feeds), rtol=0, atol=0)
     recompiled = compile_model(again.model)  # every weight is still in the model it carries
     assert_close(recompiled(feeds), packed(feeds), rtol=0, atol=0)
+
+
+def test_a_loaded_bundle_holds_neither_the_model_nor_released_weights(packed, tmp_path: Path) -> None:
+    """The manifest lists the weights only packed buffers read: load never keeps them raw, and
+    drops the model (a raw copy of every weight) once the plan is built; `model` reads it back."""
+    path = packed.save_bundle(tmp_path / "b")
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["packed"]["released"] == packed.released_weights == ["k", "w"]
+    loaded = load(path)
+    assert loaded.released_weights == ["k", "w"]
+    assert len(loaded.plan.model.graph.initializer) == 0
+    assert set(loaded.plan.initializers) == {"v", "two"}
+    assert [t.name for t in loaded.model.graph.initializer] == [
+        t.name for t in packed.model.graph.initializer
+    ]
+
+
+@pytest.mark.parametrize(
+    ("edit", "words"), [("raw", "is read raw"), ("unpacked", "no stored packed weights")]
+)
+def test_a_manifest_releasing_a_weight_still_needed_raw_is_refused(
+    packed, tmp_path: Path, edit: str, words: str
+) -> None:
+    path = packed.save_bundle(tmp_path / "b")
+    manifest = json.loads((path / "manifest.json").read_text())
+    if edit == "raw":  # `v` is also read raw by the Mul kernel
+        manifest["packed"]["released"].append("v")
+    else:  # `w` released, but its packed buffer not stored: nothing to pack it from
+        manifest["packed"]["buffers"] = [b for b in manifest["packed"]["buffers"] if "w" not in b["operands"]]
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(gaf.errors.InvalidModelError) as info:
+        load(path)
+    assert info.value.code == "bundle_corrupt" and words in info.value.message
