@@ -4,7 +4,7 @@ Layout (a directory, or the same tree in a .tar.gz / .tgz)::
 
     model.onnx                 the fused model the kernels were generated from
     kernels/<digest>.so        one shared object per unique kernel (plus the driver)
-    packed/<sha256>.bin        weights packed for the contraction library, one per unique buffer
+    packed.bin                 weights packed for the contraction library, each buffer once
     manifest.json              what belongs to what, with sha256s
 
 `manifest.json`::
@@ -17,9 +17,9 @@ Layout (a directory, or the same tree in a .tar.gz / .tgz)::
      "kernels": {"<symbol>": {"digest": "...", "file": "...", "sha256": "...",
                               "template": "...", "method": "...", "uses_blas": false}},
      "host_ops": {"<symbol>": "<why it runs on the host>"},
-     "packed": {"layout": 1, "isa": "x86-64-v4+avx512vnni",
+     "packed": {"layout": 1, "isa": "x86-64-v4+avx512vnni", "file": "packed.bin", "bytes": 8192,
                 "buffers": [{"kernel": "<symbol>", "kernel_digest": "...", "operands": ["..."],
-                             "file": "packed/<sha256>.bin", "bytes": 4096, "crc32": 123}],
+                             "offset": 0, "bytes": 4096, "crc32": 123}],
                 "released": ["<weights only packed buffers read>"]}}
 
 `load()` checks every sha256 before it maps anything, because a corrupt shared object would
@@ -27,15 +27,16 @@ crash the process instead of failing.
 
 Packed weights. The weights the contraction library reads in its panel layout are stored as the
 kernels packed them (raw floats, `contraction.PACKED_LAYOUT_VERSION`, tied to the bundle's ISA
-and to the digest of the kernel that packed them), and `load()` maps them read-only
-(`np.memmap`: page-aligned, no copy, and processes that load one bundle share its pages) instead
-of packing again. The weights that only they serve (`released`, runtime.py) are dropped before the
-runtime sees them, and the model too once its plan is built (`CompiledModel.model` reads it back
-from the bundle), so a loaded bundle holds each such weight once. A missing, truncated or corrupt
-packed file is refused (`bundle_corrupt`) rather than repacked: a bundle that differs from what
-its manifest says is not trusted in part. Each is checked by size and CRC-32, not sha256: the
-manifest beside them guards against damage, not tampering, and at 2.8 GB/s against 1.35
-(measured on a Xeon host) the check stays well below the cost of packing (GPT-2: 0.14 s for
+and to the digest of the kernel that packed them) in one file, each buffer once, at a multiple of
+the runtime's `ALIGNMENT`; `load()` maps it read-only (`np.memmap`: no copy, one file descriptor
+per bundle, and processes that load one bundle share its pages) instead of packing again. The
+weights that only they serve (`released`, runtime.py) are dropped before the runtime sees them,
+and the model too once its plan is built (`CompiledModel.model` reads it back from the bundle),
+so a loaded bundle holds each such weight once. A missing or truncated packed file, or a buffer
+that differs from the manifest, is refused (`bundle_corrupt`) rather than repacked: a bundle that
+differs from what its manifest says is not trusted in part. Buffers are checked by CRC-32, not
+sha256: the manifest beside them guards against damage, not tampering, and at 2.8 GB/s against
+1.35 (measured on a Xeon host) the check stays well below the cost of packing (GPT-2: 0.14 s for
 481 MiB against 0.3-0.8 s to pack). A bundle of another layout version, or one recompiled for
 another ISA, packs afresh.
 
@@ -65,6 +66,7 @@ import numpy as np
 import onnx
 
 from ...errors import InvalidConfigError, InvalidModelError, IsaMismatchError
+from .arena import ALIGNMENT
 from .contraction import PACKED_LAYOUT_VERSION
 from .extract import extract
 from .isa import IsaTarget, host_isa, normalise_machine, parse_isa, target_isa
@@ -76,6 +78,7 @@ FORMAT = "graph_autofusion.bundle"
 VERSION = 1
 MANIFEST = "manifest.json"
 MODEL_FILE = "model.onnx"
+PACKED_FILE = "packed.bin"
 
 
 class BundleError(InvalidModelError):
@@ -156,27 +159,36 @@ def save_bundle(compiled: CompiledModel, path: str | Path) -> Path:
 
 
 def _save_packed(compiled: CompiledModel, root: Path) -> dict[str, Any]:
-    """Write each packed weight buffer once (by content) under `packed/`; the manifest entry."""
-    (root / "packed").mkdir()
+    """Write the packed weight buffers into one file (`PACKED_FILE`, each buffer once by content,
+    at a multiple of `ALIGNMENT`); the manifest's `packed` section."""
     buffers = []
-    for (symbol, operands), buf in sorted(compiled.packed_weights.items()):
-        data = np.ascontiguousarray(buf).view(np.uint8)
-        rel = f"packed/{hashlib.sha256(data).hexdigest()}.bin"
-        if not (root / rel).exists():
-            data.tofile(root / rel)
-        buffers.append(
-            {
-                "kernel": symbol,
-                "kernel_digest": compiled.kernels[symbol].digest,
-                "operands": list(operands),
-                "file": rel,
-                "bytes": int(data.nbytes),
-                "crc32": zlib.crc32(data),
-            }
-        )
+    at: dict[str, int] = {}  # sha256 of a buffer -> its offset
+    size = 0
+    with (root / PACKED_FILE).open("wb") as out:
+        for (symbol, operands), buf in sorted(compiled.packed_weights.items()):
+            data = np.ascontiguousarray(buf).view(np.uint8)
+            digest = hashlib.sha256(data).hexdigest()
+            if digest not in at:
+                out.write(bytes(-size % ALIGNMENT))
+                size += -size % ALIGNMENT
+                at[digest] = size
+                data.tofile(out)
+                size += data.nbytes
+            buffers.append(
+                {
+                    "kernel": symbol,
+                    "kernel_digest": compiled.kernels[symbol].digest,
+                    "operands": list(operands),
+                    "offset": at[digest],
+                    "bytes": int(data.nbytes),
+                    "crc32": zlib.crc32(data),
+                }
+            )
     return {
         "layout": PACKED_LAYOUT_VERSION,
         "isa": compiled.isa.name,
+        "file": PACKED_FILE,
+        "bytes": size,
         "buffers": buffers,
         "released": compiled.released_weights,
     }
@@ -330,11 +342,19 @@ def _released_weights(manifest: dict[str, Any], initializers: dict[str, np.ndarr
 def _load_packed(
     root: Path, manifest: dict[str, Any], kernels: dict[str, KernelInfo]
 ) -> dict[PackedKey, np.ndarray]:
-    """The bundle's packed weights (`_packed_usable` ones), mapped read-only and checked (size,
-    CRC-32, the kernel that packed them), by (kernel, operands)."""
+    """The bundle's packed weights (`_packed_usable` ones), by (kernel, operands): views of one
+    read-only mapping of the packed file, each checked (CRC-32, bounds, the kernel that packed it)."""
     section = manifest["packed"]
+    file = root / str(section["file"])
+    size = file.stat().st_size if file.is_file() else -1
+    if size != int(section["bytes"]):
+        state = "missing" if size < 0 else f"{size} bytes, the manifest says {section['bytes']}"
+        raise BundleError(
+            f"packed weights: {section['file']} is {state}; save the bundle again", code="bundle_corrupt"
+        )
+    mapped = np.memmap(file, dtype=np.uint8, mode="r") if size else np.zeros(0, np.uint8)
     found: dict[PackedKey, np.ndarray] = {}
-    for entry in section.get("buffers", []):
+    for entry in section["buffers"]:
         symbol = str(entry["kernel"])
         what = f"packed weights of kernel {symbol} ({', '.join(entry['operands'])})"
         kernel = kernels.get(symbol)
@@ -344,18 +364,18 @@ def _load_packed(
                 "do not include; the bundle is corrupt or was modified",
                 code="bundle_corrupt",
             )
-        file = root / str(entry["file"])
-        size = file.stat().st_size if file.is_file() else -1
-        if size != int(entry["bytes"]) or size <= 0:
-            state = "missing" if size < 0 else f"{size} bytes, the manifest says {entry['bytes']}"
+        offset, nbytes = int(entry["offset"]), int(entry["bytes"])
+        data = mapped[offset : offset + nbytes]
+        if (
+            offset % ALIGNMENT
+            or nbytes <= 0
+            or data.nbytes != nbytes
+            or zlib.crc32(data) != int(entry["crc32"])
+        ):
             raise BundleError(
-                f"{what}: {entry['file']} is {state}; save the bundle again", code="bundle_corrupt"
-            )
-        data = np.memmap(file, dtype=np.uint8, mode="r")
-        if zlib.crc32(data) != int(entry["crc32"]):
-            raise BundleError(
-                f"{what}: the CRC-32 of {entry['file']} differs from the manifest's; the bundle is "
-                "corrupt or was modified: save it again",
+                f"{what}: bytes {offset}..{offset + nbytes} of {section['file']} differ from what the "
+                "manifest says (CRC-32, bounds or alignment); the bundle is corrupt or was modified: "
+                "save it again",
                 code="bundle_corrupt",
             )
         found[(symbol, tuple(str(o) for o in entry["operands"]))] = data
