@@ -64,13 +64,15 @@ from typing import Any
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from ...errors import InvalidConfigError, InvalidModelError, IsaMismatchError
+from ...onnx_utils import light_model
 from .arena import ALIGNMENT
 from .contraction import PACKED_LAYOUT_VERSION
 from .extract import extract
 from .isa import IsaTarget, host_isa, normalise_machine, parse_isa, target_isa
-from .runtime import CompiledModel, KernelInfo, PackedKey, compile_model, structure_only
+from .runtime import CompiledModel, KernelInfo, PackedKey, compile_model
 
 log = logging.getLogger(__name__)
 
@@ -264,10 +266,15 @@ def _load_dir(root: Path, threads: int | None, recompile: bool) -> CompiledModel
                 bundle_isa=str(built_for),
                 host_isa=host.name,
             )
-        compiled = _recompile(model, built_for, threads)
-        compiled.detach_model(model_file)
-        return compiled
-    plan = extract(model)
+        return _recompile(model, built_for, threads)
+    # The plan's graph and nodes are those of a copy without the weights, so that the model (a
+    # raw copy of every weight) is freed here: upb keeps a whole message alive while any part of
+    # it is referenced. `CompiledModel.model` reads it back from the bundle when asked.
+    weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    graph_only, _ = light_model(model, max_bytes=-1)
+    del model
+    plan = extract(graph_only, weights)
+    del weights
     kernels: dict[str, KernelInfo] = {}
     for symbol, entry in manifest["kernels"].items():
         file = checked(entry, f"kernel {symbol}")
@@ -284,14 +291,12 @@ def _load_dir(root: Path, threads: int | None, recompile: bool) -> CompiledModel
     if missing:
         raise BundleError(f"the bundle has no artifact for kernel {missing[0]}", code="bundle_corrupt")
     driver = checked(manifest["driver"], "driver")
-    # Before the packed weights are mapped: the weights that only they serve are dropped (never
-    # held raw after this), and so is the model (every weight again), whose graph the plan keeps.
+    # Before the packed weights are mapped, the weights that only they serve are dropped: never
+    # held raw after this.
     usable = _packed_usable(manifest)
     released = _released_weights(manifest, plan.initializers) if usable else []
     for name in released:
         del plan.initializers[name]
-    plan.model = structure_only(plan.model)
-    del model
     packed = _load_packed(root, manifest, kernels) if usable else {}
     compiled = CompiledModel(
         plan,

@@ -38,7 +38,6 @@ import numpy as np
 import onnx
 
 from ...errors import InvalidModelError, IsaMismatchError, RuntimeInputError, UnsupportedModelError
-from ...onnx_utils import copy_fields
 from . import sanitize
 from .arena import ALIGNMENT, Buffer, plan_offsets
 from .cache import KernelCache, default_cache
@@ -246,8 +245,8 @@ class CompiledModel:
         instead of packing at load; each must be the size its kernel asks for. `released`:
         weights left out of `plan.initializers` because only those packed buffers read them (a
         bundle lists them), so they are never held raw, not even while loading. `model_file`: the
-        model is not held (`plan.model` keeps its graph, `structure_only`); `model` reads it back
-        from there."""
+        model is not held (`plan.model` is its graph without weights, onnx_utils.light_model);
+        `model` reads it back from there."""
         started = time.perf_counter()
         if threads is not None and threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
@@ -590,7 +589,7 @@ class CompiledModel:
     @property
     def model(self) -> onnx.ModelProto:
         """The fused model the kernels were generated from, every weight included (read back
-        from `model_file` once `detach_model` dropped it)."""
+        from `model_file` when the runtime does not hold it)."""
         if self._model is not None:
             return self._model
         assert self.model_file is not None
@@ -600,14 +599,6 @@ class CompiledModel:
     def released_weights(self) -> list[str]:
         """The weights held only packed, never raw (bundle.py lists them in the manifest)."""
         return sorted(self._released)
-
-    def detach_model(self, model_file: Path) -> None:
-        """Stop holding the model (and with it a raw copy of every weight): everything a run needs
-        was taken from it at load, and `model` reads it back from `model_file` (a bundle's) if
-        asked. The plan keeps the graph without its initializers."""
-        self.plan.model = structure_only(self.plan.model)
-        self._model = None
-        self.model_file = model_file
 
     @property
     def packed_weights(self) -> dict[PackedKey, np.ndarray]:
@@ -813,15 +804,6 @@ class CompiledModel:
         """Drop references to the arena and kernels (the shared objects stay mapped)."""
         with contextlib.suppress(AttributeError):
             del self._segments, self._per_kernel, self._argvs
-
-
-def structure_only(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of `model` without its initializers (its weights): what the runtime needs of a
-    model once the weights are arrays (host ops read its opset and functions)."""
-    light = onnx.ModelProto()
-    copy_fields(model, light, skip=("graph",))
-    copy_fields(model.graph, light.graph, skip=("initializer",))
-    return light
 
 
 def check_inputs(
