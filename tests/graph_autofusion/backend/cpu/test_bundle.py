@@ -220,3 +220,19 @@ def test_a_manifest_releasing_a_weight_still_needed_raw_is_refused(
     with pytest.raises(gaf.errors.InvalidModelError) as info:
         load(path)
     assert info.value.code == "bundle_corrupt" and words in info.value.message
+
+
+def test_a_packed_bundle_loads_in_another_process_without_compiling(packed, tmp_path: Path) -> None:
+    path = packed.save_bundle(tmp_path / "b.tgz")
+    feeds = random_feeds(packed.model, seed=7)
+    np.savez(tmp_path / "in.npz", **feeds)
+    proc = subprocess.run(
+        [sys.executable, "-c", LOADER, str(path), str(tmp_path / "in.npz"), str(tmp_path / "out.npz")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[0] == "0"
+    assert_close(dict(np.load(tmp_path / "out.npz")), packed(feeds), rtol=0, atol=0)
