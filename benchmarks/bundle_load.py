@@ -10,7 +10,8 @@ resident memory after the runs and at its peak (`getrusage`; packed weights mapp
 count as resident file pages once touched).
 
 Run: `.venv/bin/python benchmarks/bundle_load.py [--models gpt2,resnet50,bert_base] [--reps 3]
-[--out /tmp/bundles] [--json]`; the header names the host.
+[--out /tmp/bundles] [--json]`; the header names the host. The children run with `python -P`, so
+the engine is the one PYTHONPATH names even when started from a checkout (to compare two).
 """
 
 from __future__ import annotations
@@ -67,15 +68,14 @@ def make_bundle(name: str, out: Path) -> Path:
     from this one, would otherwise report the fusion's peak as their own."""
     path = out / f"{name}.bundle"
     if not (path / "manifest.json").exists():
-        subprocess.run([sys.executable, "-c", MAKER, name, str(path)], check=True, timeout=1800)
+        subprocess.run([sys.executable, "-P", "-c", MAKER, name, str(path)], check=True, timeout=1800)
     return path
 
 
 def load_once(path: Path) -> dict[str, float | int | str]:
     """One load and two runs of the bundle at `path` in a fresh process."""
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD, str(path)], capture_output=True, text=True, check=True, timeout=600
-    )
+    command = [sys.executable, "-P", "-c", CHILD, str(path)]
+    done = subprocess.run(command, capture_output=True, text=True, check=True, timeout=600)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
