@@ -512,17 +512,18 @@ class CompiledModel:
         key = (step.symbol, tuple(step.inputs))
         stored = self._stored_packed.get(key)
         if key not in self._packed and stored is not None:
-            if stored.nbytes != floats * 4 or int(stored.ctypes.data) % ALIGNMENT:
+            misaligned = int(stored.ctypes.data) % ALIGNMENT
+            if stored.nbytes != floats * 4 or misaligned:
                 raise InvalidModelError(
                     f"the stored packed weights of kernel {step.symbol} ({', '.join(step.inputs)}) "
-                    f"are {stored.nbytes} bytes at an address {int(stored.ctypes.data) % ALIGNMENT} "
-                    f"past a {ALIGNMENT}-byte boundary; the kernel takes {floats * 4}, aligned",
+                    f"are {stored.nbytes} bytes, {misaligned} past a {ALIGNMENT}-byte boundary; the "
+                    f"kernel takes {floats * 4}, aligned",
                     code="bundle_corrupt",
                     kernel=step.symbol,
                 )
             self._packed[key] = stored
         if key not in self._packed:
-            absent = sorted(set(step.inputs) & set(self._released))
+            absent = sorted({self._root.get(n, n) for n in step.inputs} & set(self._released))
             if absent:
                 raise InvalidModelError(
                     f"kernel {step.symbol} has no stored packed weights for {', '.join(step.inputs)} "
