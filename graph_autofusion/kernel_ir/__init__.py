@@ -3,6 +3,7 @@
     dtypes.py   element types (storage vs compute type)
     nodes.py    expressions, statements, kernels, and the builders that fold as they build
     printer.py  the text form
+    uses.py     which buffers statements read (a weight read only packed can be released)
 
 Lowering (graph_autofusion.lower) turns a fused group into a `Kernel`; a renderer per target
 (backend/cpu/render_c.py) turns a `Kernel` into source. The IR imports nothing of the planner.
