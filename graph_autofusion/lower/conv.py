@@ -86,6 +86,12 @@ MIN_PIXEL_TILE = 128
 # Tasks to aim for when splitting a conv over output channels as well as pixels (every split
 # re-packs the im2col panel once more, so only as many as two threads need to balance).
 MIN_TASKS = 4
+# Pixel tiles of a conv with fewer tasks than BALANCE_MAX_TASKS are chosen for the shortest
+# schedule on BALANCE_THREADS threads (`_balanced_pixel_tile`), a task costing
+# TASK_OVERHEAD_PIXELS pixel columns more than its product (the call, the B pack's set-up).
+BALANCE_THREADS = 2
+BALANCE_MAX_TASKS = 32
+TASK_OVERHEAD_PIXELS = 16
 # Depthwise windows up to this many taps are unrolled by the generator (7x7 included).
 MAX_UNROLLED_TAPS = 49
 # Convs with fewer output pixels than this, not a whole number of column panels, put the pixels in
@@ -274,6 +280,37 @@ def _pixel_tile(pixels: int, kdim: int, quantum: int = 16) -> int:
     return min(pixels, _round_up(-(-pixels // count), quantum))
 
 
+def _makespan(pixels: int, pt: int, images: int, quantum: int) -> int:
+    """Pixel columns (each tile rounded to half a panel, plus TASK_OVERHEAD_PIXELS) the busiest of
+    BALANCE_THREADS threads computes when `images` x the pixel tiles of `pt` are handed out in
+    order to whichever thread is free first (the kernels' dynamic schedule)."""
+    full, rest = divmod(pixels, pt)
+    sizes = ([pt] * full + ([rest] if rest else [])) * images
+    loads = [0] * BALANCE_THREADS
+    for size in sizes:
+        loads[loads.index(min(loads))] += _round_up(size, max(1, quantum // 2)) + TASK_OVERHEAD_PIXELS
+    return max(loads)
+
+
+def _balanced_pixel_tile(pixels: int, pt: int, widest: int, images: int, quantum: int) -> int:
+    """The pixel tile, `pt` or a multiple of `quantum` from MIN_PIXEL_TILE up to `widest` (the
+    L2 bound) rounded up, whose few tasks the threads finish soonest: rounding tiles to whole
+    panels can leave an odd count that no re-split evens out (784 pixels in 160-pixel tiles: 5
+    tasks, one thread doing 3 of them, 464 pixels against 320; in 192-pixel tiles the fifth task
+    is 16 pixels). The widest such tile wins ties; none that leaves fewer than MIN_TASKS tasks."""
+    lo = min(pt, _round_up(MIN_PIXEL_TILE, quantum))
+    hi = min(max(pt, _round_up(widest, quantum)), _round_up(pixels, quantum))
+    best = pt
+    best_span = _makespan(pixels, pt, images, quantum)
+    for cand in range(lo, hi + 1, quantum):
+        if images * -(-pixels // cand) < min(MIN_TASKS, images * -(-pixels // pt)):
+            continue  # too few tasks: channel tiles would split the product instead
+        span = _makespan(pixels, min(cand, pixels), images, quantum)
+        if span < best_span or (span == best_span and cand > best):
+            best, best_span = min(cand, pixels), span
+    return best
+
+
 def _channel_tile(g: ConvGeometry, base_tasks: int, pt: int, min_tasks: int = MIN_TASKS) -> int:
     """Output channels per task: enough tasks for the threads, output tile within OUT_TILE_FLOATS."""
     macs = g.n * g.cout * g.pixels * g.kdim
@@ -305,6 +342,12 @@ def conv_tiles(g: ConvGeometry, quantum: int = 16, rows: bool = False) -> tuple[
     ptn = -(-p // pt)
     if ptn > 1 and (g.n * g.group * ptn) % 2:
         pt = min(p, _round_up(-(-p // (ptn + 1)), quantum))
+        ptn = -(-p // pt)
+    keys = g.n * g.group * ptn
+    if ptn > 1 and keys % BALANCE_THREADS and keys < BALANCE_MAX_TASKS:
+        # whole-panel rounding left the count odd
+        widest = max(MIN_PIXEL_TILE, COL_TILE_FLOATS // max(1, g.kdim))
+        pt = _balanced_pixel_tile(p, pt, widest, g.n * g.group, quantum)
         ptn = -(-p // pt)
     ct = _channel_tile(g, g.n * g.group * ptn, pt)
     return pt, ptn, ct, -(-g.cog // ct)

@@ -20,7 +20,7 @@ from graph_autofusion.backend.cpu.kernel_spec import KernelSpec, TensorInfo
 from graph_autofusion.backend.cpu.render_c import render_kernel
 from graph_autofusion.kernel_ir import Loop
 from graph_autofusion.lower.anchor import CONTRACTION_ROUTINE, PACKED_A_ROUTINE, PACKED_B_ROUTINE, method_of
-from graph_autofusion.lower.conv import lower_conv
+from graph_autofusion.lower.conv import ConvGeometry, _makespan, conv_tiles, lower_conv
 
 F = onnx.TensorProto.FLOAT
 MODES = ("library", "blas")
@@ -133,6 +133,25 @@ def test_conv_matches_onnxruntime(
     )
     k = math.prod(w_shape[1:])
     np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=2e-5 * math.sqrt(k) * 8)
+
+
+def test_odd_task_counts_take_the_tile_the_threads_finish_soonest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # ResNet-50's 512 -> 128 1x1 conv at 28x28: 784 pixels in whole 32-wide panels, where 160-pixel
+    # tiles make 5 tasks (one thread runs three) and six tiles round back up to five
+    g = ConvGeometry(n=1, cin=512, cout=128, group=1, h=28, w=28, oh=28, ow=28,
+                     kh=1, kw=1, sh=1, sw=1, dh=1, dw=1, pt=0, pl=0)  # fmt: skip
+    assert conv_tiles(g, 32) == (192, 5, 128, 1)  # 4 x 192 + 16: two and a half tiles a thread
+    assert _makespan(784, 192, 1, 32) < _makespan(784, 160, 1, 32)
+    monkeypatch.setenv(CONTRACTION_ENV, "library")
+    model, feeds = _model((1, 512, 28, 28), (128, 512, 1, 1), bias=True, relu=True)
+    spec, weights = _spec(model)
+    (got,) = run(lower_conv(spec), [feeds["x"], *weights], tmp_path)
+    (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, feeds
+    )
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-3)
 
 
 @pytest.mark.parametrize(
