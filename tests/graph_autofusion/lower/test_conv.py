@@ -155,6 +155,37 @@ def test_odd_task_counts_take_the_tile_the_threads_finish_soonest(
 
 
 @pytest.mark.parametrize(
+    ("x_shape", "w_shape", "attrs", "padded"),
+    [
+        ((1, 16, 7, 7), (24, 16, 3, 3), {"pads": [1, 1, 1, 1]}, True),  # ResNet-50's last stage, small
+        # pixel tiles that start mid-row, asymmetric padding, dilation
+        ((1, 32, 41, 37), (48, 32, 3, 3), {"pads": [2, 0, 1, 3], "dilations": [1, 2]}, True),
+        # stride 2: each input feeds about 2 im2col floats, too few to repay the band copy
+        ((1, 16, 28, 28), (24, 16, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}, False),
+        ((1, 3, 40, 40), (8, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}, True),  # a stem
+        ((1, 16, 14, 14), (32, 16, 1, 1), {"strides": [2, 2]}, False),  # 1x1: nothing to pad
+        ((1, 64, 2000), (32, 64, 3), {"pads": [1, 1]}, False),  # band: a whole 2002-float row a tile
+    ],
+)
+@pytest.mark.parametrize("mode", MODES)
+def test_narrow_im2col_reads_a_padded_band(
+    x_shape, w_shape, attrs, padded: bool, mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(CONTRACTION_ENV, mode)
+    model, feeds = _model(x_shape, w_shape, bias=False, relu=True, **attrs)
+    spec, weights = _spec(model)
+    kernel = lower_conv(spec)
+    assert method_of(kernel) == IM2COL
+    (task,) = [s for s in kernel.body if isinstance(s, Loop)]
+    assert ("pad" in [b.name for b in task.scratch]) == padded
+    (got,) = run(kernel, [feeds["x"], *weights], tmp_path)
+    (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, feeds
+    )
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize(
     ("x_shape", "w_shape", "attrs", "rows"),
     [
         ((2, 32, 7, 7), (40, 32, 3, 3), {"pads": [1, 1, 1, 1]}, True),  # 49 pixels, channel tiles 32 + 8
@@ -200,7 +231,7 @@ def test_im2col_uses_a_workspace_slice_not_an_allocation() -> None:
     spec, _ = _spec(model)
     kernel = lower_conv(spec)
     (task,) = [s for s in kernel.body if isinstance(s, Loop)]
-    assert [b.name for b in task.scratch] == ["col"]
+    assert [b.name for b in task.scratch] == ["col", "pad"]  # the padded input band too
     assert "malloc" not in render_kernel(kernel)
 
 
