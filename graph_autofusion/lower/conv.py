@@ -95,6 +95,9 @@ TASK_OVERHEAD_PIXELS = 16
 # Im2col floats each float of the zero-padded input band must feed for an im2col to copy the
 # band first (`_padded_im2col`).
 PADDED_BAND_REUSE = 4
+# Output channels of a split channel tile are a multiple of this: the A-panel height of the
+# AVX-512 micro-kernel (AFC_MR; also a whole number of the portable kernel's 4-row panels).
+CHANNEL_QUANTUM = 8
 # Depthwise windows up to this many taps are unrolled by the generator (7x7 included).
 MAX_UNROLLED_TAPS = 49
 # Convs with fewer output pixels than this, not a whole number of column panels, put the pixels in
@@ -315,13 +318,16 @@ def _balanced_pixel_tile(pixels: int, pt: int, widest: int, images: int, quantum
 
 
 def _channel_tile(g: ConvGeometry, base_tasks: int, pt: int, min_tasks: int = MIN_TASKS) -> int:
-    """Output channels per task: enough tasks for the threads, output tile within OUT_TILE_FLOATS."""
+    """Output channels per task: enough tasks for the threads, output tile within OUT_TILE_FLOATS,
+    a multiple of CHANNEL_QUANTUM when split (the contraction runs whole A panels: MobileNetV2's
+    96 channels in 5 tiles of 20 computed 3 panels, 24 rows, for each)."""
     macs = g.n * g.cout * g.pixels * g.kdim
     count = max(1, -(-g.cog * pt // OUT_TILE_FLOATS))
     if macs >= PARALLEL_MIN_MACS and base_tasks * count < min_tasks:
         count = max(count, min(-(-min_tasks // base_tasks), max(1, g.cog // 16)))
     count = min(count, g.cog)
-    return -(-g.cog // count)
+    ct = -(-g.cog // count)
+    return min(g.cog, _round_up(ct, CHANNEL_QUANTUM)) if ct > CHANNEL_QUANTUM else ct
 
 
 def conv_tiles(g: ConvGeometry, quantum: int = 16, rows: bool = False) -> tuple[int, int, int, int]:
