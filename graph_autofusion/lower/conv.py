@@ -17,6 +17,9 @@ convention (`Kernel.packed` / `prepack`) and the epilogue loop nest (`epilogue_n
   tile of output pixels is built in a per-thread workspace slice sized to stay in L2, multiplied
   by one single-threaded contraction straight into the output, and the epilogue finishes the
   tile while it is hot (a whole-image im2col would be a large extra round trip to memory).
+  Where the tile's rows are narrow (ResNet-50's 3x3 convs at stride 1, its 7x7 stem), the input
+  rows the tile reads are first copied into a zero-padded band, so that each tap's row of the
+  tile is a plain copy without bounds work (`_im2col_padded`).
 
     for task in 0..tasks (parallel, dynamic):   # images x groups x pixel tiles [x channel tiles]
         [im2col of pixels [p0, p1) of the task's group into this thread's `col` slice]
