@@ -101,8 +101,8 @@ PADDED_BAND_REUSE = 4
 # Output channels of a split channel tile are a multiple of this: the A-panel height of the
 # AVX-512 micro-kernel (AFC_MR; also a whole number of the portable kernel's 4-row panels).
 CHANNEL_QUANTUM = 8
-# A conv whose image is one pixel tile splits its pixels in two as well when splitting only its
-# output channels would leave tiles of fewer channels than this.
+# A conv doubles its pixel tiles (rather than split its output channels) while its channel
+# tiles would have fewer channels than this.
 SPLIT_MIN_CHANNELS = 32
 # Depthwise windows up to this many taps are unrolled by the generator (7x7 included).
 MAX_UNROLLED_TAPS = 49
@@ -365,10 +365,10 @@ def conv_tiles(g: ConvGeometry, quantum: int = 16, rows: bool = False) -> tuple[
         pt = _balanced_pixel_tile(p, pt, widest, g.n * g.group, quantum)
         ptn = -(-p // pt)
     ct = _channel_tile(g, g.n * g.group * ptn, pt)
-    if ptn == 1 and ct < SPLIT_MIN_CHANNELS < g.cog and p >= 2 * quantum:
-        # thin channel tiles each pack the whole image's activation again for a few rows of
-        # the product: halve the pixels instead, so the channels split in fewer, wider tiles
-        pt = min(p, _round_up(-(-p // 2), quantum))
+    while ct < min(SPLIT_MIN_CHANNELS, g.cog) and pt >= 2 * quantum:
+        # thin channel tiles each pack the pixel tile's activation again for a few rows of the
+        # product: twice the pixel tiles instead, so the channels split in fewer, wider tiles
+        pt = min(p, _round_up(-(-p // (2 * ptn)), quantum))
         ptn = -(-p // pt)
         ct = _channel_tile(g, g.n * g.group * ptn, pt)
     return pt, ptn, ct, -(-g.cog // ct)

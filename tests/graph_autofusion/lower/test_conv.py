@@ -158,16 +158,16 @@ def test_odd_task_counts_take_the_tile_the_threads_finish_soonest(
 def test_split_channel_tiles_are_whole_a_panels(
     mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # MobileNetV2's 16 -> 96 1x1 at 112x112 ran 5 channel tiles of 20 (3 panels of 8 rows each)
-    g = ConvGeometry(n=1, cin=16, cout=96, group=1, h=112, w=112, oh=112, ow=112,
+    # 132 channels in two tiles (of 4 x 800 pixels): 72 + 60, not 66 + 66, each computed as 9
+    # panels of 8 rows
+    g = ConvGeometry(n=1, cin=64, cout=132, group=1, h=56, w=56, oh=56, ow=56,
                      kh=1, kw=1, sh=1, sw=1, dh=1, dw=1, pt=0, pl=0)  # fmt: skip
-    assert conv_tiles(g, 32) == (3136, 4, 24, 4)
-    # 36 channels in two tiles: 24 and a last one of 12
+    assert conv_tiles(g, 32) == (800, 4, 72, 2)
     monkeypatch.setenv(CONTRACTION_ENV, mode)
-    model, feeds = _model((1, 8, 56, 56), (36, 8, 1, 1), bias=True, relu=True)
+    model, feeds = _model((1, 64, 56, 56), (132, 64, 1, 1), bias=True, relu=True)
     spec, weights = _spec(model)
     kernel = lower_conv(spec)
-    assert "2 channel tiles of 24" in kernel.description
+    assert "2 channel tiles of 72" in kernel.description
     (got,) = run(kernel, [feeds["x"], *weights], tmp_path)
     (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
         None, feeds
@@ -176,13 +176,17 @@ def test_split_channel_tiles_are_whole_a_panels(
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_one_tile_images_split_pixels_before_thin_channel_tiles(
+def test_pixels_split_before_channel_tiles_thinner_than_32(
     mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # MobileNetV2's 384 -> 64 1x1 at 14x14 ran 4 channel tiles of 16, each packing all 196 pixels
     g = ConvGeometry(n=1, cin=384, cout=64, group=1, h=14, w=14, oh=14, ow=14,
                      kh=1, kw=1, sh=1, sw=1, dh=1, dw=1, pt=0, pl=0)  # fmt: skip
     assert conv_tiles(g, 32) == (128, 2, 32, 2)
+    # its 192 -> 32 at 28x28: 2 pixel tiles of 416 x 2 channel tiles of 16
+    g = ConvGeometry(n=1, cin=192, cout=32, group=1, h=28, w=28, oh=28, ow=28,
+                     kh=1, kw=1, sh=1, sw=1, dh=1, dw=1, pt=0, pl=0)  # fmt: skip
+    assert conv_tiles(g, 32) == (224, 4, 32, 1)
     monkeypatch.setenv(CONTRACTION_ENV, mode)
     model, feeds = _model((1, 64, 14, 14), (64, 64, 1, 1), bias=True, relu=True)
     spec, weights = _spec(model)
