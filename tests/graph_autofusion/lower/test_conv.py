@@ -20,7 +20,7 @@ from graph_autofusion.backend.cpu.kernel_spec import KernelSpec, TensorInfo
 from graph_autofusion.backend.cpu.render_c import render_kernel
 from graph_autofusion.kernel_ir import Loop
 from graph_autofusion.lower.anchor import CONTRACTION_ROUTINE, PACKED_A_ROUTINE, PACKED_B_ROUTINE, method_of
-from graph_autofusion.lower.conv import lower_conv
+from graph_autofusion.lower.conv import ConvGeometry, _makespan, conv_tiles, lower_conv
 
 F = onnx.TensorProto.FLOAT
 MODES = ("library", "blas")
@@ -135,6 +135,102 @@ def test_conv_matches_onnxruntime(
     np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=2e-5 * math.sqrt(k) * 8)
 
 
+def test_odd_task_counts_take_the_tile_the_threads_finish_soonest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # ResNet-50's 512 -> 128 1x1 conv at 28x28: 784 pixels in whole 32-wide panels, where 160-pixel
+    # tiles make 5 tasks (one thread runs three) and six tiles round back up to five
+    g = ConvGeometry(n=1, cin=512, cout=128, group=1, h=28, w=28, oh=28, ow=28,
+                     kh=1, kw=1, sh=1, sw=1, dh=1, dw=1, pt=0, pl=0)  # fmt: skip
+    assert conv_tiles(g, 32) == (192, 5, 128, 1)  # 4 x 192 + 16: two and a half tiles a thread
+    assert _makespan(784, 192, 1, 32) < _makespan(784, 160, 1, 32)
+    monkeypatch.setenv(CONTRACTION_ENV, "library")
+    model, feeds = _model((1, 512, 28, 28), (128, 512, 1, 1), bias=True, relu=True)
+    spec, weights = _spec(model)
+    (got,) = run(lower_conv(spec), [feeds["x"], *weights], tmp_path)
+    (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, feeds
+    )
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_split_channel_tiles_are_whole_a_panels(
+    mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 132 channels in two tiles (of 4 x 800 pixels): 72 + 60, not 66 + 66, each computed as 9
+    # panels of 8 rows
+    g = ConvGeometry(n=1, cin=64, cout=132, group=1, h=56, w=56, oh=56, ow=56,
+                     kh=1, kw=1, sh=1, sw=1, dh=1, dw=1, pt=0, pl=0)  # fmt: skip
+    assert conv_tiles(g, 32) == (800, 4, 72, 2)
+    monkeypatch.setenv(CONTRACTION_ENV, mode)
+    model, feeds = _model((1, 64, 56, 56), (132, 64, 1, 1), bias=True, relu=True)
+    spec, weights = _spec(model)
+    kernel = lower_conv(spec)
+    assert "2 channel tiles of 72" in kernel.description
+    (got,) = run(kernel, [feeds["x"], *weights], tmp_path)
+    (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, feeds
+    )
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_pixels_split_before_channel_tiles_thinner_than_32(
+    mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # MobileNetV2's 384 -> 64 1x1 at 14x14 ran 4 channel tiles of 16, each packing all 196 pixels
+    g = ConvGeometry(n=1, cin=384, cout=64, group=1, h=14, w=14, oh=14, ow=14,
+                     kh=1, kw=1, sh=1, sw=1, dh=1, dw=1, pt=0, pl=0)  # fmt: skip
+    assert conv_tiles(g, 32) == (128, 2, 32, 2)
+    # its 192 -> 32 at 28x28: 2 pixel tiles of 416 x 2 channel tiles of 16
+    g = ConvGeometry(n=1, cin=192, cout=32, group=1, h=28, w=28, oh=28, ow=28,
+                     kh=1, kw=1, sh=1, sw=1, dh=1, dw=1, pt=0, pl=0)  # fmt: skip
+    assert conv_tiles(g, 32) == (224, 4, 32, 1)
+    monkeypatch.setenv(CONTRACTION_ENV, mode)
+    model, feeds = _model((1, 64, 14, 14), (64, 64, 1, 1), bias=True, relu=True)
+    spec, weights = _spec(model)
+    kernel = lower_conv(spec)
+    tiles = "2 pixel tiles of 128 x 2 channel tiles of 32" if mode == "library" else "pixel tiles of 112"
+    assert tiles in kernel.description
+    (got,) = run(kernel, [feeds["x"], *weights], tmp_path)
+    (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, feeds
+    )
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "w_shape", "attrs", "padded"),
+    [
+        ((1, 16, 7, 7), (24, 16, 3, 3), {"pads": [1, 1, 1, 1]}, True),  # ResNet-50's last stage, small
+        # pixel tiles that start mid-row, asymmetric padding, dilation
+        ((1, 32, 41, 37), (48, 32, 3, 3), {"pads": [2, 0, 1, 3], "dilations": [1, 2]}, True),
+        # stride 2: each input feeds about 2 im2col floats, too few to repay the band copy
+        ((1, 16, 28, 28), (24, 16, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}, False),
+        ((1, 3, 40, 40), (8, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}, True),  # a stem
+        ((1, 16, 14, 14), (32, 16, 1, 1), {"strides": [2, 2]}, False),  # 1x1: nothing to pad
+        ((1, 64, 2000), (32, 64, 3), {"pads": [1, 1]}, False),  # band: a whole 2002-float row a tile
+    ],
+)
+@pytest.mark.parametrize("mode", MODES)
+def test_narrow_im2col_reads_a_padded_band(
+    x_shape, w_shape, attrs, padded: bool, mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(CONTRACTION_ENV, mode)
+    model, feeds = _model(x_shape, w_shape, bias=False, relu=True, **attrs)
+    spec, weights = _spec(model)
+    kernel = lower_conv(spec)
+    assert method_of(kernel) == IM2COL
+    (task,) = [s for s in kernel.body if isinstance(s, Loop)]
+    assert ("pad" in [b.name for b in task.scratch]) == padded
+    (got,) = run(kernel, [feeds["x"], *weights], tmp_path)
+    (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, feeds
+    )
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-3)
+
+
 @pytest.mark.parametrize(
     ("x_shape", "w_shape", "attrs", "rows"),
     [
@@ -181,7 +277,7 @@ def test_im2col_uses_a_workspace_slice_not_an_allocation() -> None:
     spec, _ = _spec(model)
     kernel = lower_conv(spec)
     (task,) = [s for s in kernel.body if isinstance(s, Loop)]
-    assert [b.name for b in task.scratch] == ["col"]
+    assert [b.name for b in task.scratch] == ["col", "pad"]  # the padded input band too
     assert "malloc" not in render_kernel(kernel)
 
 
