@@ -548,25 +548,32 @@ class KernelRenderer(StmtVisitor):
                 t = c_type(b.dtype)
                 at = f"af_ws + af_tid * {self.workspace_bytes} + {self.scratch_offsets[b.name]}"
                 region.emit(f"{t} *restrict {b.name} = ({t} *)({at});")
+            bounds = self._bounds(s, region)  # any local a bound needs goes before the pragma
             if s.parallel:
                 region.emit(f"#pragma omp for schedule({_schedule(s)}){clauses}")
             elif s.vector:
                 region.emit(f"#pragma omp simd{clauses}")
-            self._for(s, region)
+            self._for(s, bounds, region)
             block.extend(region)
             block.emit("}")
             return
+        bounds = self._bounds(s, block)
         if s.parallel and s.vector:
             block.emit(f"#pragma omp parallel for simd schedule({_schedule(s)}){clauses}")
         elif s.parallel:
             block.emit(f"#pragma omp parallel for schedule({_schedule(s)}){clauses}")
         elif s.vector:
             block.emit(f"#pragma omp simd{clauses}")
-        self._for(s, block)
+        self._for(s, bounds, block)
 
-    def _for(self, s: ir.Loop, block: Block) -> None:
+    def _bounds(self, s: ir.Loop, block: Block) -> tuple[str, str]:
+        """The loop's start and stop as C text. Rendered before the loop's pragma: a bound that
+        needs a local (a `minimum`) must not land between `#pragma omp ...` and its `for`."""
+        return self.expr(ir.index(s.start), block), self.expr(ir.index(s.stop), block)
+
+    def _for(self, s: ir.Loop, bounds: tuple[str, str], block: Block) -> None:
         v = s.var.name
-        start, stop = self.expr(ir.index(s.start), block), self.expr(ir.index(s.stop), block)
+        start, stop = bounds
         step = f"++{v}" if s.step == 1 else f"{v} += {s.step}"
         block.emit(f"for (int64_t {v} = {start}; {v} < {stop}; {step}) {{")
         inner = block.child()

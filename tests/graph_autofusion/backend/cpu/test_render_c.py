@@ -178,3 +178,23 @@ def test_a_weight_read_only_packed_is_not_declared_and_is_flagged(kernel_cache, 
     )
     lib.k_pack(run)
     np.testing.assert_array_equal(out, x + 6.0 + (2.0 if body_reads_raw else 0.0))
+
+
+def test_a_loop_bound_that_needs_a_local_is_computed_before_the_pragma(kernel_cache) -> None:
+    # A vector loop inside a branch whose trip count is a `minimum` (the last, shorter tile): the
+    # bound's local must come before `#pragma omp simd`, which has to sit right above its `for`.
+    t, i = ir.var("t"), ir.var("i")
+    a, b = Buffer("in0", DType.F32, 13), Buffer("out0", DType.F32, 13, "output")
+    start = t * 4
+    stop = ir.minimum(start + 4, 13)
+    inner = Loop(i, stop - start, (Store(b, start + i, ir.load(a, start + i) * 2.0),), vector=True)
+    kernel = Kernel("tiles", (a, b), (Loop(t, 4, (If(ir.lt(start, 13), (inner,)),)),))
+    text = render_kernel(kernel)
+    lines = [line.strip() for line in text.splitlines()]
+    for k, line in enumerate(lines):
+        if line.startswith("#pragma omp simd"):
+            assert lines[k + 1].startswith("for ("), text
+    x = np.arange(13, dtype=np.float32)
+    y = np.full(13, np.nan, dtype=np.float32)
+    _run(kernel, kernel_cache, x, y)
+    np.testing.assert_array_equal(y, 2 * x)
