@@ -16,7 +16,11 @@ succeeds". A match is
 - the epilogue: the elementwise/broadcast ops and views applied to the anchor's output, in order,
   Gemm's `beta * C` as the `addend` in front of them;
 - the output tail: one Transpose after a MatMul/Gemm that keeps the last axis last, folded into
-  where the GEMM stores each tile (`OutputTail`).
+  where the GEMM stores each tile (`OutputTail`);
+- the row norm: a LayerNormalization over the last axis closing a MatMul/Gemm epilogue
+  (`RowNorm`), when a row of the product is short enough (ROW_NORM_MAX_COLUMNS) for the tile
+  loop to run full rows: its mean and variance are then row reductions over the hot tile, and
+  the residual stream feeding it need not make a round trip through memory to a kernel of its own.
 
 `to_json` is the form the exporter writes into the fused function's doc_string
 (docs/fused-format.md). Conv/ConvTranspose matches carry no contraction (lower/conv.py computes
@@ -45,6 +49,10 @@ STRIDE_PROLOGUE_OPS = frozenset({"Transpose", "Reshape", "Flatten", "Squeeze", "
 EPILOGUE_VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
 # Integer/bool constants up to this size are inlined into a kernel (extract.CONST_MAX_INT_ELEMENTS).
 INLINED_INT_CONSTANT = 4096
+# Widest product row a LayerNormalization epilogue normalises: the tile loop then runs tiles of
+# whole rows, and 8 rows of this many floats (128 KiB) still stay in L2 between the contraction
+# and the normalisation (lower/anchor.py sizes the row tile).
+ROW_NORM_MAX_COLUMNS = 4096
 
 
 def dense_strides(shape: Sequence[int]) -> tuple[int, ...]:
@@ -138,6 +146,23 @@ class OutputTail:
 
 
 @dataclass(frozen=True)
+class RowNorm:
+    """LayerNormalization `node` over the last axis of `value` (the anchor output or an epilogue
+    value, on the anchor's domain) as the kernel's last stage: `output` =
+    `(value - mean) / sqrt(var + epsilon) * scale + bias`, mean and variance over each row of
+    `columns` elements (the contraction's N); `scale` and `bias` are kernel inputs of `columns`
+    elements (bias None: none)."""
+
+    node: str
+    value: str
+    scale: str
+    bias: str | None
+    epsilon: float
+    output: str
+    columns: int
+
+
+@dataclass(frozen=True)
 class AnchorMatch:
     """One anchor kernel: an anchor with prologue views, epilogue steps and an output tail."""
 
@@ -149,6 +174,7 @@ class AnchorMatch:
     tail: OutputTail | None
     domain: tuple[int, ...]  # the anchor output's shape
     split: int  # leading domain dims that index a tile row; the rest index its columns
+    norm: RowNorm | None = None  # a LayerNormalization after the epilogue, over whole rows
 
     @property
     def row_len(self) -> int:
@@ -209,6 +235,17 @@ class AnchorMatch:
                 "tensor": tensor(self.addend.tensor),
                 "beta": self.addend.beta,
                 "shape": list(self.addend.shape),
+            }
+        if self.norm is not None:
+            rn = self.norm
+            out["norm"] = {
+                "node": node(rn.node),
+                "value": tensor(rn.value),
+                "scale": tensor(rn.scale),
+                "bias": None if rn.bias is None else tensor(rn.bias),
+                "epsilon": rn.epsilon,
+                "output": tensor(rn.output),
+                "columns": rn.columns,
             }
         if self.tail is not None:
             out["tail"] = {
@@ -303,7 +340,7 @@ def match_anchor(spec: KernelSpec) -> AnchorMatch:
     anchor = anchors[0]
     prologue = body.ancestors(anchor)
     operands = _prologue(body, anchor, prologue)
-    epilogue, tail_nodes = _epilogue(body, anchor, prologue)
+    epilogue, tail_nodes, norm_node = _epilogue(body, anchor, prologue)
     _fp32_boundary(body)
     y = anchor.output[0]
     domain = body.shape(y)
@@ -321,7 +358,10 @@ def match_anchor(spec: KernelSpec) -> AnchorMatch:
         split = len(domain) if b_vector else len(domain) - 1
     if contraction is not None and math.prod(domain) and contraction.n != math.prod(domain[split:]):
         raise Unsupported(f"{anchor.op_type} '{anchor.name}' rows do not match its output {list(domain)}")
-    return AnchorMatch(anchor, operands, contraction, addend, tuple(epilogue), tail, domain, split)
+    norm = None
+    if norm_node is not None:
+        norm = _row_norm(body, anchor, norm_node, contraction, tail, domain, split)
+    return AnchorMatch(anchor, operands, contraction, addend, tuple(epilogue), tail, domain, split, norm)
 
 
 def _prologue(body: _Body, anchor: onnx.NodeProto, prologue: list[onnx.NodeProto]) -> tuple[OperandView, ...]:
@@ -442,10 +482,23 @@ def _window(
 
 def _epilogue(
     body: _Body, anchor: onnx.NodeProto, prologue: list[onnx.NodeProto]
-) -> tuple[list[onnx.NodeProto], list[onnx.NodeProto]]:
-    """(epilogue ops before any output Transpose, the Transpose and the views after it)."""
+) -> tuple[list[onnx.NodeProto], list[onnx.NodeProto], onnx.NodeProto | None]:
+    """(epilogue ops before any output Transpose, the Transpose and the views after it, a
+    closing LayerNormalization)."""
     desc = body.descendants(anchor)
+    norms = [n for n in desc if n.op_type == "LayerNormalization"]
+    if len(norms) > 1:
+        raise Unsupported(f"an anchor kernel closes with one LayerNormalization, not {len(norms)}")
+    norm = norms[0] if norms else None
+    if norm is not None:
+        after_norm = body.descendants(norm)
+        if after_norm:
+            n = after_norm[0]
+            raise Unsupported(
+                f"{n.op_type} '{n.name}' after LayerNormalization '{norm.name}' would need the normalised row"
+            )
     known = {id(n) for n in (*desc, *prologue, anchor)}
+    desc = [n for n in desc if n is not norm]
     other = [n for n in body.nodes if id(n) not in known]
     if other:
         raise Unsupported(
@@ -484,7 +537,60 @@ def _epilogue(
             raise Unsupported(f"epilogue {n.op_type} '{n.name}' changes the domain of {anchor.op_type}")
         if any(x in produced_before for x in n.input):
             raise Unsupported(f"epilogue {n.op_type} '{n.name}' reads a prologue value")
-    return steps, tail_nodes
+    return steps, tail_nodes, norm
+
+
+def _row_norm(
+    body: _Body,
+    anchor: onnx.NodeProto,
+    norm: onnx.NodeProto,
+    c: Contraction | None,
+    tail: OutputTail | None,
+    domain: tuple[int, ...],
+    split: int,
+) -> RowNorm:
+    """The LayerNormalization closing the epilogue, when each of its rows is one row of the
+    product: over the last axis, of a value on the anchor's domain, with per-column scale and
+    bias the kernel reads, and rows short enough for a tile of whole rows."""
+    what = f"LayerNormalization '{norm.name}'"
+    if c is None:
+        raise Unsupported(f"{what} after {anchor.op_type} '{anchor.name}' normalises no GEMM rows")
+    if tail is not None:
+        raise Unsupported(f"{what} cannot follow an output Transpose of {anchor.op_type} '{anchor.name}'")
+    if len(norm.output) > 1 and any(norm.output[1:]):
+        raise Unsupported(f"{what}: its Mean / InvStdDev outputs are not computed by an anchor kernel")
+    x = norm.input[0]
+    shape = body.shape(x)
+    axis = int(attrs_of(norm).get("axis", -1))  # type: ignore[call-overload]
+    if not shape or axis % len(shape) != len(shape) - 1:
+        raise Unsupported(f"{what} normalises axis {axis}, not the last axis of {list(shape)}")
+    n = c.n
+    if split != len(domain) - 1 or shape[-1] != n or body.numel(x) != math.prod(domain):
+        raise Unsupported(
+            f"{what} rows of {list(shape)} are not the rows of {anchor.op_type} '{anchor.name}'"
+        )
+    if n > ROW_NORM_MAX_COLUMNS:
+        raise Unsupported(
+            f"{what} over rows of {n} columns: a tile of whole rows would not stay in cache "
+            f"(at most {ROW_NORM_MAX_COLUMNS} columns)"
+        )
+    params: list[str | None] = []
+    for slot, role in ((1, "scale"), (2, "bias")):
+        name = norm.input[slot] if len(norm.input) > slot and norm.input[slot] else None
+        if name is not None:
+            if name in body.producer:
+                raise Unsupported(f"{what} {role} '{name}' is computed in the kernel, not read")
+            pshape = body.shape(name)
+            if math.prod(pshape) != n or (pshape and pshape[-1] != n):
+                raise Unsupported(f"{what} {role} of shape {list(pshape)} is not one value per column")
+        params.append(name)
+    if params[0] is None:
+        raise Unsupported(f"{what} has no scale")
+    out = norm.output[0]
+    if out not in body.outputs:
+        raise Unsupported(f"{what} output '{out}' does not leave the kernel")
+    epsilon = float(attrs_of(norm).get("epsilon", 1e-5))  # type: ignore[arg-type]
+    return RowNorm(norm.name, x, params[0], params[1], epsilon, out, n)
 
 
 def _output_tail(body: _Body, anchor: onnx.NodeProto, nodes: list[onnx.NodeProto]) -> OutputTail:

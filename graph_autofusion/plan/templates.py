@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection
 
+from ..hardware import HardwareProfile
 from ..ir import Graph, Node
 from ..lower.values import Unsupported
 from ..ops import OpKind
@@ -69,18 +70,30 @@ def _descendants_within(graph: Graph, node: Node, members: Collection[int]) -> s
     return seen
 
 
-def classify(graph: Graph, members: Collection[int], private: Collection[int] = ()) -> tuple[str | None, str]:
+def row_norm_epilogues(hw: HardwareProfile) -> bool:
+    """Whether a MatMul/Gemm anchor may close with a LayerNormalization for the target `hw`
+    describes: the CPU backend renders it (lower/anchor.py); the Triton anchors (CUDA, Ascend)
+    do not, so the planner does not form such groups for them."""
+    return hw.compute_capability is None and hw.unified_buffer_bytes <= 0
+
+
+def classify(
+    graph: Graph, members: Collection[int], private: Collection[int] = (), *, row_norm: bool = True
+) -> tuple[str | None, str]:
     """(template, "") when one kernel can run `members`, else (None, why).
 
     `private` names members recomputed inside this kernel: their values never leave it, even
-    where other kernels read the same node (each of those recomputes its own copy)."""
+    where other kernels read the same node (each of those recomputes its own copy). `row_norm`:
+    whether an anchor may close with a LayerNormalization (`row_norm_epilogues`)."""
     try:
-        return _classify(graph, members, frozenset(private)), ""
+        return _classify(graph, members, frozenset(private), row_norm), ""
     except Misfit as why:
         return None, str(why)
 
 
-def _classify(graph: Graph, members: Collection[int], private: frozenset[int] = frozenset()) -> str:
+def _classify(
+    graph: Graph, members: Collection[int], private: frozenset[int] = frozenset(), row_norm: bool = True
+) -> str:
     nodes = [graph.nodes[i] for i in sorted(members)]
     real = [n for n in nodes if n.kind != OpKind.VIEW]
     if not real:
@@ -98,6 +111,12 @@ def _classify(graph: Graph, members: Collection[int], private: frozenset[int] = 
     reductions = [n for n in nodes if n.kind == OpKind.REDUCE and "pool" not in n.opdef.tags]
     if len(anchors) > 2:
         raise Misfit("more than two contractions in one kernel")
+    norms = [n for n in reductions if n.op_type == "LayerNormalization"]
+    if len(anchors) == 1 and not pools and reductions and norms == reductions:
+        if not row_norm:
+            raise Misfit(f"the target's {anchors[0].op_type} kernels do not normalise rows")
+        _anchor(graph, members, anchors[0], private)
+        return "anchor"
     if anchors and (reductions or pools):
         raise Misfit(f"{anchors[0].op_type} and {(reductions or pools)[0].op_type} iterate different domains")
     if len(anchors) == 2:
