@@ -151,7 +151,7 @@ class RowNorm:
     value, on the anchor's domain) as the kernel's last stage: `output` =
     `(value - mean) / sqrt(var + epsilon) * scale + bias`, mean and variance over each row of
     `columns` elements (the contraction's N); `scale` and `bias` are kernel inputs of `columns`
-    elements (bias None: none)."""
+    elements (bias None: none); `output` is the LayerNormalization's output or a view of it."""
 
     node: str
     value: str
@@ -160,6 +160,7 @@ class RowNorm:
     epsilon: float
     output: str
     columns: int
+    through: tuple[str, ...] = ()  # views after the LayerNormalization, `output` the last leaving
 
 
 @dataclass(frozen=True)
@@ -246,6 +247,7 @@ class AnchorMatch:
                 "epsilon": rn.epsilon,
                 "output": tensor(rn.output),
                 "columns": rn.columns,
+                "through": [node(m) for m in rn.through],
             }
         if self.tail is not None:
             out["tail"] = {
@@ -360,7 +362,7 @@ def match_anchor(spec: KernelSpec) -> AnchorMatch:
         raise Unsupported(f"{anchor.op_type} '{anchor.name}' rows do not match its output {list(domain)}")
     norm = None
     if norm_node is not None:
-        norm = _row_norm(body, anchor, norm_node, contraction, tail, domain, split)
+        norm = _row_norm(body, anchor, *norm_node, contraction, tail, domain, split)
     return AnchorMatch(anchor, operands, contraction, addend, tuple(epilogue), tail, domain, split, norm)
 
 
@@ -482,23 +484,26 @@ def _window(
 
 def _epilogue(
     body: _Body, anchor: onnx.NodeProto, prologue: list[onnx.NodeProto]
-) -> tuple[list[onnx.NodeProto], list[onnx.NodeProto], onnx.NodeProto | None]:
+) -> tuple[list[onnx.NodeProto], list[onnx.NodeProto], tuple[onnx.NodeProto, list[onnx.NodeProto]] | None]:
     """(epilogue ops before any output Transpose, the Transpose and the views after it, a
-    closing LayerNormalization)."""
+    closing LayerNormalization with the views after it)."""
     desc = body.descendants(anchor)
     norms = [n for n in desc if n.op_type == "LayerNormalization"]
     if len(norms) > 1:
         raise Unsupported(f"an anchor kernel closes with one LayerNormalization, not {len(norms)}")
     norm = norms[0] if norms else None
+    norm_views: list[onnx.NodeProto] = []
     if norm is not None:
-        after_norm = body.descendants(norm)
-        if after_norm:
-            n = after_norm[0]
-            raise Unsupported(
-                f"{n.op_type} '{n.name}' after LayerNormalization '{norm.name}' would need the normalised row"
-            )
+        norm_views = body.descendants(norm)
+        for n in norm_views:
+            if n.op_type not in EPILOGUE_VIEW_OPS:
+                raise Unsupported(
+                    f"{n.op_type} '{n.name}' after LayerNormalization '{norm.name}' "
+                    "would need the normalised row"
+                )
     known = {id(n) for n in (*desc, *prologue, anchor)}
-    desc = [n for n in desc if n is not norm]
+    closing = {id(norm), *(id(n) for n in norm_views)}
+    desc = [n for n in desc if id(n) not in closing]
     other = [n for n in body.nodes if id(n) not in known]
     if other:
         raise Unsupported(
@@ -537,13 +542,14 @@ def _epilogue(
             raise Unsupported(f"epilogue {n.op_type} '{n.name}' changes the domain of {anchor.op_type}")
         if any(x in produced_before for x in n.input):
             raise Unsupported(f"epilogue {n.op_type} '{n.name}' reads a prologue value")
-    return steps, tail_nodes, norm
+    return steps, tail_nodes, (norm, norm_views) if norm is not None else None
 
 
 def _row_norm(
     body: _Body,
     anchor: onnx.NodeProto,
     norm: onnx.NodeProto,
+    views: list[onnx.NodeProto],
     c: Contraction | None,
     tail: OutputTail | None,
     domain: tuple[int, ...],
@@ -551,7 +557,8 @@ def _row_norm(
 ) -> RowNorm:
     """The LayerNormalization closing the epilogue, when each of its rows is one row of the
     product: over the last axis, of a value on the anchor's domain, with per-column scale and
-    bias the kernel reads, and rows short enough for a tile of whole rows."""
+    bias the kernel reads, and rows short enough for a tile of whole rows. Views after it keep
+    the element order: the one of its values leaving the kernel is where the rows are stored."""
     what = f"LayerNormalization '{norm.name}'"
     if c is None:
         raise Unsupported(f"{what} after {anchor.op_type} '{anchor.name}' normalises no GEMM rows")
@@ -586,11 +593,12 @@ def _row_norm(
         params.append(name)
     if params[0] is None:
         raise Unsupported(f"{what} has no scale")
-    out = norm.output[0]
-    if out not in body.outputs:
-        raise Unsupported(f"{what} output '{out}' does not leave the kernel")
+    leaving = [o for m in (norm, *views) for o in m.output[:1] if o in body.outputs]
+    if len(leaving) != 1:
+        raise Unsupported(f"{len(leaving)} views of the output of {what} leave the kernel, not one")
     epsilon = float(attrs_of(norm).get("epsilon", 1e-5))  # type: ignore[arg-type]
-    return RowNorm(norm.name, x, params[0], params[1], epsilon, out, n)
+    through = tuple(m.name for m in views)
+    return RowNorm(norm.name, x, params[0], params[1], epsilon, leaving[0], n, through)
 
 
 def _output_tail(body: _Body, anchor: onnx.NodeProto, nodes: list[onnx.NodeProto]) -> OutputTail:
