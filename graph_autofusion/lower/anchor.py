@@ -287,15 +287,15 @@ def lower_anchor(spec: KernelSpec, match: AnchorMatch | None = None) -> Kernel:
     y = match.anchor.output[0]
     epilogue_values = [y, *(n.output[0] for n in match.epilogue)]
     flat = [v for v in epilogue_values if v in out_buf]
-    if match.tail is not None:
+    if match.norm is not None:  # the destination holds the pre-norm value, normalised in place
+        dest, value, strides = match.norm.output, match.norm.value, None
+    elif match.tail is not None:
         dest, value, strides = match.tail.output, match.tail.value, match.tail.strides
     else:
         if not flat:
             raise Unsupported("no value of the anchor epilogue is a kernel output")
         dest = y if y in flat else flat[-1]
         value, strides = dest, None
-    if match.norm is not None:  # the destination holds the pre-norm value, normalised in place
-        dest, value, strides = match.norm.output, match.norm.value, None
     flat = [v for v in flat if v != dest]
     values.raw_at = (out_buf[dest], strides)
     write_back = None if _is_raw(match, value) else value
