@@ -32,6 +32,12 @@ variance of the centred row (the same fp32-lanes-into-double blocking as lower/r
 one vector pass writing `(x - mean) * rstd * scale + bias`. The pre-norm value, when the graph
 reads it (a transformer's residual stream), is one more epilogue output.
 
+A match opening with a GlobalAveragePool (`PoolPrologue`, a CNN's classifier) gives each task
+a workspace slice for the pooled values: before its contraction the task averages the entries
+its tile of the left operand reads (its rows, every K), so the pooled tensor never makes a trip
+through memory to a kernel of its own; with column tiles a row is pooled once per column tile,
+which is N*C*window additions against the tile product's N*C*columns multiply-adds.
+
 `contraction(...)` is the one place that chooses the routine computing a tile product: OpenBLAS
 (`af_sgemm_tile`), or, when the right operand is a constant weight shared across the batch and
 `AUTOFUSION_CONTRACTION=library` (backend/cpu/contraction), the library's `afc_gemm_bp` on that
@@ -55,6 +61,7 @@ from ..plan.anchor_match import (
     AnchorMatch,
     Contraction,
     MatrixView,
+    PoolPrologue,
     RowNorm,
     match_anchor,
 )
@@ -312,6 +319,7 @@ def lower_anchor(spec: KernelSpec, match: AnchorMatch | None = None) -> Kernel:
         f" (A {_layout(p.a)}, B {_layout(p.b)}); epilogue "
         f"{' -> '.join(n.op_type for n in match.epilogue) or 'none'}"
         + (f"; rows normalised (LayerNormalization over {p.n} columns)" if match.norm else "")
+        + (f"; A pooled first (GlobalAveragePool of {match.pool.window})" if match.pool else "")
         + (
             f"; stored transposed (ldc {p.c_rs}, batch strides {list(p.c_batch_strides)})"
             if match.tail
@@ -385,8 +393,14 @@ def _tiles(
         Let(n1, ir.minimum(n0 + nb, p.n)),
     ]
     scratch: list[Buffer] = []
-    a_buf, b_buf = values.buffer_of(p.a.tensor), values.buffer_of(p.b.tensor)
     a_at = p.a.offset + batch_offset(bi, p.batch, p.a.batch_strides) + m0 * p.a.rs
+    pooled = match.pool is not None
+    if match.pool is not None:
+        pool_buf = Buffer("pooled", DType.F32, match.pool.entries, "scratch")
+        scratch.append(pool_buf)
+        values.buffers[match.pool.value] = pool_buf
+        head.append(pool_rows(values, match.pool, pool_buf, p.a, a_at, m1 - m0, p.k))
+    a_buf, b_buf = values.buffer_of(p.a.tensor), values.buffer_of(p.b.tensor)
     b_at = p.b.offset + batch_offset(bi, p.batch, p.b.batch_strides) + n0 * p.b.cs
     a_layout, b_layout = p.a.blas(), p.b.blas()
     a_ptr: Expr = ir.addr(a_buf, a_at)
@@ -435,7 +449,7 @@ def _tiles(
         head.append(norm_rows(values, match.norm, dest, (bi * p.m + m0, bi * p.m + m1)))
     parallel = tasks > 1 and p.macs >= PARALLEL_MIN_MACS
     loop = Loop(task, tasks, tuple(head), parallel=parallel, dynamic=parallel, scratch=tuple(scratch))
-    return [loop], bool(scratch)
+    return [loop], len(scratch) > int(pooled)
 
 
 def _row_sum(j: ir.Var, n: int, term: Expr, name: str) -> tuple[list[Stmt], ir.Var]:
@@ -452,6 +466,20 @@ def _row_sum(j: ir.Var, n: int, term: Expr, name: str) -> tuple[list[Stmt], ir.V
         Assign(total, total + ir.cast(part, DType.F64)),
     )
     return [Declare(total, ir.const(0.0, DType.F64)), Loop(jb, n, chunk, step=min(n, SUM_BLOCK))], total
+
+
+def pool_rows(
+    values: KernelValues, pool: PoolPrologue, dest: Buffer, a: MatrixView, a_at: Expr, rows: Expr, k: int
+) -> Loop:
+    """The pooled entries a tile of the left operand reads (`rows` rows of `k` from `a_at`, at
+    `a`'s strides), each the mean of its window of the pooled input, stored where the operand
+    reads them in `dest` (the pooled value's dense layout)."""
+    i, kk, w, e = ir.var("pi"), ir.var("pk"), ir.var("pw"), ir.var("pe")
+    src = values.buffer_of(pool.tensor)
+    stmts, total = _row_sum(w, pool.window, ir.load(src, e * pool.window + w), "pp")
+    mean = ir.cast(total / ir.const(float(pool.window), DType.F64), DType.F32)
+    entry = (Let(e, a_at + i * a.rs + kk * a.cs), *stmts, Store(dest, e, mean))
+    return Loop(i, rows, (Loop(kk, k, entry),))
 
 
 def norm_rows(values: KernelValues, norm: RowNorm, dest: Buffer, rows: tuple[Expr, Expr]) -> Loop:

@@ -20,7 +20,10 @@ succeeds". A match is
 - the row norm: a LayerNormalization over the last axis closing a MatMul/Gemm epilogue
   (`RowNorm`), when a row of the product is short enough (ROW_NORM_MAX_COLUMNS) for the tile
   loop to run full rows: its mean and variance are then row reductions over the hot tile, and
-  the residual stream feeding it need not make a round trip through memory to a kernel of its own.
+  the residual stream feeding it need not make a round trip through memory to a kernel of its own;
+- the pool prologue: a GlobalAveragePool feeding a MatMul/Gemm's left operand through views
+  (a CNN's `GlobalAveragePool -> Flatten -> Gemm` classifier, `PoolPrologue`): the kernel
+  averages the rows a tile reads into a small workspace right before its contraction.
 
 `to_json` is the form the exporter writes into the fused function's doc_string
 (docs/fused-format.md). Conv/ConvTranspose matches carry no contraction (lower/conv.py computes
@@ -164,6 +167,20 @@ class RowNorm:
 
 
 @dataclass(frozen=True)
+class PoolPrologue:
+    """GlobalAveragePool `node` of kernel input `tensor` (`[N, C, spatial...]`), computed into a
+    workspace holding `value` (its output, `entries` = N * C floats, dense) right before the
+    contraction that reads it, through the views after it, as the left operand: entry e is the
+    mean of `tensor[e * window : (e + 1) * window]`."""
+
+    node: str
+    tensor: str
+    value: str
+    entries: int
+    window: int
+
+
+@dataclass(frozen=True)
 class AnchorMatch:
     """One anchor kernel: an anchor with prologue views, epilogue steps and an output tail."""
 
@@ -176,6 +193,7 @@ class AnchorMatch:
     domain: tuple[int, ...]  # the anchor output's shape
     split: int  # leading domain dims that index a tile row; the rest index its columns
     norm: RowNorm | None = None  # a LayerNormalization after the epilogue, over whole rows
+    pool: PoolPrologue | None = None  # a GlobalAveragePool computing the left operand
 
     @property
     def row_len(self) -> int:
@@ -248,6 +266,15 @@ class AnchorMatch:
                 "output": tensor(rn.output),
                 "columns": rn.columns,
                 "through": [node(m) for m in rn.through],
+            }
+        if self.pool is not None:
+            pp = self.pool
+            out["pool"] = {
+                "node": node(pp.node),
+                "tensor": tensor(pp.tensor),
+                "value": tensor(pp.value),
+                "entries": pp.entries,
+                "window": pp.window,
             }
         if self.tail is not None:
             out["tail"] = {
@@ -340,9 +367,11 @@ def match_anchor(spec: KernelSpec) -> AnchorMatch:
     if len(anchors) != 1:
         raise Unsupported(f"an anchor kernel has exactly one anchor, found {len(anchors)}")
     anchor = anchors[0]
-    prologue = body.ancestors(anchor)
-    operands = _prologue(body, anchor, prologue)
-    epilogue, tail_nodes, norm_node = _epilogue(body, anchor, prologue)
+    ancestors = body.ancestors(anchor)
+    pool = _pool_prologue(body, anchor, ancestors)
+    prologue = [n for n in ancestors if pool is None or n.name != pool.node]
+    operands = _prologue(body, anchor, prologue, pool)
+    epilogue, tail_nodes, norm_node = _epilogue(body, anchor, ancestors)
     _fp32_boundary(body)
     y = anchor.output[0]
     domain = body.shape(y)
@@ -363,12 +392,41 @@ def match_anchor(spec: KernelSpec) -> AnchorMatch:
     norm = None
     if norm_node is not None:
         norm = _row_norm(body, anchor, *norm_node, contraction, tail, domain, split)
-    return AnchorMatch(anchor, operands, contraction, addend, tuple(epilogue), tail, domain, split, norm)
+    return AnchorMatch(
+        anchor, operands, contraction, addend, tuple(epilogue), tail, domain, split, norm, pool
+    )
 
 
-def _prologue(body: _Body, anchor: onnx.NodeProto, prologue: list[onnx.NodeProto]) -> tuple[OperandView, ...]:
-    """Each anchor input through its prologue chain, checked to be a pure stride change."""
-    if prologue and anchor.op_type != "MatMul":
+def _pool_prologue(
+    body: _Body, anchor: onnx.NodeProto, ancestors: list[onnx.NodeProto]
+) -> PoolPrologue | None:
+    """The GlobalAveragePool among the anchor's ancestors, if any: of a kernel input, its output
+    read only by the views into the left operand (`_prologue` checks the views)."""
+    pools = [n for n in ancestors if n.op_type == "GlobalAveragePool"]
+    if not pools:
+        return None
+    if len(pools) > 1 or anchor.op_type not in GEMM_OPS:
+        raise Unsupported(f"{anchor.op_type} '{anchor.name}' takes one pooled operand at most")
+    node = pools[0]
+    x, y = node.input[0], node.output[0]
+    if x in body.producer:
+        raise Unsupported(
+            f"GlobalAveragePool '{node.name}' before {anchor.op_type} pools a value computed here"
+        )
+    shape = body.shape(x)
+    if len(shape) < 3:
+        raise Unsupported(f"GlobalAveragePool '{node.name}' of shape {list(shape)} has no spatial axes")
+    if y in body.outputs:
+        raise Unsupported(f"GlobalAveragePool '{node.name}' output '{y}' leaves the kernel")
+    return PoolPrologue(node.name, x, y, shape[0] * shape[1], math.prod(shape[2:]))
+
+
+def _prologue(
+    body: _Body, anchor: onnx.NodeProto, prologue: list[onnx.NodeProto], pool: PoolPrologue | None = None
+) -> tuple[OperandView, ...]:
+    """Each anchor input through its prologue chain, checked to be a pure stride change (back to
+    the pooled workspace for the left operand of a pool prologue)."""
+    if prologue and anchor.op_type != "MatMul" and pool is None:
         raise Unsupported(f"{anchor.op_type} takes no fused prologue")
     for n in prologue:
         if n.op_type not in STRIDE_PROLOGUE_OPS:
@@ -376,10 +434,14 @@ def _prologue(body: _Body, anchor: onnx.NodeProto, prologue: list[onnx.NodeProto
     used: set[int] = set()
     read: set[str] = set()
     views = []
-    for name in anchor.input:
+    for slot, name in enumerate(anchor.input):
         if not name:
             continue
-        view, chain, values = _trace(body, name, anchor)
+        view, chain, values = _trace(body, name, anchor, pool.value if pool is not None else None)
+        if pool is not None and (view.tensor == pool.value) != (slot == 0):
+            raise Unsupported(
+                f"the pooled value does not reach {anchor.op_type} '{anchor.name}' as its left operand"
+            )
         if chain and (len(view.shape) < 2 or 1 not in view.strides[-2:]):
             raise Unsupported(
                 f"the layout change feeding {anchor.op_type} '{anchor.name}' is not a stride change"
@@ -390,6 +452,8 @@ def _prologue(body: _Body, anchor: onnx.NodeProto, prologue: list[onnx.NodeProto
     if used != {id(n) for n in prologue}:
         raise Unsupported("prologue nodes do not form chains into the contraction")
     chained = {id(anchor)} | used
+    if pool is not None and any(id(c) not in chained for c in body.consumers.get(pool.value, [])):
+        raise Unsupported(f"GlobalAveragePool '{pool.node}' feeds {anchor.op_type} and other consumers")
     for n in prologue:
         for o in n.output:
             if not o:
@@ -408,14 +472,15 @@ def _prologue(body: _Body, anchor: onnx.NodeProto, prologue: list[onnx.NodeProto
 
 
 def _trace(
-    body: _Body, name: str, anchor: onnx.NodeProto
+    body: _Body, name: str, anchor: onnx.NodeProto, stop: str | None = None
 ) -> tuple[OperandView, list[onnx.NodeProto], list[str]]:
-    """`name` followed back through stride-only ops to a kernel input or constant."""
+    """`name` followed back through stride-only ops to a kernel input or constant (or to `stop`,
+    a value the kernel computes into a dense workspace first)."""
     chain: list[onnx.NodeProto] = []
     values: list[str] = []
     value = name
     node = body.producer.get(value)
-    while node is not None:
+    while node is not None and value != stop:
         if node.op_type not in STRIDE_PROLOGUE_OPS:
             raise Unsupported(f"{node.op_type} '{node.name}' feeding an anchor is not a stride-only prologue")
         chain.append(node)

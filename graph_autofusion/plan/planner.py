@@ -23,7 +23,7 @@ from .partition import Partition
 from .patterns import Pattern, builtin_patterns
 from .reasons import ACCEPT, Verdict, refuse
 from .strategies import Candidate, Strategy, get_strategy
-from .templates import classify, row_norm_epilogues
+from .templates import classify, row_stages
 
 VIEW_PRIORITY = 1e30  # absorbing a view costs nothing: try those merges first
 RECOMPUTE_MAX_INPUT_BYTES = 64 * 1024  # inputs this small stay cache-resident when re-read
@@ -105,7 +105,7 @@ class Planner:
             config,
             live_profile(graph, baseline),
             self.strategy.allow_anchor_chains,
-            row_norm_epilogues(hw),
+            row_stages(hw),
         )
         self.user_patterns = list(user_patterns)
         self.verdicts: dict[tuple[int, int], tuple[Verdict, str]] = {}

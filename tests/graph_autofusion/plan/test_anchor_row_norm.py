@@ -91,8 +91,8 @@ def test_refusals_say_why() -> None:
     template, why = classify(g, _all(g))
     assert template is None and f"rows of {wide} columns" in why
     g = _graph(_post_ln())
-    template, why = classify(g, _all(g), row_norm=False)
-    assert template is None and "do not normalise rows" in why
+    template, why = classify(g, _all(g), row_stages=False)
+    assert template is None and "do not normalise or pool rows" in why
 
 
 def test_a_norm_over_another_axis_is_refused() -> None:
