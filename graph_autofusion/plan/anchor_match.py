@@ -391,7 +391,11 @@ def match_anchor(spec: KernelSpec) -> AnchorMatch:
         raise Unsupported(f"{anchor.op_type} '{anchor.name}' rows do not match its output {list(domain)}")
     norm = None
     if norm_node is not None:
-        norm = _row_norm(body, anchor, *norm_node, contraction, tail, domain, split)
+        if contraction is None:
+            raise Unsupported(
+                f"LayerNormalization after {anchor.op_type} '{anchor.name}' normalises no GEMM rows"
+            )
+        norm = _row_norm(body, anchor, *norm_node, contraction.n, tail, domain, split)
     return AnchorMatch(
         anchor, operands, contraction, addend, tuple(epilogue), tail, domain, split, norm, pool
     )
@@ -615,7 +619,7 @@ def _row_norm(
     anchor: onnx.NodeProto,
     norm: onnx.NodeProto,
     views: list[onnx.NodeProto],
-    c: Contraction | None,
+    n: int,
     tail: OutputTail | None,
     domain: tuple[int, ...],
     split: int,
@@ -623,10 +627,9 @@ def _row_norm(
     """The LayerNormalization closing the epilogue, when each of its rows is one row of the
     product: over the last axis, of a value on the anchor's domain, with per-column scale and
     bias the kernel reads, and rows short enough for a tile of whole rows. Views after it keep
-    the element order: the one of its values leaving the kernel is where the rows are stored."""
+    the element order: the one of its values leaving the kernel is where the rows are stored.
+    `n`: the product's columns."""
     what = f"LayerNormalization '{norm.name}'"
-    if c is None:
-        raise Unsupported(f"{what} after {anchor.op_type} '{anchor.name}' normalises no GEMM rows")
     if tail is not None:
         raise Unsupported(f"{what} cannot follow an output Transpose of {anchor.op_type} '{anchor.name}'")
     if len(norm.output) > 1 and any(norm.output[1:]):
@@ -636,7 +639,6 @@ def _row_norm(
     axis = int(attrs_of(norm).get("axis", -1))  # type: ignore[call-overload]
     if not shape or axis % len(shape) != len(shape) - 1:
         raise Unsupported(f"{what} normalises axis {axis}, not the last axis of {list(shape)}")
-    n = c.n
     if split != len(domain) - 1 or shape[-1] != n or body.numel(x) != math.prod(domain):
         raise Unsupported(
             f"{what} rows of {list(shape)} are not the rows of {anchor.op_type} '{anchor.name}'"
@@ -889,11 +891,35 @@ def match_chain(spec: KernelSpec) -> ChainMatch:
         )
     size = body.numel(second.output[0])
     before = {o for n in (first, *middle) for o in n.output if o}
+    closing = _chain_norm(body, second, desc)
     for n in desc:
-        if not _elementwise_or_view(n):
+        if id(n) not in closing and not _elementwise_or_view(n):
             raise Unsupported(f"{n.op_type} '{n.name}' cannot run as an epilogue of {second.op_type}")
         if body.numel(n.output[0]) != size:
             raise Unsupported(f"epilogue {n.op_type} '{n.name}' changes the domain of {second.op_type}")
         if any(x in before for x in n.input):
             raise Unsupported(f"epilogue {n.op_type} '{n.name}' reads a prologue value")
     return ChainMatch(first, second, tuple(middle), tuple(desc))
+
+
+def _chain_norm(body: _Body, second: onnx.NodeProto, desc: list[onnx.NodeProto]) -> set[int]:
+    """The ids of a LayerNormalization closing a chain's epilogue and of the views after it,
+    checked as a single anchor's (`_row_norm`: a chain computes whole rows of its second
+    product, so the rows are there to normalise); empty when there is none."""
+    norms = [n for n in desc if n.op_type == "LayerNormalization"]
+    if not norms:
+        return set()
+    if len(norms) > 1:
+        raise Unsupported(f"an anchor chain closes with one LayerNormalization, not {len(norms)}")
+    views = body.descendants(norms[0])
+    for v in views:
+        if v.op_type not in EPILOGUE_VIEW_OPS:
+            raise Unsupported(
+                f"{v.op_type} '{v.name}' after LayerNormalization '{norms[0].name}' "
+                "would need the normalised row"
+            )
+    domain = body.shape(second.output[0])
+    if len(domain) < 2:
+        raise Unsupported(f"{second.op_type} '{second.name}' has no rows to normalise")
+    _row_norm(body, second, norms[0], views, domain[-1], None, domain, len(domain) - 1)
+    return {id(norms[0]), *(id(v) for v in views)}

@@ -115,9 +115,12 @@ def _classify(
         raise Misfit("more than two contractions in one kernel")
     # A LayerNormalization closing a GEMM, a GlobalAveragePool opening one (plan/anchor_match.py).
     staged = [n for n in reductions if n.op_type in ("LayerNormalization", "GlobalAveragePool")]
-    if len(anchors) == 1 and not pools and reductions and staged == reductions:
+    if anchors and len(anchors) <= 2 and not pools and reductions and staged == reductions:
         if not row_stages:
             raise Misfit(f"the target's {anchors[0].op_type} kernels do not normalise or pool rows")
+        if len(anchors) == 2:
+            _anchor_chain(graph, members, anchors)
+            return "anchor_chain"
         _anchor(graph, members, anchors[0], private)
         return "anchor"
     if anchors and (reductions or pools):

@@ -165,3 +165,15 @@ def test_small_bert_fused_with_row_norms_verifies() -> None:
     assert not host_steps(fused.model)  # every kernel generated, none left to onnxruntime
     result = fused.verify()
     assert result.passed, result.to_dict()
+
+
+def test_small_gpt2_chains_close_with_the_next_layer_norm_and_verify() -> None:
+    """GPT-2's MLP (c_fc -> GELU -> c_proj) is a chain; its residual sum feeds the next block's
+    ln_1, which the chain normalises, and leaves as the residual stream."""
+    model = gaf.zoo.build("gpt2", num_layers=2, hidden=128, heads=2, seq_len=32)
+    fused = gaf.fuse(model)
+    chains = [g for g in fused.report()["groups"] if g["template"] == "anchor_chain"]
+    assert len(chains) == 2 and all("LayerNormalization" in g["op_types"] for g in chains)
+    assert not host_steps(fused.model)
+    result = fused.verify()
+    assert result.passed, result.to_dict()

@@ -128,3 +128,26 @@ def test_planned_for_cpu_with_the_match_recorded_and_not_for_triton_targets() ->
     assert set(fn.output) == {norm["output"], norm["value"]}  # the residual sum leaves too
     for target in ("cuda", "ascend910"):
         assert not _norm_anchors(gaf.fuse(m, {"hardware": target}).model)
+
+
+def test_a_chain_closes_with_a_norm_on_cpu_targets_only() -> None:
+    rng = np.random.default_rng(1)
+    m = model(
+        [
+            node("MatMul", ["x", "w1"], ["h"], "fc1"),
+            node("Relu", ["h"], ["a"], "act"),
+            node("MatMul", ["a", "w2"], ["y"], "fc2"),
+            node("Add", ["y", "res"], ["s"], "residual"),
+            node("LayerNormalization", ["s", "g"], ["o"], "ln", axis=-1),
+        ],
+        [("x", [10, 8]), ("res", [10, 20])],
+        ["o", "s"],
+        [
+            (k, rng.standard_normal(s).astype(np.float32))
+            for k, s in (("w1", (8, 32)), ("w2", (32, 20)), ("g", (20,)))
+        ],
+    )
+    g = _graph(m)
+    assert classify(g, _all(g)) == ("anchor_chain", "")
+    template, why = classify(g, _all(g), row_stages=False)
+    assert template is None and "do not normalise or pool rows" in why
