@@ -25,12 +25,17 @@ Views among the epilogue keep the linear order, so every value leaving the kerne
 tile element's linear index `r * L + c`, except the destination, which may be a permuted layout
 (an output Transpose folded into the contraction's `ldc` and batch offsets).
 
-A match closing with a LayerNormalization (`RowNorm`) runs tiles of whole rows (one column tile,
-the row tile sized to keep it in L2); after the epilogue has left the pre-norm value in the
-destination tile, each row is normalised in place there: a blocked sum for the mean, one for the
-variance of the centred row (the same fp32-lanes-into-double blocking as lower/reduction.py), then
-one vector pass writing `(x - mean) * rstd * scale + bias`. The pre-norm value, when the graph
-reads it (a transformer's residual stream), is one more epilogue output.
+A match closing with a LayerNormalization (`RowNorm`) leaves the pre-norm value in the
+destination, then normalises each row in place: a blocked sum for the mean, one for the variance
+of the centred row (the same fp32-lanes-into-double blocking as lower/reduction.py), then one
+vector pass writing `(x - mean) * rstd * scale + bias`. The pre-norm value, when the graph reads
+it (a transformer's residual stream), is one more epilogue output. Where the rows are normalised
+follows from the operand traffic (`full_row_tiles`): tiles of whole rows (the row tile sized to
+stay in L2) normalise each row of the hot tile right after its epilogue; but every row tile then
+streams the whole weight, so when that costs more than the usual tiles' traffic (BERT-base at 128
+tokens: 4 row tiles x 2.4M weight floats against 4 column tiles x 0.4M activation floats), the
+usual tiles run and a second parallel loop normalises blocks of rows while they are still in
+cache, in the same kernel.
 
 A match opening with a GlobalAveragePool (`PoolPrologue`, a CNN's classifier) gives each task
 a workspace slice for the pooled values: before its contraction the task averages the entries
@@ -84,6 +89,8 @@ MIN_TILES = 4
 # after its contraction, so it should still be in L2 (1-2 MiB per core on current x86 servers,
 # shared with the packed operands).
 ROW_TILE_BYTES = 512 * 1024
+# Rows per task of the normalisation pass after the tile loop (`_norm_pass`).
+NORM_ROWS = 16
 # Below this many multiply-adds a kernel runs on the calling thread (an OpenMP fork/join costs
 # more than it saves, DESIGN.md §1).
 PARALLEL_MIN_MACS = 1 << 19
@@ -225,6 +232,18 @@ def tile_sizes(p: Contraction, full_rows: bool = False) -> tuple[int, int]:
     return mb, nb
 
 
+def full_row_tiles(p: Contraction) -> bool:
+    """Whether a row-normalising anchor runs tiles of whole rows: when the floats its tiles stream
+    (each row tile reads all of B, each column tile all of its rows of A) are no more than those
+    of the usual tiles, which then need a second pass over the rows."""
+
+    def streamed(full_rows: bool) -> int:
+        mb, nb = tile_sizes(p, full_rows)
+        return p.batch_count * (-(-p.m // mb) * p.k * p.n + -(-p.n // nb) * p.m * p.k)
+
+    return streamed(True) <= streamed(False)
+
+
 def batch_offset(bi: Expr, batch: Sequence[int], strides: Sequence[int]) -> Expr:
     """Element offset of flat batch entry `bi` over `batch` dims at `strides` (0: broadcast)."""
     offset: Expr = ir.index(0)
@@ -311,14 +330,22 @@ def lower_anchor(spec: KernelSpec, match: AnchorMatch | None = None) -> Kernel:
     if math.prod(match.domain) == 0:
         body: list[Stmt] = []
     else:
-        weights = _packed_weights(values, p, match.norm is not None)
-        body, scratch = _tiles(values, match, p, out_buf[dest], write_back, flat, out_buf, weights)
+        full_rows = match.norm is not None and full_row_tiles(p)
+        weights = _packed_weights(values, p, full_rows)
+        body, scratch = _tiles(values, match, p, out_buf[dest], write_back, flat, out_buf, weights, full_rows)
         method += "_packed" if scratch else ""
+        if match.norm is not None and not full_rows:
+            body.append(_norm_pass(values, match.norm, out_buf[dest], p))
     what = (
         f"method: {method}; {match.anchor.op_type} batch {list(p.batch)} M={p.m} N={p.n} K={p.k}"
         f" (A {_layout(p.a)}, B {_layout(p.b)}); epilogue "
         f"{' -> '.join(n.op_type for n in match.epilogue) or 'none'}"
-        + (f"; rows normalised (LayerNormalization over {p.n} columns)" if match.norm else "")
+        + (
+            f"; rows normalised (LayerNormalization over {p.n} columns, "
+            f"{'in each tile of whole rows' if full_row_tiles(p) else 'after the tiles'})"
+            if match.norm
+            else ""
+        )
         + (f"; A pooled first (GlobalAveragePool of {match.pool.window})" if match.pool else "")
         + (
             f"; stored transposed (ldc {p.c_rs}, batch strides {list(p.c_batch_strides)})"
@@ -378,8 +405,9 @@ def _tiles(
     flat: list[str],
     out_buf: dict[str, Buffer],
     weights: tuple[Buffer, Loop, int] | None,
+    full_rows: bool = False,
 ) -> tuple[list[Stmt], bool]:
-    mb, nb = tile_sizes(p, match.norm is not None)
+    mb, nb = tile_sizes(p, full_rows)
     mt, nt = -(-p.m // mb), -(-p.n // nb)
     tasks = p.batch_count * mt * nt
     task, bi, rest = ir.var("task"), ir.var("bi"), ir.var("rest")
@@ -445,7 +473,7 @@ def _tiles(
     if write_back is not None or flat:
         rows = (bi * p.m + m0, bi * p.m + m1)
         head.append(epilogue_nest(values, match, dest, write_back, flat, out_buf, rows, (n0, n1)))
-    if match.norm is not None:
+    if match.norm is not None and full_rows:
         head.append(norm_rows(values, match.norm, dest, (bi * p.m + m0, bi * p.m + m1)))
     parallel = tasks > 1 and p.macs >= PARALLEL_MIN_MACS
     loop = Loop(task, tasks, tuple(head), parallel=parallel, dynamic=parallel, scratch=tuple(scratch))
@@ -480,6 +508,16 @@ def pool_rows(
     mean = ir.cast(total / ir.const(float(pool.window), DType.F64), DType.F32)
     entry = (Let(e, a_at + i * a.rs + kk * a.cs), *stmts, Store(dest, e, mean))
     return Loop(i, rows, (Loop(kk, k, entry),))
+
+
+def _norm_pass(values: KernelValues, norm: RowNorm, dest: Buffer, p: Contraction) -> Loop:
+    """The rows normalised after the tile loop: blocks of NORM_ROWS rows, parallel when the
+    product was (the destination is dense, `batch x M` rows of N)."""
+    rows = p.batch_count * p.m
+    blocks = -(-rows // NORM_ROWS)
+    blk, r0 = ir.var("nblk"), ir.var("nr0")
+    block = (Let(r0, blk * NORM_ROWS), norm_rows(values, norm, dest, (r0, ir.minimum(r0 + NORM_ROWS, rows))))
+    return Loop(blk, blocks, block, parallel=blocks > 1 and p.macs >= PARALLEL_MIN_MACS)
 
 
 def norm_rows(values: KernelValues, norm: RowNorm, dest: Buffer, rows: tuple[Expr, Expr]) -> Loop:

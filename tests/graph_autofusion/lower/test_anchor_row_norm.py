@@ -19,7 +19,7 @@ from graph_autofusion.backend.cpu.contraction import CONTRACTION_ENV
 from graph_autofusion.backend.cpu.kernel_spec import KernelSpec, TensorInfo
 from graph_autofusion.backend.cpu.runtime import host_steps
 from graph_autofusion.kernel_ir import Loop, format_kernel
-from graph_autofusion.lower.anchor import ROW_TILE_BYTES, lower_anchor, tile_sizes
+from graph_autofusion.lower.anchor import NORM_ROWS, ROW_TILE_BYTES, full_row_tiles, lower_anchor, tile_sizes
 from graph_autofusion.plan.anchor_match import match_anchor
 from graph_autofusion.verify import run_onnxruntime
 
@@ -104,17 +104,41 @@ def _check(case: _Case, got: list[np.ndarray]) -> None:
 
 
 @pytest.mark.parametrize("library", [False, True])
-def test_row_norm_runs_like_onnxruntime(
+def test_row_norm_in_tiles_of_whole_rows_runs_like_onnxruntime(
     library: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    """74 rows of 100 columns: 4 row tiles stream no more than 4 column tiles would, so each
+    tile spans whole rows and is normalised right after its epilogue."""
     monkeypatch.setenv(CONTRACTION_ENV, "library" if library else "blas")
     case = _post_ln()
+    p = match_anchor(case.spec).contraction
+    assert p is not None and full_row_tiles(p)
     kernel = lower_anchor(case.spec)
     (loop,) = kernel.body
     assert isinstance(loop, Loop) and loop.parallel and loop.stop == 4  # 4 row tiles of 100 columns
     assert bool(kernel.packed) == library
     text = format_kernel(kernel)
-    assert "rows normalised (LayerNormalization over 100 columns)" in text
+    assert "rows normalised (LayerNormalization over 100 columns, in each tile of whole rows)" in text
+    feeds = list(case.feeds().values())
+    got = (_run_library if library else _run_blas)(kernel, feeds, tmp_path)
+    _check(case, got)
+
+
+@pytest.mark.parametrize("library", [False, True])
+def test_row_norm_after_the_tiles_runs_like_onnxruntime(
+    library: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """64 rows, a 512 x 384 weight: whole-row tiles would stream the weight 4 times, so the
+    usual column tiles run and a second parallel loop normalises blocks of rows."""
+    monkeypatch.setenv(CONTRACTION_ENV, "library" if library else "blas")
+    case = _post_ln(b=1, s=64, k=512, n=384)
+    p = match_anchor(case.spec).contraction
+    assert p is not None and not full_row_tiles(p)
+    kernel = lower_anchor(case.spec)
+    tiles, rows = kernel.body
+    assert isinstance(tiles, Loop) and tiles.parallel and tiles.stop == 4  # 4 column tiles
+    assert isinstance(rows, Loop) and rows.parallel and rows.stop == 64 // NORM_ROWS
+    assert "LayerNormalization over 384 columns, after the tiles" in format_kernel(kernel)
     feeds = list(case.feeds().values())
     got = (_run_library if library else _run_blas)(kernel, feeds, tmp_path)
     _check(case, got)
