@@ -3,9 +3,11 @@
     dtypes.py   element types (storage vs compute type)
     nodes.py    expressions, statements, kernels, and the builders that fold as they build
     printer.py  the text form
+    visit.py    the walk every renderer shares (per-node dispatch, one local per shared value)
 
 Lowering (graph_autofusion.lower) turns a fused group into a `Kernel`; a renderer per target
-(backend/cpu/render_c.py) turns a `Kernel` into source. The IR imports nothing of the planner.
+(backend/cpu/render_c.py, backend/triton/render.py) turns a `Kernel` into source. The IR imports
+nothing of the planner.
 """
 
 from .dtypes import DType

@@ -33,7 +33,7 @@ their geometry).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,6 +50,8 @@ STRIDE_PROLOGUE_OPS = frozenset({"Transpose", "Reshape", "Flatten", "Squeeze", "
 # Views an epilogue may contain: they keep the element order, so the epilogue still runs on the
 # tile's linear index (Dropout is a view op too, but no generator reads its mask).
 EPILOGUE_VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+# What a tensor crossing an anchor kernel's boundary may be (`match_anchor(float_types=...)`).
+FP32 = frozenset({onnx.TensorProto.FLOAT})
 # Integer/bool constants up to this size are inlined into a kernel (extract.CONST_MAX_INT_ELEMENTS).
 INLINED_INT_CONSTANT = 4096
 # Widest product row a LayerNormalization epilogue normalises: the tile loop then runs tiles of
@@ -360,8 +362,11 @@ def _constant_of(node: onnx.NodeProto) -> np.ndarray:
     raise Unsupported(f"Constant '{node.name}' has no value this backend reads")
 
 
-def match_anchor(spec: KernelSpec) -> AnchorMatch:
-    """The anchor kernel `spec` forms; raises `Unsupported` saying why it forms none."""
+def match_anchor(spec: KernelSpec, *, float_types: Collection[int] = FP32) -> AnchorMatch:
+    """The anchor kernel `spec` forms; raises `Unsupported` saying why it forms none.
+
+    `float_types`: the element types a tensor may cross the kernel's boundary as. The planner
+    and the CPU lowering take fp32 only; the Triton targets multiply fp16/bf16 operands too."""
     body = _Body(spec)
     anchors = [n for n in body.nodes if n.op_type in ANCHOR_OPS]
     if len(anchors) != 1:
@@ -372,7 +377,7 @@ def match_anchor(spec: KernelSpec) -> AnchorMatch:
     prologue = [n for n in ancestors if pool is None or n.name != pool.node]
     operands = _prologue(body, anchor, prologue, pool)
     epilogue, tail_nodes, norm_node = _epilogue(body, anchor, ancestors)
-    _fp32_boundary(body)
+    _float_boundary(body, float_types)
     y = anchor.output[0]
     domain = body.shape(y)
     tail = _output_tail(body, anchor, tail_nodes) if tail_nodes else None
@@ -697,16 +702,18 @@ def _output_tail(body: _Body, anchor: onnx.NodeProto, nodes: list[onnx.NodeProto
     return OutputTail(tail.input[0], leaving[0], tuple(strides), tuple(n.name for n in nodes))
 
 
-def _fp32_boundary(body: _Body) -> None:
-    """Anchor kernels take and give fp32 only (small integer constants are inlined, not passed)."""
+def _float_boundary(body: _Body, float_types: Collection[int]) -> None:
+    """Anchor kernels take and give `float_types` only (small integer constants are inlined, not
+    passed)."""
     for t in (*body.spec.inputs, *body.spec.outputs):
-        if t.elem_type == onnx.TensorProto.FLOAT:
+        if t.elem_type in float_types:
             continue
         if t.name in body.constants and t.numel <= INLINED_INT_CONSTANT and t not in body.spec.outputs:
             continue
         name = onnx.TensorProto.DataType.Name(t.elem_type)
+        allowed = "/".join(onnx.TensorProto.DataType.Name(e) for e in sorted(float_types))
         raise Unsupported(
-            f"{t.name!r} crosses an anchor kernel's boundary as {name}; anchor kernels are fp32"
+            f"{t.name!r} crosses an anchor kernel's boundary as {name}; anchor kernels take {allowed}"
         )
 
 

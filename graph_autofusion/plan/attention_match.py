@@ -250,11 +250,7 @@ class _Matcher:
             self.internal(value)
             self.used.add(id(node))
             if node.op_type in SCALE_OPS:
-                a, c = node.input[0], node.input[1]
-                k = self.scalar(c)
-                if k is None and node.op_type == "Mul":
-                    a, c = c, a
-                    k = self.scalar(c)
+                a, k = self._scaled(node)
                 if k is None or a not in self.producer:
                     raise Unsupported(f"{node.op_type} '{node.name}' on the scores is not a constant scale")
                 scale *= k if node.op_type == "Mul" else 1.0 / k
@@ -286,6 +282,15 @@ class _Matcher:
             else:
                 raise Unsupported(f"{node.op_type} '{node.name}' between the MatMul and the Softmax")
 
+    def _scaled(self, node: onnx.NodeProto) -> tuple[str, float | None]:
+        """(x, k) for a Mul/Div `node` computing x * k or x / k, k a constant scalar (None when
+        neither operand is one). Mul's constant may be either operand."""
+        a, c = node.input[0], node.input[1]
+        k = self.scalar(c)
+        if k is None and node.op_type == "Mul":
+            a, k = c, self.scalar(a)
+        return a, k
+
     def _operand(self, value: str) -> tuple[View, float]:
         """The view chain from a kernel input to a MatMul operand, and any scale on it."""
         chain: list[tuple[onnx.NodeProto, str]] = []
@@ -297,15 +302,10 @@ class _Matcher:
             self.internal(value)
             self.used.add(id(node))
             if node.op_type in SCALE_OPS:
-                a, c = node.input[0], node.input[1]
-                k = self.scalar(c)
-                if k is None and node.op_type == "Mul":
-                    a, c = c, a
-                    k = self.scalar(c)
+                value, k = self._scaled(node)
                 if k is None:
                     raise Unsupported(f"{node.op_type} '{node.name}' on an operand is not a constant scale")
                 scale *= k if node.op_type == "Mul" else 1.0 / k
-                value = a
                 continue
             if node.op_type not in VIEW_CHAIN_OPS:
                 raise Unsupported(f"{node.op_type} '{node.name}' before a MatMul would need a copy")
@@ -313,7 +313,7 @@ class _Matcher:
             value = node.input[0]
         self.fp32(value)
         shape = list(self.shape(value))
-        strides = [math.prod(shape[i + 1 :]) for i in range(len(shape))]
+        strides = _dense(shape)
         offset = 0
         for node, out in reversed(chain):
             out_shape = list(self.shape(out))
@@ -330,12 +330,7 @@ class _Matcher:
                 if new is None:
                     raise Unsupported(f"{node.op_type} '{node.name}' on an operand would need a copy")
                 shape, strides = out_shape, list(new)
-        if len(shape) < 2 or len(shape) > 4:
-            raise Unsupported(f"attention operands of rank {len(shape)}")
-        pad = 4 - len(shape)
-        shape4 = [1] * pad + shape
-        strides4 = [0] * pad + strides
-        return View(value, tuple(shape4), tuple(strides4), offset), scale  # type: ignore[arg-type]
+        return _view4("operands", value, shape, strides, offset), scale
 
     def _window(self, node: onnx.NodeProto, value: str, shape: list[int]) -> list[int]:
         rank = len(shape)
@@ -368,7 +363,7 @@ class _Matcher:
         if self.consumers.get(value):
             raise Unsupported(f"output {value!r} is also read inside the kernel")
         shape = list(self.shape(value))
-        strides = [math.prod(shape[i + 1 :]) for i in range(len(shape))]
+        strides = _dense(shape)
         for node in reversed(chain):
             src = list(self.shape(node.input[0]))
             if node.op_type == "Transpose":
@@ -382,10 +377,7 @@ class _Matcher:
                 if new is None:
                     raise Unsupported(f"{node.op_type} '{node.name}' after attention would need a copy")
                 shape, strides = src, list(new)
-        if len(shape) < 2 or len(shape) > 4:
-            raise Unsupported(f"attention output of rank {len(shape)}")
-        pad = 4 - len(shape)
-        return View(value, tuple([1] * pad + shape), tuple([0] * pad + strides))  # type: ignore[arg-type]
+        return _view4("output", value, shape, strides)
 
     @staticmethod
     def _broadcast(view: View, b: int, h: int) -> View:
@@ -408,7 +400,7 @@ class _Matcher:
         if len(shape) > 4:
             raise Unsupported(f"mask {name!r} of rank {len(shape)}")
         shape = [1] * (4 - len(shape)) + shape
-        dense = [math.prod(shape[i + 1 :]) for i in range(4)]
+        dense = _dense(shape)
         strides = []
         for axis in range(4):
             if shape[axis] == full[axis]:
@@ -433,6 +425,19 @@ class _Matcher:
             if offset >= 0 and np.array_equal(keep, np.tri(sq, sk, offset, dtype=bool)):
                 return offset
         return None
+
+
+def _dense(shape: Sequence[int]) -> list[int]:
+    """The strides of a contiguous (row-major) tensor of `shape`."""
+    return [math.prod(shape[i + 1 :]) for i in range(len(shape))]
+
+
+def _view4(what: str, tensor: str, shape: list[int], strides: list[int], offset: int = 0) -> View:
+    """`tensor` as a `[B, H, rows, cols]` view: leading axes of size 1 (stride 0) up to rank 4."""
+    if len(shape) < 2 or len(shape) > 4:
+        raise Unsupported(f"attention {what} of rank {len(shape)}")
+    pad = 4 - len(shape)
+    return View(tensor, tuple([1] * pad + shape), tuple([0] * pad + strides), offset)  # type: ignore[arg-type]
 
 
 __all__ = ["AttentionMatch", "View", "looks_like_attention", "match_attention"]

@@ -21,36 +21,13 @@ from __future__ import annotations
 import ctypes
 import math
 import platform
-from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
 
-from ...kernel_ir import (
-    Addr,
-    Assign,
-    Binary,
-    Call,
-    Cast,
-    Const,
-    Declare,
-    DType,
-    Expr,
-    Fold,
-    If,
-    Kernel,
-    Let,
-    Load,
-    Loop,
-    Raw,
-    Select,
-    Stmt,
-    Store,
-    TensorAt,
-    Unary,
-    Var,
-)
-from ...kernel_ir.nodes import index as ir_index
+from ...kernel_ir import DType, Expr, Kernel, Stmt
+from ...kernel_ir import nodes as ir
+from ...kernel_ir.visit import Block, ExprVisitor, StmtVisitor, fold_identity
 
 C_TYPES = {
     DType.F64: "double",
@@ -241,34 +218,7 @@ def prelude() -> str:
 
 PRELUDE = prelude()
 
-# -- blocks and expressions ------------------------------------------------------------------------
-
-
-@dataclass
-class Block:
-    """A list of C statements with its own memo scope (child scopes see the parent's values)."""
-
-    indent: int
-    parent: Block | None = None
-    lines: list[str] = field(default_factory=list)
-    memo: dict[object, str] = field(default_factory=dict)
-
-    def emit(self, line: str) -> None:
-        self.lines.append("  " * self.indent + line)
-
-    def lookup(self, key: object) -> str | None:
-        block: Block | None = self
-        while block is not None:
-            if key in block.memo:
-                return block.memo[key]
-            block = block.parent
-        return None
-
-    def child(self) -> Block:
-        return Block(indent=self.indent + 1, parent=self)
-
-    def extend(self, other: Block) -> None:
-        self.lines.extend(other.lines)
+# -- expressions -----------------------------------------------------------------------------------
 
 
 _LIBM = {  # IR unary op -> libm name (float variant gets an `f`)
@@ -284,43 +234,16 @@ _INFIX = {
 }  # fmt: skip
 
 
-class ExprRenderer:
+class ExprRenderer(ExprVisitor):
     """Renders expressions into blocks, naming each computed value once per scope."""
 
-    def __init__(self, prefix: str = "t", inline: bool = False) -> None:
-        self.prefix = prefix
-        self.inline = inline  # one C expression, no locals (for text spliced into older generators)
-        self._counter = 0
+    target = "C"
 
-    def fresh(self, prefix: str | None = None) -> str:
-        self._counter += 1
-        return f"{prefix or self.prefix}{self._counter}"
-
-    def __call__(self, e: Expr, block: Block) -> str:
-        if isinstance(e, Const):
-            return c_literal(e.value, e.dtype)
-        if isinstance(e, Var):
-            return e.name
-        if isinstance(e, Raw):
-            return e.text
-        if isinstance(e, Addr):  # a pointer argument: always inline, never a local
-            return f"({e.buffer.name} + {self(e.index, block)})"
-        found = block.lookup(e)
-        if found is not None:
-            return found
-        if isinstance(e, TensorAt):
-            raise ValueError(f"unresolved tensor read {e} reached the C renderer")
-        if isinstance(e, Select) and e.guarded and not self.inline:
-            text = self._guarded(e, block)
-        elif isinstance(e, Fold):
-            if self.inline:
-                raise ValueError("a fold needs a loop: it cannot be one C expression")
-            text = self._fold(e, block)
+    def bind(self, e: Expr, text: str, block: Block) -> str:
+        if isinstance(e, ir.Fold):  # the accumulator: already a local
             block.memo[e] = text
             return text
-        else:
-            text = self._expr(e, block)
-        if self.inline or _is_index(e) or _is_predicate(e) or _is_atom(text):
+        if _is_index(e) or _is_predicate(e) or _is_atom(text):
             # Index arithmetic stays inline (the vectorizer sees the unit stride), and so do
             # predicates: a 1-byte local between a compare and its select keeps a loop of
             # floats from vectorizing.
@@ -330,14 +253,53 @@ class ExprRenderer:
         block.memo[e] = name
         return name
 
-    def _guarded(self, e: Select, block: Block) -> str:
-        cond = self(e.cond, block)
+    def expr_const(self, e: ir.Const, block: Block) -> str:
+        return c_literal(e.value, e.dtype)
+
+    def expr_var(self, e: ir.Var, block: Block) -> str:
+        return e.name
+
+    def expr_raw(self, e: ir.Raw, block: Block) -> str:
+        return e.text
+
+    def expr_addr(self, e: ir.Addr, block: Block) -> str:
+        """A pointer argument: always inline, never a local."""
+        return f"({e.buffer.name} + {self.expr(e.index, block)})"
+
+    def expr_load(self, e: ir.Load, block: Block) -> str:
+        value = f"{e.buffer.name}[{self.expr(e.index, block)}]"
+        if e.buffer.dtype is DType.F16:
+            return f"af_h2f({value})"
+        if e.buffer.dtype is DType.BF16:
+            return f"af_bf2f({value})"
+        return value
+
+    def expr_cast(self, e: ir.Cast, block: Block) -> str:
+        x = self.expr(e.x, block)
+        if e.dtype is DType.BOOL:
+            return f"((uint8_t)({x} != 0))"
+        return f"(({c_type(e.dtype)}){x})"
+
+    def expr_select(self, e: ir.Select, block: Block) -> str:
+        if e.guarded:
+            return self._guarded(e, block)
+        c = e.cond
+        if (e.dtype is DType.F32 and isinstance(c, ir.Binary) and c.op == "lt" and c.b is e.a
+                and c.a is e.b and isinstance(e.a, ir.Const)):  # fmt: skip
+            # x < f ? f : x as a bit select (same result, NaN included): gcc sees through
+            # the ternary (and fmaxf) feeding expf and calls the vector expf on the raw
+            # value, its slow path for underflowing lanes; this form it keeps.
+            return f"af_clamp_low({self.expr(e.b, block)}, {self.expr(e.a, block)})"
+        return f"({self.expr(c, block)} ? {self.expr(e.a, block)} : {self.expr(e.b, block)})"
+
+    def _guarded(self, e: ir.Select, block: Block) -> str:
+        cond = self.expr(e.cond, block)
         name = self.fresh()
         block.emit(f"{c_type(e.dtype)} {name};")
         arms = []
         for arm in (e.a, e.b):
             branch = block.child()
-            branch.emit(f"{name} = {self(arm, branch)};")
+            branch.emit(f"{name} = {self.expr(arm, branch)};")
             arms.append(branch)
         block.emit(f"if ({cond}) {{")
         block.extend(arms[0])
@@ -346,39 +308,39 @@ class ExprRenderer:
         block.emit("}")
         return name
 
-    def _fold(self, e: Fold, block: Block) -> str:
+    def expr_fold(self, e: ir.Fold, block: Block) -> str:
         """An accumulator and its loop. Nested folds of the same combining op share one
         accumulator (a window's rows and columns: one running max, one sequential sum)."""
         acc = self.fresh("acc")
         vt = c_type(e.value.dtype)
         if e.op.startswith("arg"):
             best = self.fresh("best")
-            start = self(e.start, block)
+            start = self.expr(e.start, block)
             block.emit(f"{vt} {best} = 0; int64_t {acc} = {start};")
             body = self._open(e, block)
-            x = self(e.value, body)
+            x = self.expr(e.value, body)
             cmp = (">" if e.op.startswith("argmax") else "<") + ("=" if e.op.endswith("_last") else "")
             v = e.var.name
             body.emit(f"if ({v} == {start} || {x} {cmp} {best}) {{ {best} = {x}; {acc} = {v}; }}")
             self._close(block, [body])
             return acc
-        identity = _fold_identity(e.op, e.value.dtype)
+        identity = fold_identity(e.op, e.value.dtype)
         block.emit(f"{vt} {acc} = {c_literal(identity, e.value.dtype)};")
         loops, value, outer = [e], e.value, block
-        while isinstance(value, Fold) and value.op == e.op and value.dtype is e.dtype:
+        while isinstance(value, ir.Fold) and value.op == e.op and value.dtype is e.dtype:
             loops.append(value)
             value = value.value
         bodies: list[Block] = []
         for f in loops:
             outer = self._open(f, outer)
             bodies.append(outer)
-        self._update(e.op, acc, self(value, bodies[-1]), bodies[-1])
+        self._update(e.op, acc, self.expr(value, bodies[-1]), bodies[-1])
         self._close(block, bodies)
         return acc
 
-    def _open(self, f: Fold, block: Block) -> Block:
+    def _open(self, f: ir.Fold, block: Block) -> Block:
         v = f.var.name
-        start, stop = self(f.start, block), self(f.stop, block)
+        start, stop = self.expr(f.start, block), self.expr(f.stop, block)
         cond, step = (f"{v} < {stop}", f"++{v}") if f.step == 1 else (f"{v} > {stop}", f"--{v}")
         block.emit(f"for (int64_t {v} = {start}; {cond}; {step}) {{")
         return block.child()
@@ -399,36 +361,8 @@ class ExprRenderer:
         else:
             block.emit(f"{acc} = {x} {'>' if op == 'max' else '<'} {acc} ? {x} : {acc};")
 
-    def _expr(self, e: Expr, block: Block) -> str:
-        if isinstance(e, Load):
-            value = f"{e.buffer.name}[{self(e.index, block)}]"
-            if e.buffer.dtype is DType.F16:
-                return f"af_h2f({value})"
-            if e.buffer.dtype is DType.BF16:
-                return f"af_bf2f({value})"
-            return value
-        if isinstance(e, Cast):
-            x = self(e.x, block)
-            if e.dtype is DType.BOOL:
-                return f"((uint8_t)({x} != 0))"
-            return f"(({c_type(e.dtype)}){x})"
-        if isinstance(e, Select):
-            c = e.cond
-            if (e.dtype is DType.F32 and isinstance(c, Binary) and c.op == "lt" and c.b is e.a
-                    and c.a is e.b and isinstance(e.a, Const)):  # fmt: skip
-                # x < f ? f : x as a bit select (same result, NaN included): gcc sees through
-                # the ternary (and fmaxf) feeding expf and calls the vector expf on the raw
-                # value, its slow path for underflowing lanes; this form it keeps.
-                return f"af_clamp_low({self(e.b, block)}, {self(e.a, block)})"
-            return f"({self(c, block)} ? {self(e.a, block)} : {self(e.b, block)})"
-        if isinstance(e, Unary):
-            return self._unary(e, self(e.x, block))
-        if isinstance(e, Binary):
-            return self._binary(e, self(e.a, block), self(e.b, block))
-        raise ValueError(f"the C renderer has no rule for {type(e).__name__}")
-
-    @staticmethod
-    def _unary(e: Unary, x: str) -> str:
+    def expr_unary(self, e: ir.Unary, block: Block) -> str:
+        x = self.expr(e.x, block)
         dtype = e.x.dtype
         if e.op == "neg":
             return f"(-{x})"
@@ -444,8 +378,8 @@ class ExprRenderer:
             raise ValueError(f"{e.op} of {dtype.value} has no C form")
         return f"{_libm(_LIBM[e.op], dtype)}({x})"
 
-    @staticmethod
-    def _binary(e: Binary, a: str, b: str) -> str:
+    def expr_binary(self, e: ir.Binary, block: Block) -> str:
+        a, b = self.expr(e.a, block), self.expr(e.b, block)
         dtype = e.a.dtype
         if e.op in _INFIX:  # operands are atoms, calls or parenthesized already
             return f"({a} {_INFIX[e.op]} {b})"
@@ -461,43 +395,26 @@ class ExprRenderer:
         raise ValueError(f"the C renderer has no rule for binary {e.op}")
 
 
-def _fold_identity(op: str, dtype: DType) -> float | int:
-    if op == "sum":
-        return 0
-    if op == "prod":
-        return 1
-    if dtype.is_float:
-        return -math.inf if op == "max" else math.inf
-    info = np.iinfo(dtype.numpy) if dtype is not DType.BOOL else np.iinfo(np.uint8)
-    return int(info.min if op == "max" else info.max)
-
-
 def _libm(name: str, dtype: DType) -> str:
     return name + "f" if dtype.compute is DType.F32 else name
 
 
 def _is_index(e: Expr) -> bool:
     """Integer arithmetic on loop variables and constants only (no loads inside)."""
-    if isinstance(e, Const | Var | Raw):
+    if isinstance(e, ir.Const | ir.Var | ir.Raw):
         return True
-    if isinstance(e, Binary) and e.dtype is DType.I64 and e.op in ("add", "sub", "mul", "div", "rem"):
+    if isinstance(e, ir.Binary) and e.dtype is DType.I64 and e.op in ("add", "sub", "mul", "div", "rem"):
         return _is_index(e.a) and _is_index(e.b)
     return False
 
 
 def _is_predicate(e: Expr) -> bool:
     """A truth value computed from others (compare, logic, not, isnan): no memory behind it."""
-    return e.dtype is DType.BOOL and isinstance(e, Binary | Unary | Cast)
+    return e.dtype is DType.BOOL and isinstance(e, ir.Binary | ir.Unary | ir.Cast)
 
 
 def _is_atom(text: str) -> bool:
     return text.replace("_", "").isalnum() or text.startswith(("INT64_C", "(-INT64_C"))
-
-
-def render_inline(e: Expr) -> str:
-    """One expression as a single C expression (no locals; C's `?:` still evaluates only the
-    chosen arm), for generators that still splice C text around it."""
-    return ExprRenderer(inline=True)(e, Block(indent=0))
 
 
 # -- statements and kernels ------------------------------------------------------------------------
@@ -519,13 +436,13 @@ def workspace_layout(kernel: Kernel) -> tuple[dict[str, int], int]:
     def visit(body: tuple[Stmt, ...]) -> None:
         nonlocal size
         for s in body:
-            if isinstance(s, Loop):
+            if isinstance(s, ir.Loop):
                 for b in s.scratch:
                     if b.name not in offsets:
                         offsets[b.name] = size
                         size += -(-b.size * b.dtype.itemsize // 64) * 64
                 visit(s.body)
-            elif isinstance(s, If):
+            elif isinstance(s, ir.If):
                 visit(s.then)
                 visit(s.otherwise)
 
@@ -554,8 +471,10 @@ def packed_layout(kernel: Kernel) -> tuple[dict[str, int], int]:
     return offsets, size
 
 
-class KernelRenderer:
+class KernelRenderer(StmtVisitor):
     """Renders one IR kernel as a C function `void name(void *const *args)`."""
+
+    target = "C"
 
     def __init__(self, kernel: Kernel) -> None:
         self.kernel = kernel
@@ -563,44 +482,42 @@ class KernelRenderer:
         self.scratch_offsets, self.workspace_bytes = workspace_layout(kernel)
         self.packed_offsets, self.packed_floats = packed_layout(kernel)
 
-    def stmts(self, body: tuple[Stmt, ...], block: Block) -> None:
-        for s in body:
-            self.stmt(s, block)
+    def expr(self, e: Expr, block: Block) -> str:
+        return self.exprs.expr(e, block)
 
-    def stmt(self, s: Stmt, block: Block) -> None:
-        r = self.exprs
-        if isinstance(s, Let):
-            block.emit(f"const {c_type(s.var.dtype)} {s.var.name} = {r(s.value, block)};")
-        elif isinstance(s, Declare):
-            block.emit(f"{c_type(s.var.dtype)} {s.var.name} = {r(s.init, block)};")
-        elif isinstance(s, Assign):
-            block.emit(f"{s.var.name} = {r(s.value, block)};")
-        elif isinstance(s, Store):
-            value = r(s.value, block)
-            if s.buffer.dtype is DType.F16:
-                value = f"af_f2h({value})"
-            elif s.buffer.dtype is DType.BF16:
-                value = f"af_f2bf({value})"
-            block.emit(f"{s.buffer.name}[{r(ir_index(s.index), block)}] = {value};")
-        elif isinstance(s, Loop):
-            self.loop(s, block)
-        elif isinstance(s, If):
-            block.emit(f"if ({r(s.cond, block)}) {{")
-            then = block.child()
-            self.stmts(s.then, then)
-            block.extend(then)
-            if s.otherwise:
-                block.emit("} else {")
-                other = block.child()
-                self.stmts(s.otherwise, other)
-                block.extend(other)
-            block.emit("}")
-        elif isinstance(s, Call):
-            block.emit(f"{s.function}({', '.join(r(a, block) for a in s.args)});")
-        else:
-            raise ValueError(f"the C renderer has no rule for {type(s).__name__}")
+    def stmt_let(self, s: ir.Let, block: Block) -> None:
+        block.emit(f"const {c_type(s.var.dtype)} {s.var.name} = {self.expr(s.value, block)};")
 
-    def loop(self, s: Loop, block: Block) -> None:
+    def stmt_declare(self, s: ir.Declare, block: Block) -> None:
+        block.emit(f"{c_type(s.var.dtype)} {s.var.name} = {self.expr(s.init, block)};")
+
+    def stmt_assign(self, s: ir.Assign, block: Block) -> None:
+        block.emit(f"{s.var.name} = {self.expr(s.value, block)};")
+
+    def stmt_store(self, s: ir.Store, block: Block) -> None:
+        value = self.expr(s.value, block)
+        if s.buffer.dtype is DType.F16:
+            value = f"af_f2h({value})"
+        elif s.buffer.dtype is DType.BF16:
+            value = f"af_f2bf({value})"
+        block.emit(f"{s.buffer.name}[{self.expr(ir.index(s.index), block)}] = {value};")
+
+    def stmt_if(self, s: ir.If, block: Block) -> None:
+        block.emit(f"if ({self.expr(s.cond, block)}) {{")
+        then = block.child()
+        self.stmts(s.then, then)
+        block.extend(then)
+        if s.otherwise:
+            block.emit("} else {")
+            other = block.child()
+            self.stmts(s.otherwise, other)
+            block.extend(other)
+        block.emit("}")
+
+    def stmt_call(self, s: ir.Call, block: Block) -> None:
+        block.emit(f"{s.function}({', '.join(self.expr(a, block) for a in s.args)});")
+
+    def stmt_loop(self, s: ir.Loop, block: Block) -> None:
         clauses = "".join(f" reduction({_OMP_REDUCTION[op]}:{v.name})" for op, v in s.reductions)
         if s.scratch:  # per-thread buffers: a parallel region around a worksharing loop
             if s.parallel:
@@ -630,9 +547,9 @@ class KernelRenderer:
             block.emit(f"#pragma omp simd{clauses}")
         self._for(s, block)
 
-    def _for(self, s: Loop, block: Block) -> None:
+    def _for(self, s: ir.Loop, block: Block) -> None:
         v = s.var.name
-        start, stop = self.exprs(ir_index(s.start), block), self.exprs(ir_index(s.stop), block)
+        start, stop = self.expr(ir.index(s.start), block), self.expr(ir.index(s.stop), block)
         step = f"++{v}" if s.step == 1 else f"{v} += {s.step}"
         block.emit(f"for (int64_t {v} = {start}; {v} < {stop}; {step}) {{")
         inner = block.child()
@@ -693,7 +610,7 @@ class KernelRenderer:
         return lines
 
 
-def _schedule(s: Loop) -> str:
+def _schedule(s: ir.Loop) -> str:
     return "dynamic, 1" if s.dynamic else "static"
 
 

@@ -10,7 +10,9 @@ in one arena (arena.py), views alias their source, weights sit in their own arra
 kernel's `void *args[]` array of pointers is built once. A run copies the inputs into the arena,
 makes one ctypes call per run of consecutive kernels into a tiny C driver that calls them in
 order (a Python-level ctypes call per kernel costs ~1 us; the driver costs a few ns per kernel),
-runs any host ops in between, and copies the outputs out.
+runs any host ops in between, and copies the outputs out. The walk around the kernels (host-op
+fallbacks, the stats every runtime reports, input checks) is backend/steps.py's, shared with
+the Triton targets.
 
 Threads: the generated kernels own the parallelism (OpenMP, `threads` wide); BLAS inside a kernel
 runs single-threaded (blas.load_blas sets it) so the two pools never oversubscribe the cores.
@@ -30,17 +32,26 @@ from typing import Any
 import numpy as np
 import onnx
 
-from ...errors import IsaMismatchError, RuntimeInputError, UnsupportedModelError
+from ...errors import IsaMismatchError
+from ..steps import (
+    PlannedModel,
+    check_inputs,
+    host_shape_error,
+    plan_stats,
+    refuse_object_tensors,
+    resolve_steps,
+    with_host_fallbacks,
+)
 from . import sanitize
 from .arena import ALIGNMENT, Buffer, plan_offsets
 from .cache import KernelCache, default_cache
 from .codegen import CodegenUnsupported, GeneratedKernel, generate
 from .compiler import Artifact, KernelSource, compile_kernels
 from .contraction import contraction_mode
-from .extract import ExecutionPlan, HostStep, KernelStep, ViewStep, extract
-from .hostops import HostOp, host_op_entry
+from .extract import ExecutionPlan, HostStep, KernelStep, Step, ViewStep, extract
+from .hostops import HostOp
 from .isa import ISA_ENV, IsaTarget, host_isa, target_isa
-from .kernel_spec import KernelSpec, TensorInfo
+from .kernel_spec import KernelSpec
 from .render_c import WORKSPACE_SUFFIX
 from .threads import available_cpus, set_omp_threads
 
@@ -146,17 +157,6 @@ def _no_c_type(spec: KernelSpec) -> str:
     return ""
 
 
-def refuse_object_tensors(plan: ExecutionPlan) -> None:
-    """Strings cannot live in the arena (raw bytes): such a model is refused, with a code."""
-    for info in plan.tensors.values():
-        if info.elem_type == onnx.TensorProto.STRING:
-            raise UnsupportedModelError(
-                f"tensor {info.name!r} holds strings; the CPU runtime runs numeric tensors only",
-                code="unsupported_dtype",
-                tensor=info.name,
-            )
-
-
 _GENERATED: dict[tuple[str, str], GeneratedKernel | CodegenUnsupported] = {}
 _GENERATED_MAX = 4096
 
@@ -200,23 +200,7 @@ def host_steps(model: onnx.ModelProto) -> list[HostStep]:
     return [s for s in with_host_fallbacks(plan.steps, declined) if isinstance(s, HostStep)]
 
 
-def with_host_fallbacks(
-    steps: Sequence[ViewStep | KernelStep | HostStep], declined: Mapping[str, str]
-) -> list[ViewStep | KernelStep | HostStep]:
-    """Steps with every kernel the generator declined turned into a host op saying why."""
-    out: list[ViewStep | KernelStep | HostStep] = []
-    for step in steps:
-        if isinstance(step, KernelStep) and step.symbol in declined:
-            assert step.node is not None
-            out.append(
-                HostStep(step.node, f"no code generated: {declined[step.symbol]}", "codegen_unsupported")
-            )
-        else:
-            out.append(step)
-    return out
-
-
-class CompiledModel:
+class CompiledModel(PlannedModel):
     """A model whose kernels are loaded and whose memory is planned: call it with inputs."""
 
     def __init__(
@@ -268,13 +252,8 @@ class CompiledModel:
             self._libs[path] = ctypes.CDLL(str(path))
         return self._libs[path]
 
-    def _resolve_steps(self) -> list[ViewStep | KernelStep | HostStep]:
-        declined = {
-            s.symbol: self.unsupported.get(s.symbol, "kernel not available")
-            for s in self.plan.steps
-            if isinstance(s, KernelStep) and s.symbol not in self.kernels
-        }
-        return with_host_fallbacks(self.plan.steps, declined)
+    def _resolve_steps(self) -> list[Step]:
+        return resolve_steps(self.plan, self.kernels, self.unsupported)
 
     def _plan_memory(self) -> None:
         plan = self.plan
@@ -434,28 +413,14 @@ class CompiledModel:
         return int(self._packed[key].ctypes.data)
 
     def _stats(self) -> dict[str, Any]:
-        per_kernel = []
-        for step in self._steps:
-            if isinstance(step, KernelStep):
-                info = self.kernels[step.symbol]
-                spec = self.plan.specs[step.symbol]
-                per_kernel.append(
-                    {
-                        "node": step.node_name,
-                        "symbol": step.symbol,
-                        "template": info.template,
-                        "method": info.method,
-                        "pattern": spec.pattern,
-                        "ops": len(spec.nodes),
-                        "cached": info.cached,
-                    }
-                )
-        hosts = [host_op_entry(s) for s in self._steps if isinstance(s, HostStep)]
+        def extra(step: KernelStep) -> dict[str, Any]:
+            info = self.kernels[step.symbol]
+            return {"method": info.method, "cached": info.cached}
+
+        common = plan_stats(self.plan, self._steps, lambda s: self.kernels[s].template, extra)
+        per_kernel = common.pop("per_kernel")
         return {
-            "kernels": len(per_kernel),
-            "unique_kernels": len({k["symbol"] for k in per_kernel}),
-            "host_ops": hosts,
-            "views": sum(1 for s in self._steps if isinstance(s, ViewStep)),
+            **common,
             "arena_bytes": self.arena_bytes,
             "workspace_bytes": self.workspace_bytes,
             "weights_bytes": int(sum(w.nbytes for w in self._weights.values())),
@@ -497,17 +462,6 @@ class CompiledModel:
         for name, (nbytes, first, last) in self._extents.items():
             if first <= step <= last:
                 sanitize.unpoison(base + self._offsets[name], nbytes)
-
-    @property
-    def input_names(self) -> list[str]:
-        return [t.name for t in self.plan.inputs]
-
-    @property
-    def output_names(self) -> list[str]:
-        return [t.name for t in self.plan.outputs]
-
-    def __call__(self, inputs: Mapping[str, Any] | Sequence[Any] | np.ndarray) -> dict[str, np.ndarray]:
-        return self.run(inputs)
 
     def run(self, inputs: Mapping[str, Any] | Sequence[Any] | np.ndarray) -> dict[str, np.ndarray]:
         """Run the model: inputs by name (dict) or position; outputs by name, in model order."""
@@ -561,11 +515,7 @@ class CompiledModel:
         results = op(ins)
         for out, res in zip(outs, results, strict=True):
             if res.shape != out.shape:
-                raise RuntimeInputError(
-                    f"host op {op.node.op_type} ({op.node.name!r}) produced shape {res.shape}, "
-                    f"but the model declares {out.shape}",
-                    code="dynamic_shape_mismatch",
-                )
+                raise host_shape_error(op, res.shape, out.shape)
             np.copyto(out, res, casting="unsafe")
 
     def profile(
@@ -665,65 +615,3 @@ class CompiledModel:
         """Drop references to the arena and kernels (the shared objects stay mapped)."""
         with contextlib.suppress(AttributeError):
             del self._segments, self._per_kernel, self._argvs
-
-
-def check_inputs(
-    expected: Sequence[TensorInfo], inputs: Mapping[str, Any] | Sequence[Any] | np.ndarray
-) -> dict[str, np.ndarray]:
-    """The inputs by name, checked against the model's names, dtypes and shapes (every runtime
-    raises the same `RuntimeInputError` codes)."""
-    names = [t.name for t in expected]
-    if isinstance(inputs, np.ndarray):
-        inputs = [inputs]
-    if isinstance(inputs, Mapping):
-        unknown = [k for k in inputs if k not in names]
-        if unknown:
-            raise RuntimeInputError(
-                f"unknown input {unknown[0]!r}; the model's inputs are: {', '.join(names)}",
-                code="unknown_input",
-                input=str(unknown[0]),
-            )
-        missing = [n for n in names if n not in inputs]
-        if missing:
-            raise RuntimeInputError(
-                f"missing input {missing[0]!r}; the model's inputs are: {', '.join(names)}",
-                code="missing_input",
-                input=missing[0],
-            )
-        given = [inputs[n] for n in names]
-    else:
-        given = list(inputs)
-        if len(given) != len(names):
-            raise RuntimeInputError(
-                f"the model takes {len(names)} input(s) ({', '.join(names)}), {len(given)} were given",
-                code="wrong_input_count",
-            )
-    feeds: dict[str, np.ndarray] = {}
-    for info, value in zip(expected, given, strict=True):
-        if not isinstance(value, np.ndarray):
-            try:
-                value = np.asarray(value, dtype=info.dtype)
-            except (TypeError, ValueError) as exc:
-                raise RuntimeInputError(
-                    f"input {info.name!r} is not an array of {info.dtype}: {exc}",
-                    code="wrong_input_dtype",
-                    input=info.name,
-                ) from exc
-        if value.dtype != info.dtype:
-            raise RuntimeInputError(
-                f"input {info.name!r} has dtype {value.dtype}, the model expects {info.dtype}",
-                code="wrong_input_dtype",
-                input=info.name,
-                expected=str(info.dtype),
-                got=str(value.dtype),
-            )
-        if tuple(value.shape) != tuple(info.shape):
-            raise RuntimeInputError(
-                f"input {info.name!r} has shape {list(value.shape)}, the model expects {list(info.shape)}",
-                code="wrong_input_shape",
-                input=info.name,
-                expected=list(info.shape),
-                got=list(value.shape),
-            )
-        feeds[info.name] = value
-    return feeds

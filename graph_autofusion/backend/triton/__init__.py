@@ -2,8 +2,8 @@
 
 render.py    the Triton renderer of the kernel IR (pointwise, row, scalar launches)
 prelude.py   math helpers every rendered module carries (tl.math has no tanh, pow, ...)
-kernels.py   one kernel spec to Triton source: lowering or anchor matcher
-anchor.py    MatMul / Gemm / Conv with tl.dot and the fused epilogue
+kernels.py   one kernel spec to Triton source: lowering or anchor renderer
+anchor.py    MatMul / Gemm / Conv anchor matches with tl.dot and the fused epilogue
 blocks.py    block sizes and grids from the target's hardware profile; Ascend constraints
 chains.py    anchor chains split into one kernel per contraction
 ahead.py     CUDA cubins compiled ahead of time, without a GPU

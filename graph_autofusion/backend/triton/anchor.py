@@ -1,21 +1,29 @@
 """Anchor kernels for the Triton targets: MatMul / Gemm / Conv as a tiled `tl.dot` with the fused
 prologue and epilogue.
 
-Every contraction is one GEMM shape: `Y[b, m, n] = sum_k A[b, m, k] * B[b, k, n]` over batch
-`b`. MatMul is that directly (numpy batch broadcasting); Gemm adds transposes, alpha and beta*C;
-Conv is an *implicit* GEMM — rows m = (image, oh, ow), columns n = output channels of a group,
-k = (input channel, kh, kw), groups as the batch — whose A element is the input pixel under the
-window (zero in the padding, a guarded read), so no im2col buffer exists.
+What the kernel computes is the group's `AnchorMatch` (plan/anchor_match.py, the planner's
+legality test); this module only renders it. Every contraction is one GEMM shape,
+`Y[b, m, n] = sum_k A[b, m, k] * B[b, k, n]` over batch `b`:
 
-The group around the contraction comes from the kernel spec through a small matcher
-(`match_contraction`) that stays local to this backend until the planner hands over a typed
-anchor match. Prologue ops (views, transposes on A or B) are not matched at all: A's and B's
-elements are *resolved* through the lowering's index rules (lower/values.py), so any chain of
-index-moving ops ahead of the contraction is read in place. The epilogue is every output's value
-at the contraction's own element (bias, activations, residual adds), with the accumulator tile
-standing for Y; output tails that only move data (Reshape, Transpose, ...) become the store
-address. A group that needs Y at another element, two contractions (an anchor chain), or 1-D
-MatMul operands is refused with that reason.
+* MatMul / Gemm: the match's `Contraction` (batch dims, M/N/K, alpha) with each operand a
+  `MatrixView`, so a stride-only prologue (Transpose, Reshape, Split, ...) is read in place at
+  `offset + batch offset + m * rs + k * cs`; Gemm's `beta * C` is the match's `addend`;
+* Conv: an *implicit* GEMM over the conv's geometry (lower/conv.py `conv_geometry`, computed from
+  the match's anchor node): rows m = (image, output pixel), columns n = output channels,
+  k = (input channel, kernel tap), whose A element is the input pixel under the window (zero in
+  the padding, a guarded read), so no im2col buffer exists. A grouped conv runs direct: K
+  multiply-adds on the [BM, BN] tile, the group of each column picking its input channels.
+
+The parts of the operands' addresses the k loop does not change (batch offsets, a row's image
+and window origin) are computed once before it. The match is taken with fp16/bf16 allowed across
+the boundary (`FLOAT_TYPES`): such operands multiply in their own type.
+
+The epilogue is the match's: each kernel output is resolved at the tile element's index of the
+anchor's output (its domain), with the accumulator tile standing for that output, since the match
+guarantees every epilogue op reads it at the tile's own element. Values leave at the element's
+linear index; the output tail (a Transpose folded into the stores) leaves through the
+contraction's output strides. ConvTranspose and two-contraction groups are refused with that
+reason (the runtime splits an anchor chain into one kernel per contraction, chains.py).
 
 Tiles: CUDA BM x BN x BK up to 64 x 64 x 32; Ascend multiples of the 16 x 16 cube fractal, shrunk
 until the block's working set fits the Unified Buffer. fp32 operands multiply with
@@ -32,81 +40,68 @@ from dataclasses import dataclass
 import onnx
 
 from ...hardware import HardwareProfile
-from ...kernel_ir import DType, Expr, Kernel, Store, TensorAt
+from ...kernel_ir import Buffer, DType, Expr, Kernel, Store, TensorAt
 from ...kernel_ir import nodes as ir
+from ...lower.anchor import batch_offset
+from ...lower.conv import conv_geometry
 from ...lower.pointwise import KernelValues
-from ...lower.values import Unsupported, attrs_of, broadcast_index
+from ...lower.values import IndexGroup, Unsupported, broadcast_index
+from ...plan.anchor_match import AnchorMatch, MatrixView, dense_strides, match_anchor
 from ..cpu.kernel_spec import KernelSpec
 from .blocks import is_ascend
 from .prelude import PRELUDE
 from .render import Block, FunctionRenderer, KernelRenderer, Launch, RenderedKernel
 
-CONTRACTIONS = ("MatMul", "Gemm", "Conv")
-VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
-TAIL_OPS = VIEW_OPS | {"Transpose"}
+# Element types an anchor kernel takes and gives on these targets (operands: one of them for both).
+FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16})
 Index = list[Expr]
 
 
 @dataclass
-class Contraction:
-    """One contraction as a batched GEMM, its operands as functions of the GEMM's indices."""
+class TileGemm:
+    """The match as a batched GEMM over tiles: its operands as functions of the GEMM's indices."""
 
-    node: onnx.NodeProto
-    y: str
     batch: tuple[int, ...]
     m: int
     n: int
     k: int
-    a: Callable[[Index, Expr, Expr], Expr]  # (batch index, m, k) -> A element
-    b: Callable[[Index, Expr, Expr], Expr]  # (batch index, k, n) -> B element
-    y_index: Callable[[Index, Expr, Expr], Index]  # (batch index, m, n) -> Y's index
-    finish: Callable[[Expr, Index, Expr, Expr], Expr]  # fp32 accumulator -> Y's value
+    a: Callable[..., Expr]  # (flat batch entry, m, k) -> A element; direct: (entry, m, k, n)
+    b: Callable[[Expr, Expr, Expr], Expr]  # (flat batch entry, k, n) -> B element
+    # (flat batch entry, m, n) -> (index of the anchor output's element, its linear index)
+    domain: Callable[[Expr, Expr, Expr], tuple[Index, Expr]]
+    dest: Callable[[Expr, Expr, Expr], Expr] | None  # (entry, m, n) -> the output tail's offset
+    finish: Callable[[Expr, Expr, Expr], Expr]  # (fp32 accumulator, m, n) -> the anchor output
     operand_type: DType
+    # (flat batch entry, m, n) -> the parts of the operands' addresses the k loop does not
+    # change: rendered once before it, the loop's addresses reuse them
+    invariants: Callable[[Expr, Expr, Expr], list[Expr]]
     # A direct contraction's A also depends on the column (grouped convolution: the group of an
     # output channel picks the input channels): it runs as K multiply-adds on the [BM, BN] tile
-    # instead of tl.dot, and `a` is then called as a(batch, m, k, n).
+    # instead of tl.dot.
     direct: bool = False
 
 
 class AnchorValues(KernelValues):
-    """Kernel values where Y, at the tile's own element, is the accumulator's finished value.
+    """Kernel values where the anchor's output, at the tile's own element, is the accumulator's
+    finished value. The match admits only elementwise ops and order-keeping views between the
+    anchor and the outputs, each reading the anchor's output at the element it computes, so any
+    read of it while resolving an output at the tile's element is that element."""
 
-    Views of Y (Reshape, Flatten, ...) are Y too: each is expected at the index that holds the
-    same element (`index_in`), so `Gemm -> Reshape -> Add` reads the accumulator tile as well.
-    """
-
-    def __init__(self, spec: KernelSpec) -> None:
+    def __init__(self, spec: KernelSpec, match: AnchorMatch) -> None:
         super().__init__(spec)
-        self.y = ""
-        self.y_at: tuple[Expr, ...] | None = None
+        self.y = match.anchor.output[0]
         self.y_value: Expr | None = None
-        self.aliases: dict[str, tuple[Expr, ...]] = {}  # Y and its views -> the tile's index there
-
-    def bind(self, y: str, at: Sequence[Expr], value: Expr) -> None:
-        """Y at index `at` is `value`; so are Y's views at the same element."""
-        # A size-1 dim is read at 0 by every broadcasting rule: say so, so the indices agree.
-        at = [ir.index(0) if d == 1 else e for e, d in zip(at, self.shape(y), strict=True)]
-        self.y, self.y_at, self.y_value = y, tuple(at), value
-        self.aliases = {y: self.y_at}
-        for node in self.spec.nodes:
-            if node.op_type in VIEW_OPS and node.input and node.input[0] in self.aliases:
-                self.aliases[node.output[0]] = tuple(self.index_in(self.shape(node.output[0])))
-
-    def index_in(self, shape: Sequence[int]) -> Index:
-        """The index of the tile's element in a tensor of `shape` holding Y's elements in order."""
-        assert self.y_at is not None
-        return self.reshape_index(list(self.y_at), self.shape(self.y), shape)
 
     def _leaf(self, at: TensorAt) -> Expr | None:
-        if at.tensor in self.aliases or at.tensor == self.y:
-            if self.y_at is None or self.y_value is None:
+        if at.tensor == self.y:
+            if self.y_value is None:
                 raise Unsupported("the contraction's operands read its own result")
-            want = self.aliases[at.tensor]
-            same = len(at.index) == len(want) and all(a is b for a, b in zip(at.index, want, strict=True))
-            if not same:
-                raise Unsupported("the epilogue reads the contraction's result at another element")
-            return self._substitute(self.y_value)
+            return self.y_value
         return super()._leaf(at)
+
+    def element(self, tensor: str, offset: Expr) -> Expr:
+        """Element `offset` of an operand's base tensor (a kernel input or a constant table)."""
+        return ir.load(self.buffer_of(tensor), offset)
 
 
 def _operand_type(values: KernelValues, names: Sequence[str]) -> DType:
@@ -118,160 +113,155 @@ def _operand_type(values: KernelValues, names: Sequence[str]) -> DType:
     raise Unsupported(f"contraction operands of types {sorted(t.value for t in types)}")
 
 
-def _matmul(v: AnchorValues, node: onnx.NodeProto) -> Contraction:
-    a_name, b_name = node.input[0], node.input[1]
-    sa, sb, sy = v.shape(a_name), v.shape(b_name), v.shape(node.output[0])
-    if len(sa) < 2 or len(sb) < 2:
-        raise Unsupported("MatMul with a 1-D operand")
-    batch = tuple(sy[:-2])
-    return Contraction(
-        node,
-        node.output[0],
-        batch,
-        sy[-2],
-        sy[-1],
-        sa[-1],
-        a=lambda b, m, k: v.at(a_name, [*broadcast_index(b, batch, sa[:-2]), m, k]),
-        b=lambda b, k, n: v.at(b_name, [*broadcast_index(b, batch, sb[:-2]), k, n]),
-        y_index=lambda b, m, n: [*b, m, n],
-        finish=lambda acc, b, m, n: acc,
-        operand_type=_operand_type(v, [a_name, b_name]),
-    )
+def _axes(flat: Expr, dims: Sequence[int]) -> Index:
+    """The multi-index over `dims` of the linear index `flat` (known to be below their product)."""
+    out: Index = []
+    for a, d in enumerate(dims):
+        q = flat // math.prod(dims[a + 1 :])
+        out.append(ir.index(0) if d == 1 else q if all(x == 1 for x in dims[:a]) else q % d)
+    return out
 
 
-def _gemm(v: AnchorValues, node: onnx.NodeProto) -> Contraction:
-    attrs = attrs_of(node)
-    a_name, b_name = node.input[0], node.input[1]
-    c_name = node.input[2] if len(node.input) > 2 and node.input[2] else ""
-    ta, tb = int(attrs.get("transA", 0)), int(attrs.get("transB", 0))  # type: ignore[call-overload]
-    alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))  # type: ignore[arg-type]
-    sy = v.shape(node.output[0])
-    k = v.shape(a_name)[0 if ta else 1]
+def _gemm(v: AnchorValues, match: AnchorMatch) -> TileGemm:
+    """A MatMul / Gemm match: its contraction, addend and output strides as they are."""
+    p = match.contraction
+    assert p is not None
+    a, b = p.a, p.b
+    rows, cols = match.domain[: match.split], match.domain[match.split :]
 
-    def finish(acc: Expr, b: Index, m: Expr, n: Expr) -> Expr:
-        out = acc if alpha == 1.0 else acc * ir.const(alpha, DType.F32)
-        if c_name:
-            c = ir.cast(v.at(c_name, broadcast_index([m, n], sy, v.shape(c_name))), DType.F32)
-            out = out + (c if beta == 1.0 else c * ir.const(beta, DType.F32))
+    def base(mv: MatrixView, bi: Expr) -> Expr:
+        return batch_offset(bi, p.batch, mv.batch_strides) + mv.offset
+
+    def op_a(bi: Expr, m: Expr, k: Expr) -> Expr:
+        return v.element(a.tensor, (base(a, bi) + m * a.rs) + k * a.cs)
+
+    def op_b(bi: Expr, k: Expr, n: Expr) -> Expr:
+        return v.element(b.tensor, (base(b, bi) + n * b.cs) + k * b.rs)
+
+    def domain(bi: Expr, m: Expr, n: Expr) -> tuple[Index, Expr]:
+        # The contraction enumerates the domain in row-major order: row bi * M + m, column n.
+        r = bi * p.m + m if p.batch else m
+        row_idx, col_idx = _axes(r, rows), _axes(n, cols)
+        # `lin` (and the views' reshape_index) then see the row and column back, not the axes.
+        v.groups += [IndexGroup(tuple(row_idx), rows, r), IndexGroup(tuple(col_idx), cols, n)]
+        return [*row_idx, *col_idx], r * p.n + n
+
+    def dest(bi: Expr, m: Expr, n: Expr) -> Expr:
+        return batch_offset(bi, p.batch, p.c_batch_strides) + m * p.c_rs + n
+
+    addend = match.addend
+
+    def finish(acc: Expr, m: Expr, n: Expr) -> Expr:
+        out = acc if p.alpha == 1.0 else acc * ir.const(p.alpha, DType.F32)
+        if addend is not None:
+            c = v.at(addend.tensor, broadcast_index([m, n], (p.m, p.n), addend.shape))
+            c = ir.cast(v._substitute(c), DType.F32)
+            out = out + (c if addend.beta == 1.0 else c * ir.const(addend.beta, DType.F32))
         return out
 
-    return Contraction(
-        node,
-        node.output[0],
-        (),
-        sy[0],
-        sy[1],
-        k,
-        a=lambda b, m, kk: v.at(a_name, [kk, m] if ta else [m, kk]),
-        b=lambda b, kk, n: v.at(b_name, [n, kk] if tb else [kk, n]),
-        y_index=lambda b, m, n: [m, n],
-        finish=finish,
-        operand_type=_operand_type(v, [a_name, b_name]),
-    )
+    def invariants(bi: Expr, m: Expr, n: Expr) -> list[Expr]:
+        return [base(a, bi) + m * a.rs, base(b, bi) + n * b.cs]
 
-
-def _conv(v: AnchorValues, node: onnx.NodeProto) -> Contraction:
-    attrs = attrs_of(node)
-    x_name, w_name = node.input[0], node.input[1]
-    bias = node.input[2] if len(node.input) > 2 and node.input[2] else ""
-    sx, sw, sy = v.shape(x_name), v.shape(w_name), v.shape(node.output[0])
-    if len(sx) != 4:
-        raise Unsupported(f"Conv over {len(sx) - 2} spatial dims (2 are rendered)")
-    if str(attrs.get("auto_pad", b"NOTSET")).strip("b'") not in ("NOTSET", ""):
-        raise Unsupported("Conv with auto_pad")
-    groups = int(attrs.get("group", 1))  # type: ignore[call-overload]
-    n_img, c_in, h, w = sx
-    f_out, cg, kh, kw = sw
-    _, _, oh, ow = sy
-    sh, sw_ = list(attrs.get("strides") or [1, 1])  # type: ignore[call-overload]
-    dh, dw = list(attrs.get("dilations") or [1, 1])  # type: ignore[call-overload]
-    pads = list(attrs.get("pads") or [0, 0, 0, 0])  # type: ignore[call-overload]
-    ph, pw = int(pads[0]), int(pads[1])
-    fg = f_out // groups
-
-    def pixel(m: Expr) -> tuple[Expr, Expr, Expr]:
-        return m // (oh * ow), (m // ow) % oh, m % ow
-
-    def window(k: Expr) -> tuple[Expr, Expr, Expr]:
-        return k // (kh * kw), (k // kw) % kh, k % kw
-
-    direct = groups > 1
-
-    def a(b: Index, m: Expr, k: Expr, n: Expr | None = None) -> Expr:
-        img, y0, x0 = pixel(m)
-        c, i, j = window(k)
-        group = n // fg if direct else b[0]  # type: ignore[operator]
-        hh = y0 * int(sh) - ph + i * int(dh)
-        ww = x0 * int(sw_) - pw + j * int(dw)
-        inside = ir.logical_and(
-            ir.logical_and(ir.ge(hh, 0), ir.lt(hh, h)), ir.logical_and(ir.ge(ww, 0), ir.lt(ww, w))
-        )
-        value = v.at(x_name, [img, group * cg + c, ir.clamp(hh, 0, h - 1), ir.clamp(ww, 0, w - 1)])
-        return ir.select(inside, value, ir.const(0.0, value.dtype), guarded=True)
-
-    def channel(b: Index, n: Expr) -> Expr:
-        return n if direct else b[0] * fg + n
-
-    def bw(b: Index, k: Expr, n: Expr) -> Expr:
-        c, i, j = window(k)
-        return v.at(w_name, [channel(b, n), c, i, j])
-
-    def y_index(b: Index, m: Expr, n: Expr) -> Index:
-        img, y0, x0 = pixel(m)
-        return [img, channel(b, n), y0, x0]
-
-    def finish(acc: Expr, b: Index, m: Expr, n: Expr) -> Expr:
-        return acc + ir.cast(v.at(bias, [channel(b, n)]), DType.F32) if bias else acc
-
-    del c_in
-    return Contraction(
-        node, node.output[0], () if direct else (groups,), n_img * oh * ow, f_out if direct else fg,
-        cg * kh * kw, a, bw, y_index, finish, _operand_type(v, [x_name, w_name]), direct,
+    return TileGemm(
+        p.batch, p.m, p.n, p.k, op_a, op_b, domain, dest if match.tail is not None else None, finish,
+        _operand_type(v, [a.tensor, b.tensor]), invariants,
     )  # fmt: skip
 
 
-def match_contraction(spec: KernelSpec, v: AnchorValues) -> Contraction:
-    """The group's one contraction as a batched GEMM (`Unsupported` says why there is none)."""
-    found = [n for n in spec.nodes if n.op_type in CONTRACTIONS]
-    if len(found) != 1:
-        what = " -> ".join(n.op_type for n in found) or "none"
-        raise Unsupported(f"one contraction per Triton anchor kernel (found {what})")
-    node = found[0]
-    if node.op_type == "MatMul":
-        return _matmul(v, node)
-    if node.op_type == "Gemm":
-        return _gemm(v, node)
-    return _conv(v, node)
+def _conv(v: AnchorValues, match: AnchorMatch) -> TileGemm:
+    """A Conv match as an implicit GEMM over its geometry (lower/conv.py: 1-D to 3-D, normalised
+    to depth x height x width), the operands read through their views' strides."""
+    node = match.anchor
+    if node.op_type != "Conv":
+        raise Unsupported(f"{node.op_type} anchors are not rendered for the Triton targets")
+    g = conv_geometry(node, v)
+    x, w = match.operands[0], match.operands[1]
+    bias = node.input[2] if len(node.input) > 2 and node.input[2] else ""
+    if bias and math.prod(v.shape(bias)) != g.cout:
+        raise Unsupported(f"Conv bias {list(v.shape(bias))} does not match {g.cout} channels")
+    nsp = len(x.shape) - 2
+    # strides of (image, channel, depth, height, width); a dim the conv lacks has extent 1
+    xs = (*x.strides[:2], *(0,) * (3 - nsp), *x.strides[2:])
+    ws = (*w.strides[:2], *(0,) * (3 - nsp), *w.strides[2:])
+    spatial = list(
+        zip((g.d, g.h, g.w), (g.od, g.oh, g.ow), (g.kd, g.kh, g.kw), (g.sd, g.sh, g.sw),
+            (g.dd, g.dh, g.dw), (g.pf, g.pt, g.pl), xs[2:], strict=True)
+    )  # fmt: skip
+    direct = g.group > 1  # every column's group picks its input channels
+
+    def pixel(m: Expr) -> tuple[Expr, Index]:
+        """(image, output position per spatial dim) of GEMM row m."""
+        img = m // g.pixels if g.n > 1 else ir.index(0)
+        return img, _axes(m % g.pixels if g.n > 1 else m, (g.od, g.oh, g.ow))
+
+    def window(k: Expr) -> tuple[Expr, Index]:
+        """(input channel within the group, kernel tap per spatial dim) of GEMM index k."""
+        return k // g.taps, _axes(k % g.taps if g.cig > 1 else k, (g.kd, g.kh, g.kw))
+
+    def rows(m: Expr) -> tuple[Expr, Index]:
+        """The input offset of row m's image and the window origin per spatial dim (stride only)."""
+        img, out = pixel(m)
+        return img * xs[0] + x.offset, [o * s for o, (_, _, _, s, *_) in zip(out, spatial, strict=True)]
+
+    def a(bi: Expr, m: Expr, k: Expr, n: Expr | None = None) -> Expr:
+        image, origin = rows(m)
+        c, tap = window(k)
+        channel = (n // g.cog) * g.cig + c if direct else c  # type: ignore[operator]
+        offset = image + channel * xs[1]
+        inside: Expr | None = None
+        for o, t, (size, extent, taps, s, d, pad, stride) in zip(origin, tap, spatial, strict=True):
+            at = o + t * d - pad
+            if pad or (extent - 1) * s + (taps - 1) * d >= size:  # the window may leave the input
+                ok = ir.logical_and(ir.ge(at, 0), ir.lt(at, size))
+                inside = ok if inside is None else ir.logical_and(inside, ok)
+                at = ir.clamp(at, 0, size - 1)
+            offset = offset + at * stride
+        value = v.element(x.tensor, offset)
+        return value if inside is None else ir.select(inside, value, ir.const(0.0, value.dtype), guarded=True)
+
+    # a dense weight: k is the element's offset within its output channel
+    k_dense = tuple(ws[1:]) == dense_strides((g.cig, g.kd, g.kh, g.kw))
+
+    def b(bi: Expr, k: Expr, n: Expr) -> Expr:
+        if k_dense:
+            return v.element(w.tensor, (n * ws[0] + w.offset) + k)
+        c, tap = window(k)
+        offset = (n * ws[0] + w.offset) + c * ws[1]
+        for t, stride in zip(tap, ws[2:], strict=True):
+            offset = offset + t * stride
+        return v.element(w.tensor, offset)
+
+    def domain(bi: Expr, m: Expr, n: Expr) -> tuple[Index, Expr]:
+        img, out = pixel(m)
+        idx = [img, n, *out[3 - nsp :]]
+        return idx, v.lin(idx, match.domain)
+
+    def finish(acc: Expr, m: Expr, n: Expr) -> Expr:
+        return acc + ir.cast(v._substitute(v.at(bias, [n])), DType.F32) if bias else acc
+
+    def invariants(bi: Expr, m: Expr, n: Expr) -> list[Expr]:
+        image, origin = rows(m)
+        return [image, *origin, n * ws[0] + w.offset]
+
+    return TileGemm(
+        (), g.n * g.pixels, g.cout, g.kdim, a, b, domain, None, finish,
+        _operand_type(v, [x.tensor, w.tensor]), invariants, direct,
+    )  # fmt: skip
 
 
-def _tail(v: AnchorValues, name: str) -> tuple[str, list[onnx.NodeProto]]:
-    """(base, data-moving ops from base to `name`, in order): where an output's values come from."""
-    ops: list[onnx.NodeProto] = []
-    while name in v.producer:
-        node, _ = v.producer[name]
-        if node.op_type not in TAIL_OPS:
-            break
-        ops.append(node)
-        name = node.input[0]
-    return name, ops[::-1]
-
-
-def _forward(v: AnchorValues, idx: Index, ops: list[onnx.NodeProto]) -> Index:
-    """`idx` (an index of the first op's input) carried through the data-moving `ops`."""
-    for node in ops:
-        src, out = v.shape(node.input[0]), v.shape(node.output[0])
-        if node.op_type == "Transpose":
-            perm = list(attrs_of(node).get("perm") or range(len(src) - 1, -1, -1))  # type: ignore[call-overload]
-            idx = [idx[int(p)] for p in perm]
-        else:
-            idx = v.reshape_index(idx, src, out)
-    return idx
+def tile_gemm(match: AnchorMatch, v: AnchorValues) -> TileGemm:
+    """The match's contraction as a batched GEMM of tiles (`Unsupported` says why there is none)."""
+    return _gemm(v, match) if match.contraction is not None else _conv(v, match)
 
 
 def render_anchor(spec: KernelSpec, profile: HardwareProfile) -> RenderedKernel:
     """The Triton module of an anchor group: one tiled `tl.dot` function."""
-    v = AnchorValues(spec)
-    c = match_contraction(spec, v)
+    match = match_anchor(spec, float_types=FLOAT_TYPES)
+    if match.norm is not None or match.pool is not None:  # the planner forms neither for Triton
+        stage = "a closing LayerNormalization" if match.norm is not None else "a GlobalAveragePool prologue"
+        raise Unsupported(f"the Triton anchors do not render {stage}")
+    v = AnchorValues(spec, match)
+    c = tile_gemm(match, v)
     narrow = not profile.fp64
     kernel = Kernel(spec.symbol, tuple(v.params), (), (), spec.describe("tiled tl.dot, epilogue on the tile"))
     owner = KernelRenderer(kernel, persistent=is_ascend(profile), narrow_f64=narrow)
@@ -287,33 +277,23 @@ def render_anchor(spec: KernelSpec, profile: HardwareProfile) -> RenderedKernel:
     body.emit("rest = bid % (tiles_m * tiles_n)")
     body.emit("v_gm = (rest // tiles_n) * BM + tl.arange(0, BM)[:, None]")
     body.emit("v_gn = (rest % tiles_n) * BN + tl.arange(0, BN)[None, :]")
-    bvars: Index = []
-    for d, size in enumerate(c.batch):
-        stride = math.prod(c.batch[d + 1 :])
-        bvars.append(ir.var(f"b{d}"))
-        body.emit(f"v_b{d} = (v_bl // {stride}) % {size}" if d else f"v_b{d} = v_bl // {stride}")
+    bl = ir.var("bl")  # the flat batch entry
     body.emit("v_acc = tl.zeros([BM, BN], tl.float32)")
+    for invariant in c.invariants(bl, gm, gn):
+        fn.expr(invariant, body)
     if c.direct:
-        loop = _direct_loop(c, v, fn, body, bvars, gm, gn)
+        loop = _direct_loop(c, v, fn, body, bl, gm, gn)
     else:
-        loop = _dot_loop(c, v, fn, body, bvars, gm, gn, gka, gkb, profile)
+        loop = _dot_loop(c, v, fn, body, bl, gm, gn, gka, gkb, profile)
     body.lines.extend(loop.lines)
     # epilogue: every output at the tile's element
     fn.lane_shape = "[BM, BN]"
     tile = Block(body.indent, body, f"(v_gm < {c.m}) & (v_gn < {c.n})")
     tile.lines = body.lines
-    v.bind(c.y, c.y_index(bvars, gm, gn), c.finish(acc, bvars, gm, gn))
     v.new_scope()
-    y_shape = v.shape(c.y)
-    outputs = list(zip(spec.outputs, v.params[len(spec.inputs) :], strict=True))
-    for t, buf in outputs:
-        base, ops = _tail(v, t.name)
-        if math.prod(v.shape(base)) != math.prod(y_shape):
-            raise Unsupported(f"output {t.name} is not the contraction's result up to data movement")
-        idx = list(v.aliases[base]) if base in v.aliases else v.index_in(v.shape(base))
-        value = v._substitute(v.at(base, idx))
-        out_idx = _forward(v, idx, ops)
-        fn.stmt(Store(buf, v.lin(out_idx, v.shape(t.name)), value), tile)
+    v.y_value = v._substitute(c.finish(acc, gm, gn))
+    for buf, offset, value in _stores(spec, match, v, c, bl, gm, gn):
+        fn.stmt(Store(buf, offset, value), tile)
     args = owner.arg_names()
     lines = [
         "\n@triton.jit",
@@ -331,8 +311,32 @@ def render_anchor(spec: KernelSpec, profile: HardwareProfile) -> RenderedKernel:
     return RenderedKernel(spec.symbol, source, (launch,), kernel.params, tables, ())
 
 
+def _stores(
+    spec: KernelSpec, match: AnchorMatch, v: AnchorValues, c: TileGemm, bl: Expr, gm: Expr, gn: Expr
+) -> list[tuple[Buffer, Expr, Expr]]:
+    """(buffer, offset, value) of every kernel output at the tile's element: the anchor output and
+    the epilogue values at the element's linear index (views keep the order), the tail's output
+    where the contraction stores (its strides)."""
+    domain = match.domain
+    idx, linear = c.domain(bl, gm, gn)
+    flat = {match.anchor.output[0], *(n.output[0] for n in match.epilogue)}
+    out = []
+    for t, buf in zip(spec.outputs, v.params[len(spec.inputs) :], strict=True):
+        if match.tail is not None and t.name == match.tail.output:
+            assert c.dest is not None
+            name, offset = match.tail.value, c.dest(bl, gm, gn)
+        elif t.name in flat:
+            name, offset = t.name, linear
+        else:
+            raise Unsupported(f"output {t.name} is not a value of the anchor's epilogue")
+        shape = v.shape(name)
+        at = idx if tuple(shape) == tuple(domain) else v.reshape_index(idx, domain, shape)
+        out.append((buf, offset, v.resolve(name, at)))
+    return out
+
+
 def _operand(v: AnchorValues, fn: FunctionRenderer, loop: Block, expr: Expr, mask: str, shape: str) -> str:
-    """One operand element (resolved through the prologue), rendered into `loop` under `mask`."""
+    """One operand element, rendered into `loop` under `mask`."""
     v.new_scope()
     resolved = ir.cast(v._substitute(expr), DType.F32)
     fn.lane_shape = shape
@@ -341,7 +345,7 @@ def _operand(v: AnchorValues, fn: FunctionRenderer, loop: Block, expr: Expr, mas
     return fn.expr(resolved, block)
 
 
-def _dot_loop(c: Contraction, v: AnchorValues, fn: FunctionRenderer, body: Block, bvars: Index,
+def _dot_loop(c: TileGemm, v: AnchorValues, fn: FunctionRenderer, body: Block, bl: Expr,
               gm: Expr, gn: Expr, gka: Expr, gkb: Expr, profile: HardwareProfile) -> Block:  # fmt: skip
     body.emit(f"for v_k0 in range(0, {c.k}, BK):")
     loop = body.child()
@@ -349,23 +353,23 @@ def _dot_loop(c: Contraction, v: AnchorValues, fn: FunctionRenderer, body: Block
     loop.emit("v_gkb = v_k0 + tl.arange(0, BK)[:, None]")
     dot_type = {DType.F32: "tl.float32", DType.F16: "tl.float16", DType.BF16: "tl.bfloat16"}[c.operand_type]
     amask, bmask = f"(v_gm < {c.m}) & (v_gka < {c.k})", f"(v_gkb < {c.k}) & (v_gn < {c.n})"
-    a = _operand(v, fn, loop, c.a(bvars, gm, gka), amask, "[BM, BK]")
+    a = _operand(v, fn, loop, c.a(bl, gm, gka), amask, "[BM, BK]")
     loop.emit(f"op_a = tl.where({amask}, {a}, 0.0).to({dot_type})")
-    b = _operand(v, fn, loop, c.b(bvars, gkb, gn), bmask, "[BK, BN]")
+    b = _operand(v, fn, loop, c.b(bl, gkb, gn), bmask, "[BK, BN]")
     loop.emit(f"op_b = tl.where({bmask}, {b}, 0.0).to({dot_type})")
     precision = ', input_precision="ieee"' if c.operand_type is DType.F32 and not is_ascend(profile) else ""
     loop.emit(f"v_acc = tl.dot(op_a, op_b, v_acc{precision})")
     return loop
 
 
-def _direct_loop(c: Contraction, v: AnchorValues, fn: FunctionRenderer, body: Block, bvars: Index,
+def _direct_loop(c: TileGemm, v: AnchorValues, fn: FunctionRenderer, body: Block, bl: Expr,
                  gm: Expr, gn: Expr) -> Block:  # fmt: skip
     """K multiply-adds on the [BM, BN] tile, in k order (a grouped convolution)."""
     kd = ir.var("kd")
     body.emit(f"for v_kd in range(0, {c.k}):")
     loop = body.child()
     mask = f"(v_gm < {c.m}) & (v_gn < {c.n})"
-    a = _operand(v, fn, loop, c.a(bvars, gm, kd, gn), mask, "[BM, BN]")  # type: ignore[call-arg]
-    b = _operand(v, fn, loop, c.b(bvars, kd, gn), mask, "[BM, BN]")
+    a = _operand(v, fn, loop, c.a(bl, gm, kd, gn), mask, "[BM, BN]")
+    b = _operand(v, fn, loop, c.b(bl, kd, gn), mask, "[BM, BN]")
     loop.emit(f"v_acc = v_acc + tl.where({mask}, {a} * {b}, 0.0)")
     return loop

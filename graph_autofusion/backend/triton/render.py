@@ -17,9 +17,10 @@ a kernel becomes one `@triton.jit` function (one launch), shaped by what the nes
 On Ascend the grid may not exceed the AI cores, so functions are rendered *persistent*: program
 `p` of `P` walks the blocks `p, p + P, ...`; on CUDA each program takes one block.
 
-Values are rendered like the C renderer does (one local per distinct interned expression, in the
-block that first needs it). Loads are masked with the lane mask of their block; a *guarded* select
-evaluates each arm with its condition folded into that mask, so no out-of-range address is read.
+Values are rendered by the walk the C renderer shares (kernel_ir/visit.py: one local per distinct
+interned expression, in the block that first needs it). Loads are masked with the lane mask of
+their block; a *guarded* select evaluates each arm with its condition folded into that mask, so no
+out-of-range address is read.
 A `Fold` (pooling window, ArgMax, CumSum) becomes a scalar loop over the union of its lanes' ranges
 (bounds folded with `tl.min`/`tl.max` when they differ per lane), each lane masked to its own range.
 
@@ -31,35 +32,13 @@ runtime runs that kernel's nodes as host ops with the sentence as its reason.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import ClassVar
 
-import numpy as np
-
-from ...kernel_ir import (
-    Assign,
-    Binary,
-    Buffer,
-    Call,
-    Cast,
-    Const,
-    Declare,
-    DType,
-    Expr,
-    Fold,
-    If,
-    Kernel,
-    Let,
-    Load,
-    Loop,
-    Raw,
-    Select,
-    Stmt,
-    Store,
-    TensorAt,
-    Unary,
-    Var,
-)
-from ...kernel_ir.nodes import index as ir_index
+from ...kernel_ir import Buffer, DType, Expr, Kernel, Stmt
+from ...kernel_ir import nodes as ir
+from ...kernel_ir.visit import Block as BaseBlock
+from ...kernel_ir.visit import ExprVisitor, StmtVisitor, fold_identity
 from ...lower.values import Unsupported
 from .prelude import PRELUDE, UNARY
 
@@ -121,27 +100,14 @@ class RenderedKernel:
 
 
 @dataclass
-class Block:
-    """A list of source lines with its own memo scope and lane mask."""
+class Block(BaseBlock):
+    """Lines of Python source with their own memo scope and lane mask."""
 
-    indent: int
-    parent: Block | None = None
+    INDENT: ClassVar[str] = "    "
+
     mask: str | None = None  # the lane mask loads and stores of this block are predicated on
-    lines: list[str] = field(default_factory=list)
-    memo: dict[object, str] = field(default_factory=dict)
     scalar_mask: str | None = None  # the part of `mask` that is one truth value for all lanes
     lane_guard: bool = False  # `mask` holds a per-lane guard beyond the lanes' own bounds
-
-    def emit(self, line: str) -> None:
-        self.lines.append("    " * self.indent + line)
-
-    def lookup(self, key: object) -> str | None:
-        block: Block | None = self
-        while block is not None:
-            if key in block.memo:
-                return block.memo[key]
-            block = block.parent
-        return None
 
     def child(self, mask: str | None = None, indent: int = 1) -> Block:
         return Block(
@@ -169,13 +135,16 @@ def _float_text(value: float) -> str:
     return repr(float(value))
 
 
-class FunctionRenderer:
+class FunctionRenderer(ExprVisitor, StmtVisitor):
     """Renders one launch (one top-level nest) as a `@triton.jit` function."""
 
+    target = "Triton"
+    error = Unsupported
+
     def __init__(self, owner: KernelRenderer, name: str) -> None:
+        super().__init__()
         self.owner = owner
         self.name = name
-        self.counter = 0
         self.vec: dict[str, DType] = {}  # names that hold block-shaped values, with their type
         self.vec_vars: set[str] = set()  # IR variables bound to lanes
         self.lane_shape = "[BLOCK]"
@@ -186,16 +155,12 @@ class FunctionRenderer:
         self.full_lanes = False  # broadcast every address to the lane shape (2-D tiles of anchors)
 
     # -- naming -------------------------------------------------------------------------------------
-    def fresh(self, prefix: str = "t") -> str:
-        self.counter += 1
-        return f"{prefix}{self.counter}"
-
     def tl_type(self, dtype: DType) -> str:
         if dtype is DType.F64 and self.owner.narrow_f64:
             return "tl.float32"
         return TL_TYPES[dtype]
 
-    def var_name(self, v: Var) -> str:
+    def var_name(self, v: ir.Var) -> str:
         return self.lane_vars_of_loop.get(v.name, f"v_{v.name}")
 
     def is_vec(self, e: Expr) -> bool:
@@ -208,19 +173,19 @@ class FunctionRenderer:
         found = memo.get(e)  # keyed by the expression itself: it stays alive, its id is not reused
         if found is not None:
             return found
-        if isinstance(e, Var):
+        if isinstance(e, ir.Var):
             out = e.name in lanes
-        elif isinstance(e, Const | Raw):
+        elif isinstance(e, ir.Const | ir.Raw):
             out = False
-        elif isinstance(e, Load):
+        elif isinstance(e, ir.Load):
             out = self._is_vec(e.index, lanes, memo)
-        elif isinstance(e, Unary | Cast):
+        elif isinstance(e, ir.Unary | ir.Cast):
             out = self._is_vec(e.x, lanes, memo)
-        elif isinstance(e, Binary):
+        elif isinstance(e, ir.Binary):
             out = self._is_vec(e.a, lanes, memo) or self._is_vec(e.b, lanes, memo)
-        elif isinstance(e, Select):
+        elif isinstance(e, ir.Select):
             out = any(self._is_vec(x, lanes, memo) for x in (e.cond, e.a, e.b))
-        elif isinstance(e, Fold):
+        elif isinstance(e, ir.Fold):
             out = any(self._is_vec(x, lanes, memo) for x in (e.start, e.stop, e.value))
         else:
             out = False
@@ -228,24 +193,7 @@ class FunctionRenderer:
         return out
 
     # -- expressions --------------------------------------------------------------------------------
-    def expr(self, e: Expr, block: Block) -> str:
-        if isinstance(e, Const):
-            return self.const(e)
-        if isinstance(e, Var):
-            return self.var_name(e)
-        if isinstance(e, Raw):
-            raise Unsupported("target text (Raw) in the kernel IR has no Triton form")
-        if isinstance(e, TensorAt):
-            raise Unsupported(f"unresolved tensor read {e} reached the Triton renderer")
-        found = block.lookup(e)
-        if found is not None:
-            return found
-        if isinstance(e, Select) and e.guarded:
-            text = self.guarded(e, block)
-        elif isinstance(e, Fold):
-            text = self.fold(e, block)
-        else:
-            text = self.compute(e, block)
+    def bind(self, e: Expr, text: str, block: Block) -> str:
         name = self.fresh()
         block.emit(f"{name} = {text}")
         if self.is_vec(e):
@@ -253,12 +201,18 @@ class FunctionRenderer:
         block.memo[e] = name
         return name
 
-    def const(self, e: Const) -> str:
+    def expr_const(self, e: ir.Const, block: Block) -> str:
         if e.dtype.is_float:
             return _float_text(float(e.value))
         if e.dtype is DType.BOOL:
             return "True" if e.value else "False"
         return str(int(e.value))
+
+    def expr_var(self, e: ir.Var, block: Block) -> str:
+        return self.var_name(e)
+
+    def expr_raw(self, e: ir.Raw, block: Block) -> str:
+        raise Unsupported("target text (Raw) in the kernel IR has no Triton form")
 
     def typed_const(self, value: float | int, dtype: DType) -> str:
         text = _float_text(float(value)) if dtype.is_float else str(int(value))
@@ -268,11 +222,11 @@ class FunctionRenderer:
 
     def tensor(self, e: Expr, block: Block) -> str:
         """`e` as a Triton tensor (a bare literal has no `.to` or dtype)."""
-        if isinstance(e, Const):
+        if isinstance(e, ir.Const):
             return self.typed_const(e.value, e.dtype)
         return self.expr(e, block)
 
-    def load(self, e: Load, block: Block) -> str:
+    def expr_load(self, e: ir.Load, block: Block) -> str:
         buf = e.buffer
         ptr = self.owner.pointer(buf)
         base = self.bases.get(buf.name)
@@ -295,24 +249,19 @@ class FunctionRenderer:
             raise Unsupported("fp64 tensors on a target without fp64")
         return text
 
-    def compute(self, e: Expr, block: Block) -> str:
-        if isinstance(e, Load):
-            return self.load(e, block)
-        if isinstance(e, Cast):
-            if e.dtype is DType.BOOL:
-                return f"({self.expr(e.x, block)} != 0)"
-            if isinstance(e.x, Const):
-                return self.typed_const(e.x.value, e.dtype)
-            return f"{self.tensor(e.x, block)}.to({self.tl_type(e.dtype)})"
-        if isinstance(e, Select):
-            return f"tl.where({self.expr(e.cond, block)}, {self.expr(e.a, block)}, {self.expr(e.b, block)})"
-        if isinstance(e, Unary):
-            return self.unary(e, block)
-        if isinstance(e, Binary):
-            return self.binary(e, block)
-        raise Unsupported(f"the Triton renderer has no rule for {type(e).__name__}")
+    def expr_cast(self, e: ir.Cast, block: Block) -> str:
+        if e.dtype is DType.BOOL:
+            return f"({self.expr(e.x, block)} != 0)"
+        if isinstance(e.x, ir.Const):
+            return self.typed_const(e.x.value, e.dtype)
+        return f"{self.tensor(e.x, block)}.to({self.tl_type(e.dtype)})"
 
-    def unary(self, e: Unary, block: Block) -> str:
+    def expr_select(self, e: ir.Select, block: Block) -> str:
+        if e.guarded:
+            return self.guarded(e, block)
+        return f"tl.where({self.expr(e.cond, block)}, {self.expr(e.a, block)}, {self.expr(e.b, block)})"
+
+    def expr_unary(self, e: ir.Unary, block: Block) -> str:
         dtype = e.x.dtype
         if e.op == "neg":
             return f"(-{self.tensor(e.x, block)})"
@@ -337,7 +286,7 @@ class FunctionRenderer:
             raise Unsupported(f"unary {e.op} has no Triton form")
         return template.format(x=self.tensor(e.x, block))
 
-    def binary(self, e: Binary, block: Block) -> str:
+    def expr_binary(self, e: ir.Binary, block: Block) -> str:
         dtype = e.a.dtype
         a, b = self.expr(e.a, block), self.expr(e.b, block)
         if e.op in _INFIX:
@@ -352,12 +301,12 @@ class FunctionRenderer:
             return f"_af_pow({self.tensor(e.a, block)}, {self.tensor(e.b, block)})"
         if e.op in ("max", "min"):
             fn = "tl.maximum" if e.op == "max" else "tl.minimum"
-            if isinstance(e.a, Const) and isinstance(e.b, Const):
+            if isinstance(e.a, ir.Const) and isinstance(e.b, ir.Const):
                 return f"{fn}({self.tensor(e.a, block)}, {b})"
             return f"{fn}({a}, {b})"
         raise Unsupported(f"binary {e.op} has no Triton form")
 
-    def guarded(self, e: Select, block: Block) -> str:
+    def guarded(self, e: ir.Select, block: Block) -> str:
         cond = self.expr(e.cond, block)
         arms = []
         for arm, guard in ((e.a, cond), (e.b, f"({cond} == 0)")):
@@ -375,7 +324,7 @@ class FunctionRenderer:
             arms.append(self.expr(arm, child))
         return f"tl.where({cond}, {arms[0]}, {arms[1]})"
 
-    def fold(self, e: Fold, block: Block) -> str:
+    def expr_fold(self, e: ir.Fold, block: Block) -> str:
         vec = self.is_vec(e)
         shape = self.lane_shape if vec else "[]"
         value_type = self.tl_type(e.value.dtype)
@@ -401,7 +350,7 @@ class FunctionRenderer:
             if vec:
                 self.vec[best] = e.value.dtype
         else:
-            ident = _fold_identity(e.op, e.value.dtype)
+            ident = fold_identity(e.op, e.value.dtype)
             block.emit(f"{acc} = tl.full({shape}, {_ident_text(ident, e.value.dtype)}, {value_type})")
         if e.step == 1:
             block.emit(f"for {fv} in range({lo}, {hi}):")
@@ -434,63 +383,56 @@ class FunctionRenderer:
         else:
             combined = _COMBINE[e.op].format(a=acc, b=x)
             body.emit(f"{acc} = tl.where({act}, {combined}, {acc})" if act else f"{acc} = {combined}")
-        block.lines.extend(body.lines)
+        block.extend(body)
         if vec:
             self.vec[acc] = e.dtype
         return acc
 
     # -- statements ---------------------------------------------------------------------------------
-    def stmts(self, body: tuple[Stmt, ...], block: Block) -> None:
-        for s in body:
-            self.stmt(s, block)
+    def stmt_let(self, s: ir.Let, block: Block) -> None:
+        value = self.expr(s.value, block)
+        name = self.var_name(s.var)
+        block.emit(f"{name} = {value}")
+        if self.is_vec(s.value):
+            self.vec_vars.add(s.var.name)
+            self.vec[name] = s.var.dtype
 
-    def stmt(self, s: Stmt, block: Block) -> None:
-        if isinstance(s, Let):
-            value = self.expr(s.value, block)
-            name = self.var_name(s.var)
-            block.emit(f"{name} = {value}")
-            if self.is_vec(s.value):
-                self.vec_vars.add(s.var.name)
-                self.vec[name] = s.var.dtype
-        elif isinstance(s, Declare):
-            init = s.init
-            text = self.typed_const(init.value, s.var.dtype) if isinstance(init, Const) else (
-                f"{self.tensor(init, block)}.to({self.tl_type(s.var.dtype)})")  # fmt: skip
-            block.emit(f"{self.var_name(s.var)} = {text}")
-        elif isinstance(s, Assign):
-            if s.var.name in self.lane_vars_of_loop:
-                lanes = self.lane_vars_of_loop[s.var.name]
-                value = self.tensor(s.value, block)
-                block.emit(f"{lanes} = tl.where({block.mask}, {value}, {lanes})")
-                return
-            if self.is_vec(s.value):
-                raise Unsupported(f"{s.var.name} is assigned a per-lane value outside a reduction")
+    def stmt_declare(self, s: ir.Declare, block: Block) -> None:
+        init = s.init
+        text = self.typed_const(init.value, s.var.dtype) if isinstance(init, ir.Const) else (
+            f"{self.tensor(init, block)}.to({self.tl_type(s.var.dtype)})")  # fmt: skip
+        block.emit(f"{self.var_name(s.var)} = {text}")
+
+    def stmt_assign(self, s: ir.Assign, block: Block) -> None:
+        if s.var.name in self.lane_vars_of_loop:
+            lanes = self.lane_vars_of_loop[s.var.name]
             value = self.tensor(s.value, block)
-            block.emit(f"{self.var_name(s.var)} = {value}.to({self.tl_type(s.var.dtype)})")
-        elif isinstance(s, Store):
-            self.store(s, block)
-        elif isinstance(s, Loop):
-            self.loop(s, block)
-        elif isinstance(s, If):
-            if self.is_vec(s.cond):
-                raise Unsupported("a per-lane if statement")
-            block.emit(f"if {self.expr(s.cond, block)}:")
-            then = block.child()
-            then.emit("pass")
-            self.stmts(s.then, then)
-            block.lines.extend(then.lines)
-            if s.otherwise:
-                block.emit("else:")
-                other = block.child()
-                other.emit("pass")
-                self.stmts(s.otherwise, other)
-                block.lines.extend(other.lines)
-        elif isinstance(s, Call):
-            raise Unsupported(f"a call of {s.function} (a contraction micro-kernel) in the kernel IR")
-        else:
-            raise Unsupported(f"the Triton renderer has no rule for {type(s).__name__}")
+            block.emit(f"{lanes} = tl.where({block.mask}, {value}, {lanes})")
+            return
+        if self.is_vec(s.value):
+            raise Unsupported(f"{s.var.name} is assigned a per-lane value outside a reduction")
+        value = self.tensor(s.value, block)
+        block.emit(f"{self.var_name(s.var)} = {value}.to({self.tl_type(s.var.dtype)})")
 
-    def store(self, s: Store, block: Block) -> None:
+    def stmt_if(self, s: ir.If, block: Block) -> None:
+        if self.is_vec(s.cond):
+            raise Unsupported("a per-lane if statement")
+        block.emit(f"if {self.expr(s.cond, block)}:")
+        then = block.child()
+        then.emit("pass")
+        self.stmts(s.then, then)
+        block.extend(then)
+        if s.otherwise:
+            block.emit("else:")
+            other = block.child()
+            other.emit("pass")
+            self.stmts(s.otherwise, other)
+            block.extend(other)
+
+    def stmt_call(self, s: ir.Call, block: Block) -> None:
+        raise Unsupported(f"a call of {s.function} (a contraction micro-kernel) in the kernel IR")
+
+    def stmt_store(self, s: ir.Store, block: Block) -> None:
         buf = s.buffer
         value = self.tensor(s.value, block)
         if buf.dtype is DType.BOOL:
@@ -516,7 +458,7 @@ class FunctionRenderer:
             addr = f"{addr} + tl.zeros({self.lane_shape}, tl.int64)"
         block.emit(f"tl.store({addr}, {value}, mask={mask})" if mask else f"tl.store({addr}, {value})")
 
-    def loop(self, s: Loop, block: Block) -> None:
+    def stmt_loop(self, s: ir.Loop, block: Block) -> None:
         if s.scratch:
             raise Unsupported("per-thread scratch below the outermost loop")
         if s.vector:
@@ -541,17 +483,17 @@ class FunctionRenderer:
             block.emit(f"for {v} in range({start}, {stop}, {s.step}):")
             body = block.child()
             self.stmts(s.body, body)
-        block.lines.extend(body.lines)
+        block.extend(body)
 
-    def vector_loop(self, s: Loop, block: Block) -> None:
+    def vector_loop(self, s: ir.Loop, block: Block) -> None:
         if self.vec_vars or self.lane_vars_of_loop:
             raise Unsupported("nested vector loops")
         if s.step != 1:
             raise Unsupported("a strided vector loop")
         start, stop = _as_expr(s.start), _as_expr(s.stop)
-        if isinstance(start, Var) and isinstance(stop, Var) and self.uses_rblock:
+        if isinstance(start, ir.Var) and isinstance(stop, ir.Var) and self.uses_rblock:
             width = "RBLOCK"
-        elif isinstance(start, Const) and isinstance(stop, Const):
+        elif isinstance(start, ir.Const) and isinstance(stop, ir.Const):
             n = int(stop.value) - int(start.value)
             width = str(max(1, 1 << max(0, (n - 1).bit_length())))
         else:
@@ -566,10 +508,10 @@ class FunctionRenderer:
         self.lane_shape = f"[{width}]"
         self.vec_vars.add(s.var.name)
         self.vec[v] = DType.I64
-        lanes: dict[str, tuple[str, Var]] = {}
+        lanes: dict[str, tuple[str, ir.Var]] = {}
         for op, var in s.reductions:
             name = self.fresh("lanes")
-            ident = _fold_identity(op, var.dtype)
+            ident = fold_identity(op, var.dtype)
             body.emit(
                 f"{name} = tl.full([{width}], {_ident_text(ident, var.dtype)}, {self.tl_type(var.dtype)})"
             )
@@ -584,7 +526,7 @@ class FunctionRenderer:
             body.emit(f"{total} = {_COMBINE[op].format(a=total, b=folded)}.to({self.tl_type(var.dtype)})")
         self.vec_vars = saved_vars
         self.lane_shape = saved
-        block.lines.extend(body.lines)
+        block.extend(body)
 
     def lane_bytes(self) -> int:
         total = 0
@@ -597,35 +539,22 @@ class FunctionRenderer:
 
 
 def _as_expr(value: int | Expr) -> Expr:
-    return ir_index(value)
+    return ir.index(value)
 
 
-def _chunk_of(s: Loop) -> Let | None:
+def _chunk_of(s: ir.Loop) -> ir.Let | None:
     """The `je = min(jb + B, n)` let that opens a chunked row loop (`for jb < n step B`)."""
-    if not s.body or not isinstance(s.body[0], Let):
+    if not s.body or not isinstance(s.body[0], ir.Let):
         return None
     let = s.body[0]
     v = let.value
-    if not (isinstance(v, Binary) and v.op == "min" and isinstance(v.a, Binary) and v.a.op == "add"):
+    if not (isinstance(v, ir.Binary) and v.op == "min" and isinstance(v.a, ir.Binary) and v.a.op == "add"):
         return None
-    if v.a.a is not s.var or not (isinstance(v.a.b, Const) and v.a.b.value == s.step):
+    if v.a.a is not s.var or not (isinstance(v.a.b, ir.Const) and v.a.b.value == s.step):
         return None
     if v.b is not _as_expr(s.stop):
         return None
     return let
-
-
-def _fold_identity(op: str, dtype: DType) -> float | int:
-    if op == "sum":
-        return 0
-    if op == "prod":
-        return 1
-    if dtype.is_float:
-        return -math.inf if op == "max" else math.inf
-    if dtype is DType.BOOL:
-        return 0 if op == "max" else 1
-    info = np.iinfo(dtype.numpy)
-    return int(info.min if op == "max" else info.max)
 
 
 def _ident_text(value: float | int, dtype: DType) -> str:
@@ -671,7 +600,7 @@ class KernelRenderer:
         pending: list[Stmt] = []
         for s in self.kernel.body:
             pending.append(s)
-            if isinstance(s, Loop):
+            if isinstance(s, ir.Loop):
                 units.append(tuple(pending))
                 pending = []
         if pending:
@@ -683,7 +612,7 @@ class KernelRenderer:
         for k, unit in enumerate(self.units()):
             fn = FunctionRenderer(self, f"{self.kernel.name}_{k}")
             for s in unit:
-                if isinstance(s, Loop):
+                if isinstance(s, ir.Loop):
                     for b in s.scratch:
                         self.scratch.setdefault(b.name, (b, _extent(s)))
                         self.names.setdefault(b.name, f"s_{b.name}")
@@ -717,14 +646,14 @@ class KernelRenderer:
         )
 
     def unit(self, fn: FunctionRenderer, unit: tuple[Stmt, ...], body: Block) -> tuple[str, int]:
-        loop = unit[-1] if isinstance(unit[-1], Loop) else None
+        loop = unit[-1] if isinstance(unit[-1], ir.Loop) else None
         head = unit[:-1] if loop is not None else unit
         if loop is None:  # statements outside any loop: one program
             body.emit("if bid == 0:")
             inner = body.child()
             inner.emit("pass")
             fn.stmts(head, inner)
-            body.lines.extend(inner.lines)
+            body.extend(inner)
             return "scalar", 1
         flat = _flat_shape(loop, head)
         if flat is not None:
@@ -741,7 +670,7 @@ class KernelRenderer:
         fn.stmts(loop.body, body)
         return "row", int(loop.stop)
 
-    def flat(self, fn: FunctionRenderer, loop: Loop, head: tuple[Stmt, ...], body: Block,
+    def flat(self, fn: FunctionRenderer, loop: ir.Loop, head: tuple[Stmt, ...], body: Block,
              total: int, inner: int) -> None:  # fmt: skip
         lanes = "f"
         body.emit(f"{lanes} = bid * BLOCK + tl.arange(0, BLOCK)")
@@ -751,7 +680,7 @@ class KernelRenderer:
             row = loop
             outer_var = None
         else:
-            row = next(s for s in loop.body if isinstance(s, Loop))
+            row = next(s for s in loop.body if isinstance(s, ir.Loop))
             outer_var = loop.var
         if outer_var is not None:
             body.emit(f"{fn.var_name(outer_var)} = {lanes} // {inner}")
@@ -765,31 +694,31 @@ class KernelRenderer:
         fn.stmts(row.body, body)
 
 
-def _extent(loop: Loop) -> int:
+def _extent(loop: ir.Loop) -> int:
     return int(loop.stop) if isinstance(loop.stop, int) else 1
 
 
-def _flat_shape(loop: Loop, head: tuple[Stmt, ...]) -> tuple[int, int] | None:
+def _flat_shape(loop: ir.Loop, head: tuple[Stmt, ...]) -> tuple[int, int] | None:
     """(points, inner extent) when `loop` (after `head`) is a pointwise nest that flattens."""
     if not isinstance(loop.stop, int) or loop.start != 0 or loop.step != 1 or loop.scratch:
         return None
     if loop.vector and not loop.reductions:
-        if any(isinstance(s, Loop) for s in loop.body):
+        if any(isinstance(s, ir.Loop) for s in loop.body):
             return None
         return int(loop.stop), int(loop.stop)
     if head:
         return None
-    inner = [s for s in loop.body if isinstance(s, Loop)]
+    inner = [s for s in loop.body if isinstance(s, ir.Loop)]
     if (
         len(inner) != 1
         or loop.body[-1] is not inner[0]
-        or not all(isinstance(s, Let) for s in loop.body[:-1])
+        or not all(isinstance(s, ir.Let) for s in loop.body[:-1])
     ):
         return None
     row = inner[0]
     if not (row.vector and not row.reductions and not row.scratch and isinstance(row.stop, int)):
         return None
-    if row.start != 0 or row.step != 1 or any(isinstance(s, Loop) for s in row.body):
+    if row.start != 0 or row.step != 1 or any(isinstance(s, ir.Loop) for s in row.body):
         return None
     return int(loop.stop) * int(row.stop), int(row.stop)
 

@@ -5,11 +5,13 @@
     compiled.stats["host_ops"], compiled.artifacts()
 
 The execution plan is the CPU runtime's (backend/cpu/extract.py): views alias, kernels launch,
-host ops run through the CPU backend's host-op path. Each kernel is lowered to the kernel IR (or
-matched as an anchor, anchor.py), rendered as a Triton module, written under the cache by the
-digest of its text and imported from there (Triton reads a jit function's source from its file),
-so identical kernels are rendered and compiled once. A kernel the renderer declines runs as a host
-op with code `codegen_unsupported` and the renderer's sentence — listed, never silent.
+host ops run through the CPU backend's host-op path; the walk around the kernels (host-op
+fallbacks, the stats every report has, input checks) is backend/steps.py's, shared with it. Each
+kernel is lowered to the kernel IR (or rendered from its anchor match, anchor.py) as a Triton
+module, written under the cache by the digest of its text and imported from there (Triton reads
+a jit function's source from its file), so identical kernels are rendered and compiled once. A
+kernel the renderer declines runs as a host op with code `codegen_unsupported` and the
+renderer's sentence — listed, never silent.
 
 Where it runs: with `TRITON_INTERPRET=1` in the Triton CPU interpreter on CPU torch tensors;
 otherwise on the target's device (`cuda`; `npu` through torch_npu for `ascend910`).
@@ -33,14 +35,21 @@ from typing import Any
 import numpy as np
 import onnx
 
-from ...errors import RuntimeInputError, UnsupportedModelError
+from ...errors import UnsupportedModelError
 from ...hardware import HardwareProfile, get_profile
 from ...kernel_ir import DType
 from ...lower.values import Unsupported
 from ..cpu.extract import ExecutionPlan, HostStep, KernelStep, ViewStep, extract
-from ..cpu.hostops import HostOp, host_op_entry
+from ..cpu.hostops import HostOp
 from ..cpu.kernel_spec import KernelSpec
-from ..cpu.runtime import check_inputs, refuse_object_tensors, with_host_fallbacks
+from ..steps import (
+    PlannedModel,
+    check_inputs,
+    host_shape_error,
+    plan_stats,
+    refuse_object_tensors,
+    resolve_steps,
+)
 from .ahead import compile_ahead
 from .blocks import LaunchConfig, check_ascend, configure, is_ascend
 from .chains import expand_steps, split_chain
@@ -229,7 +238,7 @@ def _build_chain(
     del declined[spec.symbol]
 
 
-class TritonCompiledModel:
+class TritonCompiledModel(PlannedModel):
     """A model whose kernels are Triton functions: call it with numpy inputs (docs/targets.md)."""
 
     def __init__(
@@ -252,10 +261,7 @@ class TritonCompiledModel:
         self.declined = dict(declined)
         self._torch = _torch()
         self._lock = threading.Lock()
-        known = {s.symbol: "kernel not available" for s in plan.steps if isinstance(s, KernelStep)}
-        self._steps = with_host_fallbacks(
-            plan.steps, {k: self.declined.get(k, v) for k, v in known.items() if k not in self.kernels}
-        )
+        self._steps = resolve_steps(plan, self.kernels, self.declined)
         self._weights = {n: self._to_device(v) for n, v in plan.initializers.items()}
         self._tables: dict[str, list[Any]] = {
             s: [self._to_device(np.asarray(v)) for _, v in k.rendered.constants]
@@ -290,9 +296,6 @@ class TritonCompiledModel:
         return torch.empty(info.shape, dtype=dtype, device=self.device)
 
     # -- running ------------------------------------------------------------------------------
-    def __call__(self, inputs: Mapping[str, Any] | Sequence[Any] | np.ndarray) -> dict[str, np.ndarray]:
-        return self.run(inputs)
-
     def run(self, inputs: Mapping[str, Any] | Sequence[Any] | np.ndarray) -> dict[str, np.ndarray]:
         """Run the model: inputs by name (dict) or position; outputs by name, in model order."""
         feeds = check_inputs(self.plan.inputs, inputs)
@@ -317,11 +320,7 @@ class TritonCompiledModel:
         for name, result in zip(op.output_names, op(arrays), strict=True):
             info = self.plan.tensors[name]
             if tuple(result.shape) != tuple(info.shape):
-                raise RuntimeInputError(
-                    f"host op {op.node.op_type} ({op.node.name!r}) produced shape {result.shape}, "
-                    f"but the model declares {info.shape}",
-                    code="dynamic_shape_mismatch",
-                )
+                raise host_shape_error(op, result.shape, info.shape)
             values[name] = self._to_device(np.asarray(result, dtype=info.dtype))
 
     def _launch(self, step: KernelStep, values: dict[str, Any]) -> None:
@@ -360,32 +359,12 @@ class TritonCompiledModel:
 
     # -- reports ------------------------------------------------------------------------------
     def _stats(self) -> dict[str, Any]:
-        per_kernel = []
-        for step in self._steps:
-            if isinstance(step, KernelStep):
-                k = self.kernels[step.symbol]
-                spec = self.plan.specs[step.symbol]
-                per_kernel.append(
-                    {
-                        "node": step.node_name,
-                        "symbol": step.symbol,
-                        "template": k.template,
-                        "pattern": spec.pattern,
-                        "ops": len(spec.nodes),
-                        "digest": k.digest,
-                        "launches": len(k.configs),
-                    }
-                )
-        return {
-            "target": self.target,
-            "mode": self.mode,
-            "profile": self.profile.name,
-            "kernels": len(per_kernel),
-            "unique_kernels": len({k["symbol"] for k in per_kernel}),
-            "host_ops": [host_op_entry(s) for s in self._steps if isinstance(s, HostStep)],
-            "views": sum(1 for s in self._steps if isinstance(s, ViewStep)),
-            "per_kernel": per_kernel,
-        }
+        def extra(step: KernelStep) -> dict[str, Any]:
+            k = self.kernels[step.symbol]
+            return {"digest": k.digest, "launches": len(k.configs)}
+
+        common = plan_stats(self.plan, self._steps, lambda s: self.kernels[s].template, extra)
+        return {"target": self.target, "mode": self.mode, "profile": self.profile.name, **common}
 
     def artifacts(self) -> list[dict[str, Any]]:
         """One record per unique kernel: its source, launches and (on a device) binaries."""
@@ -454,14 +433,6 @@ class TritonCompiledModel:
         }
         (root / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str), encoding="utf-8")
         return root
-
-    @property
-    def input_names(self) -> list[str]:
-        return [t.name for t in self.plan.inputs]
-
-    @property
-    def output_names(self) -> list[str]:
-        return [t.name for t in self.plan.outputs]
 
 
 _TORCH_DTYPES = {

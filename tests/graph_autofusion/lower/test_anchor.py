@@ -3,75 +3,20 @@ epilogue loop nest; and the rendered kernels computing what numpy computes."""
 
 from __future__ import annotations
 
-import ctypes
 import math
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-import onnx
+from lowered_kernels import anchor_spec, calls, check_strided_operand_matmul, run, strided_operand_matmul
 from onnx import helper
 
-from graph_autofusion.backend.cpu.blas import BLAS_PREAMBLE
-from graph_autofusion.backend.cpu.cache import KernelCache
-from graph_autofusion.backend.cpu.compiler import KernelSource, compile_kernels
-from graph_autofusion.backend.cpu.kernel_spec import KernelSpec, TensorInfo
-from graph_autofusion.backend.cpu.render_c import WORKSPACE_SUFFIX, render_kernel
-from graph_autofusion.kernel_ir import Call, Kernel, Loop, format_kernel
+from graph_autofusion.backend.cpu.render_c import render_kernel
+from graph_autofusion.kernel_ir import Loop, format_kernel
 from graph_autofusion.lower.anchor import CONTRACTION_ROUTINE, lower_anchor, method_of
-from graph_autofusion.plan.anchor_match import MatrixView, match_anchor
-
-F = onnx.TensorProto.FLOAT
-
-
-def _spec(nodes, inputs, outputs, inner=None, constants=None, symbol="k") -> KernelSpec:
-    shapes = {**inputs, **outputs, **(inner or {})}
-    tensors = {n: TensorInfo(n, tuple(s), F) for n, s in shapes.items()}
-    for name, value in (constants or {}).items():
-        tensors[name] = TensorInfo(name, value.shape, onnx.helper.np_dtype_to_tensor_dtype(value.dtype))
-    return KernelSpec(
-        symbol=symbol,
-        template="anchor",
-        nodes=tuple(nodes),
-        inputs=tuple(tensors[n] for n in inputs),
-        outputs=tuple(tensors[n] for n in outputs),
-        tensors=tensors,
-        constants=constants or {},
-    )
-
-
-def _calls(body) -> list[Call]:
-    found = []
-    for s in body:
-        if isinstance(s, Call):
-            found.append(s)
-        elif isinstance(s, Loop):
-            found += _calls(s.body)
-    return found
-
-
-def _run(kernel: Kernel, inputs: list[np.ndarray], tmp_path: Path) -> list[np.ndarray]:
-    """Render, compile with the project's driver, call with a workspace when the kernel takes one."""
-    source = BLAS_PREAMBLE + render_kernel(kernel)
-    (art,) = compile_kernels([KernelSource(kernel.name, source, uses_blas=True)], cache=KernelCache(tmp_path))
-    lib = art.load()
-    fn = getattr(lib, kernel.name)
-    fn.restype, fn.argtypes = None, [ctypes.c_void_p]
-    ins = [np.ascontiguousarray(x, dtype=np.float32) for x in inputs]
-    outs = [np.full(b.size, np.nan, np.float32) for b in kernel.params[len(ins) :]]
-    ptrs = [a.ctypes.data for a in (*ins, *outs)]
-    workspace = None
-    if f"{kernel.name}{WORKSPACE_SUFFIX}" in source:
-        slice_bytes = ctypes.c_int64.in_dll(lib, f"{kernel.name}{WORKSPACE_SUFFIX}").value
-        threads = 8
-        workspace = np.zeros(slice_bytes * threads, np.uint8)
-        ptrs += [workspace.ctypes.data, threads]
-    fn((ctypes.c_void_p * len(ptrs))(*ptrs))
-    return outs
 
 
 def test_tiles_are_dynamic_parallel_tasks_with_one_contraction_call_and_a_vector_epilogue() -> None:
-    spec = _spec(
+    spec = anchor_spec(
         [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Add", ["y", "b"], ["z"]),
          helper.make_node("Relu", ["z"], ["o"])],
         {"x": (160, 64), "w": (64, 300), "b": (300,)},
@@ -81,7 +26,7 @@ def test_tiles_are_dynamic_parallel_tasks_with_one_contraction_call_and_a_vector
     kernel = lower_anchor(spec)
     (loop,) = kernel.body
     assert isinstance(loop, Loop) and loop.parallel and loop.dynamic and loop.stop == 4  # 2 x 2 tiles
-    (call,) = _calls(kernel.body)
+    (call,) = calls(kernel.body)
     assert call.function == CONTRACTION_ROUTINE
     text = format_kernel(kernel)
     assert "for task < 4 parallel dynamic:" in text
@@ -91,70 +36,53 @@ def test_tiles_are_dynamic_parallel_tasks_with_one_contraction_call_and_a_vector
 
 
 def test_small_products_stay_on_the_calling_thread() -> None:
-    spec = _spec([helper.make_node("MatMul", ["x", "w"], ["o"])], {"x": (4, 8), "w": (8, 3)}, {"o": (4, 3)})
+    spec = anchor_spec(
+        [helper.make_node("MatMul", ["x", "w"], ["o"])], {"x": (4, 8), "w": (8, 3)}, {"o": (4, 3)}
+    )
     kernel = lower_anchor(spec)
     (loop,) = kernel.body
     assert not loop.parallel and not loop.dynamic
-    assert len(_calls(kernel.body)) == 1
+    assert len(calls(kernel.body)) == 1
     assert "for r" not in format_kernel(kernel)  # the product is the output: no epilogue at all
 
 
 def test_batched_broadcast_matmul_with_gemm_addend_runs_like_numpy(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
-    spec = _spec(
+    spec = anchor_spec(
         [helper.make_node("MatMul", ["a", "b"], ["y"]), helper.make_node("Mul", ["y", "s"], ["o"])],
         {"a": (2, 1, 24, 16), "b": (3, 16, 40), "s": (40,)},
         {"o": (2, 3, 24, 40)},
         {"y": (2, 3, 24, 40)},
     )
     a, b, s = rng.standard_normal((2, 1, 24, 16)), rng.standard_normal((3, 16, 40)), rng.standard_normal(40)
-    (got,) = _run(lower_anchor(spec), [a, b, s], tmp_path)
+    (got,) = run(lower_anchor(spec), [a, b, s], tmp_path)
     np.testing.assert_allclose(got.reshape(2, 3, 24, 40), np.matmul(a, b) * s, rtol=1e-5, atol=1e-4)
 
-    gemm = _spec(
+    gemm = anchor_spec(
         [helper.make_node("Gemm", ["x", "w", "c"], ["o"], alpha=0.5, beta=2.0, transA=1)],
         {"x": (9, 33), "w": (9, 70), "c": (33, 1)},
         {"o": (33, 70)},
         symbol="g",
     )
     x, w, c = rng.standard_normal((9, 33)), rng.standard_normal((9, 70)), rng.standard_normal((33, 1))
-    (got,) = _run(lower_anchor(gemm), [x, w, c], tmp_path)
+    (got,) = run(lower_anchor(gemm), [x, w, c], tmp_path)
     np.testing.assert_allclose(got.reshape(33, 70), 0.5 * x.T @ w + 2.0 * c, rtol=1e-5, atol=1e-4)
 
 
 def test_operand_blas_cannot_address_is_packed_into_the_workspace(tmp_path: Path) -> None:
     """A view with no unit-stride axis (which the planner does not form today) is copied, a tile
     at a time, into the thread's workspace slice: scratch of the task loop, never malloc."""
-    rng = np.random.default_rng(1)
-    bsz, m, k, n = 3, 40, 16, 48
-    spec = _spec(
-        [helper.make_node("MatMul", ["at", "w"], ["o"])], {"at": (bsz, m, k), "w": (k, n)}, {"o": (bsz, m, n)}
-    )
-    match = match_anchor(spec)
-    p = match.contraction
-    assert p is not None
-    # Read `at`'s buffer as the [M, K, B] array a, transposed to [B, M, K]: strides (1, K*B, B),
-    # one GEMM per batch entry (the shared weights would otherwise fold the batch into M).
-    strided = MatrixView("at", 0, m, k, k * bsz, bsz, (1,))
-    b_shared = replace(p.b, batch_strides=(0,))
-    contraction = replace(p, batch=(bsz,), m=m, a=strided, b=b_shared, c_batch_strides=(m * n,))
-    match = replace(match, contraction=contraction)
-    kernel = lower_anchor(spec, match)
+    kernel = strided_operand_matmul()
     text = format_kernel(kernel)
     assert "scratch pa: f32" in text and method_of(kernel) == "batched_gemm_packed"
     assert "malloc" not in render_kernel(kernel).split("void k(", 1)[1]
-    a = rng.standard_normal((m, k, bsz)).astype(np.float32)
-    w = rng.standard_normal((k, n)).astype(np.float32)
-    (got,) = _run(kernel, [a, w], tmp_path)
-    np.testing.assert_allclose(
-        got.reshape(bsz, m, n), np.matmul(a.transpose(2, 0, 1), w), rtol=1e-5, atol=1e-4
-    )
+    check_strided_operand_matmul(kernel, tmp_path, seed=1, rtol=1e-5)
 
 
 def test_output_transpose_is_the_destination_layout(tmp_path: Path) -> None:
     rng = np.random.default_rng(2)
     b, h, s, d = 2, 3, 8, 4
-    spec = _spec(
+    spec = anchor_spec(
         [
             helper.make_node("MatMul", ["p", "v"], ["ctx"]),
             helper.make_node("Add", ["ctx", "bias"], ["cb"]),
@@ -165,10 +93,10 @@ def test_output_transpose_is_the_destination_layout(tmp_path: Path) -> None:
         {"ctx": (b, h, s, d), "cb": (b, h, s, d)},
     )
     kernel = lower_anchor(spec)
-    (call,) = _calls(kernel.body)
+    (call,) = calls(kernel.body)
     assert str(call.args[-1]) == str(h * d)  # ldc: a head's rows are H*D apart in [B, S, H, D]
     pv = [rng.standard_normal(x) for x in ((b, h, s, s), (b, h, s, d), (d,))]
-    (got,) = _run(kernel, pv, tmp_path)
+    (got,) = run(kernel, pv, tmp_path)
     want = (np.matmul(pv[0], pv[1]) + pv[2]).transpose(0, 2, 1, 3)
     np.testing.assert_allclose(got.reshape(b, s, h, d), want, rtol=1e-5, atol=1e-4)
     assert math.prod(want.shape) == got.size

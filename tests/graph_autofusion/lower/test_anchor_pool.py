@@ -9,9 +9,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from lowered_kernels import run
 from onnx import helper
-from test_anchor import _run as _run_blas
-from test_anchor_packed import _run as _run_library
 
 import graph_autofusion as gaf
 from graph_autofusion.backend.cpu.contraction import CONTRACTION_ENV
@@ -90,7 +89,7 @@ def test_pooled_classifier_runs_like_onnxruntime(
     assert method_of(kernel) == "gemm"  # the pooled workspace is no packed operand
     rng = np.random.default_rng(1)
     feeds = [rng.standard_normal(t.shape).astype(np.float32) for t in spec.inputs]
-    (got,) = (_run_library if library else _run_blas)(kernel, feeds, tmp_path)
+    (got,) = run(kernel, feeds, tmp_path)
     np.testing.assert_allclose(got.reshape(3, 300), _reference(spec, feeds), rtol=1e-4, atol=1e-5)
 
 

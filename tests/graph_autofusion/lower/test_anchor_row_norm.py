@@ -10,9 +10,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from lowered_kernels import run
 from onnx import helper
-from test_anchor import _run as _run_blas
-from test_anchor_packed import _run as _run_library
 
 import graph_autofusion as gaf
 from graph_autofusion.backend.cpu.contraction import CONTRACTION_ENV
@@ -120,7 +119,7 @@ def test_row_norm_in_tiles_of_whole_rows_runs_like_onnxruntime(
     text = format_kernel(kernel)
     assert "rows normalised (LayerNormalization over 100 columns, in each tile of whole rows)" in text
     feeds = list(case.feeds().values())
-    got = (_run_library if library else _run_blas)(kernel, feeds, tmp_path)
+    got = run(kernel, feeds, tmp_path)
     _check(case, got)
 
 
@@ -140,7 +139,7 @@ def test_row_norm_after_the_tiles_runs_like_onnxruntime(
     assert isinstance(rows, Loop) and rows.parallel and rows.stop == 64 // NORM_ROWS
     assert "LayerNormalization over 384 columns, after the tiles" in format_kernel(kernel)
     feeds = list(case.feeds().values())
-    got = (_run_library if library else _run_blas)(kernel, feeds, tmp_path)
+    got = run(kernel, feeds, tmp_path)
     _check(case, got)
 
 
@@ -152,7 +151,7 @@ def test_gemm_with_addend_norm_without_bias_and_a_view_after_it(
     match = match_anchor(case.spec)
     assert match.norm is not None and match.norm.bias is None and match.norm.output == "r"
     kernel = lower_anchor(case.spec)
-    _check(case, _run_blas(kernel, list(case.feeds().values()), tmp_path))
+    _check(case, run(kernel, list(case.feeds().values()), tmp_path))
 
 
 def test_a_residual_read_elsewhere_is_stored_once_more(
@@ -162,7 +161,7 @@ def test_a_residual_read_elsewhere_is_stored_once_more(
     monkeypatch.setenv(CONTRACTION_ENV, "blas")
     case = _post_ln(b=1, s=5, k=8, n=33)
     kernel = lower_anchor(case.spec)
-    got = _run_blas(kernel, list(case.feeds().values()), tmp_path)
+    got = run(kernel, list(case.feeds().values()), tmp_path)
     assert not np.allclose(got[0], got[1])
     _check(case, got)
 

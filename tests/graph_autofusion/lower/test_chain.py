@@ -10,10 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from lowered_kernels import calls
 from onnx import helper
 
 from graph_autofusion.backend.cpu.contraction import CONTRACTION_ENV
-from graph_autofusion.kernel_ir import Call, Loop
+from graph_autofusion.kernel_ir import Loop
 from graph_autofusion.lower.anchor import CONTRACTION_ROUTINE, PACKED_B_ROUTINE
 from graph_autofusion.lower.chain import lower_chain
 
@@ -35,16 +36,6 @@ def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
     return str(request.param)
 
 
-def _calls(body) -> list[Call]:  # type: ignore[no-untyped-def]
-    found: list[Call] = []
-    for s in body:
-        if isinstance(s, Call):
-            found.append(s)
-        elif isinstance(s, Loop):
-            found += _calls(s.body)
-    return found
-
-
 def _check_chain(case, symbol: str, k: int, mode: str) -> None:  # type: ignore[no-untyped-def]
     """The lowered chain runs both products per row block through the routine the mode picks
     (both weights packed at load on the library), and computes what onnxruntime computes."""
@@ -53,7 +44,7 @@ def _check_chain(case, symbol: str, k: int, mode: str) -> None:  # type: ignore[
     (loop,) = kernel.body
     assert isinstance(loop, Loop) and [b.name for b in loop.scratch] == ["h"]
     routine = PACKED_B_ROUTINE if mode == "library" else CONTRACTION_ROUTINE
-    assert [c.function for c in _calls(kernel.body)] == [routine, routine]
+    assert [c.function for c in calls(kernel.body)] == [routine, routine]
     assert len(kernel.packed) == (2 if mode == "library" else 0)
     check(case, symbol, k=k, method="matmul_chain", weights=True)
 

@@ -5,7 +5,6 @@ modes."""
 
 from __future__ import annotations
 
-import ctypes
 import math
 from pathlib import Path
 
@@ -13,16 +12,14 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from lowered_kernels import calls, run
 from onnx import helper, numpy_helper
 
-from graph_autofusion.backend.cpu.blas import BLAS_PREAMBLE
-from graph_autofusion.backend.cpu.cache import KernelCache
-from graph_autofusion.backend.cpu.compiler import KernelSource, compile_kernels
-from graph_autofusion.backend.cpu.contraction import CONTRACTION_ENV, library_source
+from graph_autofusion.backend.cpu.contraction import CONTRACTION_ENV
 from graph_autofusion.backend.cpu.kernel_spec import KernelSpec, TensorInfo
-from graph_autofusion.backend.cpu.render_c import PREPACK_SUFFIX, WORKSPACE_SUFFIX, render_kernel
-from graph_autofusion.kernel_ir import Call, Kernel, Loop
-from graph_autofusion.lower.anchor import CONTRACTION_ROUTINE, PACKED_A_ROUTINE, method_of
+from graph_autofusion.backend.cpu.render_c import render_kernel
+from graph_autofusion.kernel_ir import Loop
+from graph_autofusion.lower.anchor import CONTRACTION_ROUTINE, PACKED_A_ROUTINE, PACKED_B_ROUTINE, method_of
 from graph_autofusion.lower.conv import lower_conv
 
 F = onnx.TensorProto.FLOAT
@@ -81,53 +78,6 @@ def _spec(model: onnx.ModelProto) -> tuple[KernelSpec, list[np.ndarray]]:
     return spec, list(inits.values())
 
 
-def _calls(body) -> list[Call]:
-    found: list[Call] = []
-    for s in body:
-        if isinstance(s, Call):
-            found.append(s)
-        elif isinstance(s, Loop):
-            found += _calls(s.body)
-    return found
-
-
-def _run(kernel: Kernel, inputs: list[np.ndarray], tmp_path: Path) -> np.ndarray:
-    """Compile and call the kernel as the runtime does: prepack once, then two calls (the packed
-    weights must survive a call) with the packed array and the workspace after the parameters."""
-    library = bool(kernel.packed)
-    source = (library_source() if library else BLAS_PREAMBLE) + "\n" + render_kernel(kernel)
-    (art,) = compile_kernels(
-        [KernelSource(kernel.name, source, uses_blas=not library)], cache=KernelCache(tmp_path)
-    )
-    lib = art.load()
-    ins = [np.ascontiguousarray(x, dtype=np.float32) for x in inputs]
-    (out,) = [np.full(b.size, np.nan, np.float32) for b in kernel.params[len(ins) :]]
-    ptrs = [a.ctypes.data for a in (*ins, out)]
-    keep = []
-    if library:
-        packed = np.full(
-            ctypes.c_int64.in_dll(lib, f"{kernel.name}{PREPACK_SUFFIX}_floats").value, np.nan, np.float32
-        )
-        prepack = getattr(lib, f"{kernel.name}{PREPACK_SUFFIX}")
-        prepack.restype, prepack.argtypes = None, [ctypes.c_void_p, ctypes.c_void_p]
-        prepack((ctypes.c_void_p * len(ptrs))(*ptrs), packed.ctypes.data)
-        ptrs.append(packed.ctypes.data)
-        keep.append(packed)
-    if f"{kernel.name}{WORKSPACE_SUFFIX}" in source:
-        threads = 8
-        ws = np.zeros(
-            ctypes.c_int64.in_dll(lib, f"{kernel.name}{WORKSPACE_SUFFIX}").value * threads, np.uint8
-        )
-        ptrs += [ws.ctypes.data, threads]
-        keep.append(ws)
-    fn = getattr(lib, kernel.name)
-    fn.restype, fn.argtypes = None, [ctypes.c_void_p]
-    for _ in range(2):
-        out.fill(np.nan)
-        fn((ctypes.c_void_p * len(ptrs))(*ptrs))
-    return out
-
-
 CASES = {
     "3x3_s1_p1": ((2, 8, 11, 11), (12, 8, 3, 3), {"pads": [1, 1, 1, 1]}, IM2COL),
     "3x3_s2_asym": ((1, 6, 13, 10), (10, 6, 3, 3), {"strides": [2, 2], "pads": [0, 1, 2, 1]}, IM2COL),
@@ -163,14 +113,19 @@ def test_conv_matches_onnxruntime(
     spec, weights = _spec(model)
     kernel = lower_conv(spec)
     assert method_of(kernel) == method
-    calls = {c.function for c in _calls(kernel.body)}
+    routines = {c.function for c in calls(kernel.body)}
     if method == "conv_depthwise":
-        assert not calls and not kernel.packed  # a direct loop, no contraction
+        assert not routines and not kernel.packed  # a direct loop, no contraction
     elif mode == "library":
-        assert calls == {PACKED_A_ROUTINE} and len(kernel.packed) == 1
+        # pixels as rows (B-panels of W^T) for one group of fewer than 64 pixels, not 32 (up to
+        # 256 when im2col builds the operand)
+        pixels = math.prod(spec.tensors[spec.nodes[0].output[0]].shape[2:])
+        few = pixels < 64 or (pixels <= 256 and method == IM2COL)
+        rows = attrs.get("group", 1) == 1 and pixels % 32 and few
+        assert routines == {PACKED_B_ROUTINE if rows else PACKED_A_ROUTINE} and len(kernel.packed) == 1
     else:
-        assert calls == {CONTRACTION_ROUTINE} and not kernel.packed
-    got = _run(kernel, [feeds["x"], *weights], tmp_path)
+        assert routines == {CONTRACTION_ROUTINE} and not kernel.packed
+    (got,) = run(kernel, [feeds["x"], *weights], tmp_path)
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     (want,) = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"]).run(
@@ -180,12 +135,41 @@ def test_conv_matches_onnxruntime(
     np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=2e-5 * math.sqrt(k) * 8)
 
 
+@pytest.mark.parametrize(
+    ("x_shape", "w_shape", "attrs", "rows"),
+    [
+        ((2, 32, 7, 7), (40, 32, 3, 3), {"pads": [1, 1, 1, 1]}, True),  # 49 pixels, channel tiles 32 + 8
+        ((1, 48, 7, 7), (80, 48, 1, 1), {}, True),  # 1x1 on the activation read transposed
+        ((1, 16, 8, 8), (24, 16, 3, 3), {"pads": [1, 1, 1, 1]}, False),  # 64 pixels: whole panels
+        # 196 pixels: two pixel tiles (104 + 92 rows), channel tiles 32 + 8 inside each task
+        ((1, 16, 14, 14), (40, 16, 3, 3), {"pads": [1, 1, 1, 1]}, True),
+        ((2, 16, 14, 14), (40, 16, 3, 3), {"pads": [1, 1, 1, 1]}, True),
+        ((1, 16, 14, 14), (40, 16, 1, 1), {}, False),  # 1x1 of 196 pixels: pixels as columns
+    ],
+)
+def test_narrow_convs_put_the_pixels_in_the_rows(
+    x_shape, w_shape, attrs, rows: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(CONTRACTION_ENV, "library")
+    model, feeds = _model(x_shape, w_shape, bias=True, relu=True, **attrs)
+    spec, weights = _spec(model)
+    kernel = lower_conv(spec)
+    assert {c.function for c in calls(kernel.body)} == {PACKED_B_ROUTINE if rows else PACKED_A_ROUTINE}
+    (task,) = [s for s in kernel.body if isinstance(s, Loop)]
+    assert ("tile" in [b.name for b in task.scratch]) == rows  # the transposed product's workspace
+    (got,) = run(kernel, [feeds["x"], *weights], tmp_path)
+    (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, feeds
+    )
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-3)
+
+
 def test_raw_conv_output_stores_the_product_without_an_epilogue(tmp_path: Path) -> None:
     model, feeds = _model((1, 8, 10, 10), (8, 8, 3, 3), bias=False, relu=False, pads=[1, 1, 1, 1])
     spec, weights = _spec(model)
     kernel = lower_conv(spec)
     assert not any(isinstance(s, Loop) and s.var.name == "r" for s in _walk(kernel.body))
-    got = _run(kernel, [feeds["x"], *weights], tmp_path)
+    (got,) = run(kernel, [feeds["x"], *weights], tmp_path)
     (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
         None, feeds
     )
@@ -226,10 +210,10 @@ def test_conv_transpose_matches_onnxruntime(
     kernel = lower_conv(spec)
     assert method_of(kernel) == "conv_transpose_col2im"
     # W_g is read transposed in place: OpenBLAS in both modes, the column buffer a workspace slice
-    assert {c.function for c in _calls(kernel.body)} == {CONTRACTION_ROUTINE} and not kernel.packed
+    assert {c.function for c in calls(kernel.body)} == {CONTRACTION_ROUTINE} and not kernel.packed
     (task,) = [s for s in kernel.body if isinstance(s, Loop)]
     assert [b.name for b in task.scratch] == ["col"]
-    got = _run(kernel, [feeds["x"], *weights], tmp_path)
+    (got,) = run(kernel, [feeds["x"], *weights], tmp_path)
     (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
         None, feeds
     )

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from graphs import model, node
 from onnx import TensorProto, helper
 
 import graph_autofusion as gaf
 from graph_autofusion.backend.cpu.runtime import compile_model
 from graph_autofusion.ir import Graph
+from graph_autofusion.lower.values import Unsupported
+from graph_autofusion.plan.anchor_match import match_anchor
+from graph_autofusion.plan.reduction_match import group_spec
 from graph_autofusion.plan.templates import classify
 
 
@@ -48,3 +52,23 @@ def test_the_matmul_then_compiles_and_matches_onnxruntime(tmp_path) -> None:
     np.testing.assert_allclose(
         compiled(feeds)["o"], np.where(feeds["mask"], feeds["x"], feeds["x"]), rtol=1e-6
     )
+
+
+def test_float_types_widen_the_boundary_for_a_backend_that_takes_16_bit_operands() -> None:
+    m = model(
+        [node("MatMul", ["x", "w"], ["y"], "mm")],
+        [("x", [4, 8])],
+        ["y"],
+        [("w", np.eye(8, dtype=np.float16))],
+    )
+    m.graph.input[0].type.tensor_type.elem_type = TensorProto.FLOAT16
+    del m.graph.output[:]
+    m.graph.output.append(helper.make_tensor_value_info("y", TensorProto.FLOAT16, [4, 8]))
+    g = Graph(onnx.shape_inference.infer_shapes(m))
+    spec = group_spec(g, range(len(g.nodes)))
+    with pytest.raises(
+        Unsupported, match="crosses an anchor kernel's boundary as FLOAT16; anchor kernels take FLOAT"
+    ):
+        match_anchor(spec)
+    wide = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16})
+    assert match_anchor(spec, float_types=wide).contraction is not None

@@ -31,19 +31,16 @@ from ....kernel_ir import Call, If, Kernel, Loop, Stmt
 from ....lower.anchor import CONTRACTION_ROUTINE, lower_anchor, method_of
 from ....lower.chain import lower_chain, sub_spec
 from ....lower.conv import lower_conv
-from ....plan.anchor_match import match_anchor
+from ....plan.anchor_match import ANCHOR_OPS, EPILOGUE_VIEW_OPS, STRIDE_PROLOGUE_OPS, match_anchor
 from ..blas import BLAS_PREAMBLE
 from ..contraction import library_source
 from ..kernel_spec import KernelSpec
 from ..render_c import PRELUDE, WORKSPACE_SUFFIX, c_comment, render_kernel
 from .common import CodegenUnsupported
 
-# Ops that only relabel elements: the staged chain looks through them for its intermediate.
-VIEW_OPS = frozenset(
-    {"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Split", "Slice"}
-)
-
-ANCHOR_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
+# Ops that only relabel elements (the match's own view sets): the staged chain looks through
+# them for its intermediate.
+VIEW_OPS = STRIDE_PROLOGUE_OPS | EPILOGUE_VIEW_OPS
 TEMPLATES = frozenset({"anchor", "anchor_chain", "single"})
 
 

@@ -31,7 +31,7 @@ the ISA is part of the cache key like every other kernel):
   conv weights `[Cout, Cin*kh*kw]`) and `afc_gemm_bp` (B packed, MatMul/Gemm weights).
 * `afc.c`: micro-kernels (AVX-512 8x32 with 16 zmm accumulators, AVX2+FMA 6x16, portable 4x16),
   the packing routines and the single-threaded tile drivers with K blocking (at most KC=256,
-  split evenly).
+  split evenly), the Goto loop order and a software prefetch of the next weight panel (afc.h).
 * `shim.py`: the library with exported entry points for ctypes (tests, benchmarks, FMA peak).
 
 Why compiled into each unit (the text sits atop every kernel that uses it, behind an include

@@ -19,6 +19,15 @@ static inline int64_t afc_kc(int64_t k) {
   return (k + blocks - 1) / blocks;
 }
 
+/* The rows of each A block of afc_gemm_bp: M split into equal blocks of at most AFC_MC, rounded
+ * up to whole panels (a conv's 196 pixels as rows run as 104 + 92, not 192 + 4: every block
+ * streams all of B's micro-panels past its A panels, which a 4-row block does not amortize). */
+static inline int64_t afc_mc(int64_t m) {
+  const int64_t blocks = (m + AFC_MC - 1) / AFC_MC;
+  const int64_t rows = (m + blocks - 1) / blocks;
+  return (rows + AFC_MR - 1) / AFC_MR * AFC_MR;
+}
+
 /* The per-thread block buffer for the operand packed per call: allocated on a thread's first
  * call and kept for the thread's life (OpenMP pools reuse their threads), so a tile costs no
  * malloc. */
@@ -45,6 +54,18 @@ static void afc_pack_a_block(int64_t m, int64_t kc, const float *a, int64_t rs, 
     const int64_t rows = m - p < AFC_MR ? m - p : AFC_MR;
     float *dst = ap + p * kc;
     if (rows < AFC_MR) memset(dst, 0, sizeof(float) * (size_t)(kc * AFC_MR));
+    if (rs == 1 && cs != 1) {
+      /* A read transposed (a conv's pixels as rows: A[pixel][channel] = x[channel * ld + pixel]):
+       * a panel's MR rows at one depth are contiguous, one short copy per depth. */
+      const float *src = a + p;
+      if (rows == AFC_MR) {
+        for (int64_t kk = 0; kk < kc; ++kk) memcpy(dst + kk * AFC_MR, src + kk * cs, sizeof(float) * AFC_MR);
+      } else {
+        for (int64_t kk = 0; kk < kc; ++kk)
+          for (int64_t i = 0; i < rows; ++i) dst[kk * AFC_MR + i] = src[kk * cs + i];
+      }
+      continue;
+    }
     for (int64_t i = 0; i < rows; ++i) {
       const float *src = a + (p + i) * rs;
       if (cs == 1) {
@@ -83,7 +104,11 @@ static void afc_pack_b(int64_t k, int64_t n, const float *b, int64_t rs, int64_t
 }
 
 /* The micro-kernel: C[mr x nr] (= or +=) alpha * sum_kk ap[kk][0:MR] (x) bp[kk][0:NR].
- * `ap`, `bp` are panels of depth kc; mr <= MR and nr <= NR say how much of the tile is stored. */
+ * `ap`, `bp` are panels of depth kc; mr <= MR and nr <= NR say how much of the tile is stored.
+ * `pf` (advancing `pfs` floats per depth step, one cache line prefetched per step) is the panel
+ * the driver streams next: a weight panel that comes from L3 or memory arrives while this one
+ * computes (the hardware prefetcher ramps up again at every 4 KiB page of a panel). Drivers
+ * pass the current panel with pfs = 0 when there is nothing to fetch. */
 #if defined(__AVX512F__)
 /* A tile of at most 16 columns (the tail of a row of panels: 196 = 6 x 32 + 4 pixels) runs on
  * one vector per row, half the FMAs of the full kernel. */
@@ -112,7 +137,8 @@ static void afc_ukernel_16(int64_t kc, const float *restrict ap, const float *re
 }
 
 static inline void afc_ukernel(int64_t kc, const float *restrict ap, const float *restrict bp,
-                               float *restrict c, int64_t ldc, int mr, int nr, float alpha, int acc) {
+                               float *restrict c, int64_t ldc, int mr, int nr, float alpha, int acc,
+                               const float *pf, int64_t pfs) {
   if (nr <= 16) {
     afc_ukernel_16(kc, ap, bp, c, ldc, mr, nr, alpha, acc);
     return;
@@ -124,6 +150,8 @@ static inline void afc_ukernel(int64_t kc, const float *restrict ap, const float
     c1[i] = _mm512_setzero_ps();
   }
   for (int64_t kk = 0; kk < kc; ++kk) {
+    _mm_prefetch((const char *)pf, _MM_HINT_T0);
+    pf += pfs;
     const __m512 b0 = _mm512_loadu_ps(bp), b1 = _mm512_loadu_ps(bp + 16);
 #pragma GCC unroll 8
     for (int i = 0; i < AFC_MR; ++i) {
@@ -196,7 +224,8 @@ static void afc_ukernel_8(int64_t kc, const float *restrict ap, const float *res
 }
 
 static inline void afc_ukernel(int64_t kc, const float *restrict ap, const float *restrict bp,
-                               float *restrict c, int64_t ldc, int mr, int nr, float alpha, int acc) {
+                               float *restrict c, int64_t ldc, int mr, int nr, float alpha, int acc,
+                               const float *pf, int64_t pfs) {
   if (nr <= 8) {
     afc_ukernel_8(kc, ap, bp, c, ldc, mr, nr, alpha, acc);
     return;
@@ -208,6 +237,8 @@ static inline void afc_ukernel(int64_t kc, const float *restrict ap, const float
     c1[i] = _mm256_setzero_ps();
   }
   for (int64_t kk = 0; kk < kc; ++kk) {
+    _mm_prefetch((const char *)pf, _MM_HINT_T0);
+    pf += pfs;
     const __m256 b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + 8);
 #pragma GCC unroll 8
     for (int i = 0; i < AFC_MR; ++i) {
@@ -252,7 +283,10 @@ static inline void afc_ukernel(int64_t kc, const float *restrict ap, const float
 }
 #else
 static inline void afc_ukernel(int64_t kc, const float *restrict ap, const float *restrict bp,
-                               float *restrict c, int64_t ldc, int mr, int nr, float alpha, int acc) {
+                               float *restrict c, int64_t ldc, int mr, int nr, float alpha, int acc,
+                               const float *pf, int64_t pfs) {
+  (void)pf;
+  (void)pfs;
   float tile[AFC_MR][AFC_NR];
   for (int i = 0; i < AFC_MR; ++i)
     for (int j = 0; j < AFC_NR; ++j) tile[i][j] = 0.0f;
@@ -274,8 +308,10 @@ static inline void afc_ukernel(int64_t kc, const float *restrict ap, const float
 }
 #endif
 
-/* A packed once (weights), B strided: B is packed per (KC x NC) block into the thread buffer;
- * each MR x KC slice of A is reused from L1 across the block's columns. */
+/* A packed once (weights), B strided: B is packed per (KC x NC) block into the thread buffer
+ * (L2); the Goto order then keeps one KC x NR B micro-panel in L1 while the MR x KC slices of a
+ * block of MC rows of A stream past it. Streaming A rather than B moves a quarter of the bytes
+ * per micro-kernel call (MR = NR / 4), which matters when the weights come from memory. */
 static void afc_gemm_ap(int64_t m, int64_t n, int64_t k, float alpha, const float *ap, const float *b,
                         int64_t b_rs, int64_t b_cs, float *c, int64_t ldc) {
   if (m <= 0 || n <= 0) return;
@@ -290,12 +326,19 @@ static void afc_gemm_ap(int64_t m, int64_t n, int64_t k, float alpha, const floa
     for (int64_t n0 = 0; n0 < n; n0 += AFC_NC) {
       const int64_t nc = n - n0 < AFC_NC ? n - n0 : AFC_NC;
       afc_pack_b_block(kc, nc, b + k0 * b_rs + n0 * b_cs, b_rs, b_cs, buf);
-      for (int64_t i0 = 0; i0 < m; i0 += AFC_MR) {
-        const int mr = (int)(m - i0 < AFC_MR ? m - i0 : AFC_MR);
-        const float *a_panel = ap + i0 * k + k0 * AFC_MR;
+      for (int64_t i1 = 0; i1 < m; i1 += AFC_MC) {
+        const int64_t mc = m - i1 < AFC_MC ? m - i1 : AFC_MC;
         for (int64_t j0 = 0; j0 < nc; j0 += AFC_NR) {
           const int nr = (int)(nc - j0 < AFC_NR ? nc - j0 : AFC_NR);
-          afc_ukernel(kc, a_panel, buf + j0 * kc, c + i0 * ldc + n0 + j0, ldc, mr, nr, alpha, k0 > 0);
+          for (int64_t i0 = i1; i0 < i1 + mc; i0 += AFC_MR) {
+            const int mr = (int)(m - i0 < AFC_MR ? m - i0 : AFC_MR);
+            const float *a_panel = ap + i0 * k + k0 * AFC_MR;
+            /* the first pass over the block's A panels fetches each one's successor */
+            const int fetch = j0 == 0 && n0 == 0 && i0 + AFC_MR < m;
+            const float *pf = fetch ? a_panel + AFC_MR * k : a_panel;
+            afc_ukernel(kc, a_panel, buf + j0 * kc, c + i0 * ldc + n0 + j0, ldc, mr, nr, alpha, k0 > 0,
+                        pf, fetch ? AFC_MR : 0);
+          }
         }
       }
     }
@@ -312,18 +355,25 @@ static void afc_gemm_bp(int64_t m, int64_t n, int64_t k, float alpha, const floa
     return;
   }
   float *buf = afc_buffer();
-  const int64_t kb = afc_kc(k);
+  const int64_t kb = afc_kc(k), mb = afc_mc(m);
   for (int64_t k0 = 0; k0 < k; k0 += kb) {
     const int64_t kc = k - k0 < kb ? k - k0 : kb;
-    for (int64_t i0 = 0; i0 < m; i0 += AFC_MC) {
-      const int64_t mc = m - i0 < AFC_MC ? m - i0 : AFC_MC;
+    for (int64_t i0 = 0; i0 < m; i0 += mb) {
+      const int64_t mc = m - i0 < mb ? m - i0 : mb;
       afc_pack_a_block(mc, kc, a + i0 * a_rs + k0 * a_cs, a_rs, a_cs, buf);
       for (int64_t j0 = 0; j0 < n; j0 += AFC_NR) {
         const int nr = (int)(n - j0 < AFC_NR ? n - j0 : AFC_NR);
         const float *b_panel = bp + j0 * k + k0 * AFC_NR;
+        /* the next B panel (a weight, from L3 or memory on the first row block), a line per
+         * depth step over the first two A panels' calls (a panel is two lines per step) */
+        const float *next = j0 + AFC_NR < n ? b_panel + AFC_NR * k : k0 + kc < k ? bp + (k0 + kc) * AFC_NR : 0;
+        const int fetch = next && i0 == 0;
         for (int64_t ii = 0; ii < mc; ii += AFC_MR) {
           const int mr = (int)(mc - ii < AFC_MR ? mc - ii : AFC_MR);
-          afc_ukernel(kc, buf + ii * kc, b_panel, c + (i0 + ii) * ldc + j0, ldc, mr, nr, alpha, k0 > 0);
+          const int64_t half = ii / AFC_MR;
+          const float *pf = fetch && half < 2 ? next + half * kc * (AFC_NR / 2) : b_panel;
+          afc_ukernel(kc, buf + ii * kc, b_panel, c + (i0 + ii) * ldc + j0, ldc, mr, nr, alpha, k0 > 0,
+                      pf, fetch && half < 2 ? AFC_NR / 2 : 0);
         }
       }
     }

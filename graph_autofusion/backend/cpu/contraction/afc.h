@@ -57,8 +57,16 @@
 #define AFC_KERNEL "portable_4x16"
 #endif
 
-/* Cache blocking of the driver: a KC-deep slice of a packed A panel (MR x KC) stays in L1, the
- * per-call packed block of the other operand (KC x NC or MC x KC) in L2. */
+/* Cache blocking of the drivers: the operand packed per call is packed in blocks (KC x NC for
+ * afc_gemm_ap, MC x KC for afc_gemm_bp) that stay in L2; a KC-deep micro-panel of one of the two
+ * operands stays in L1 while the other's micro-panels stream past it (afc_gemm_ap: one B
+ * micro-panel, KC x NR, against the A panels of MC rows; afc_gemm_bp: one B micro-panel of the
+ * packed weight against the MC x KC block of A). K is split into equal blocks of at most KC and,
+ * in afc_gemm_bp, M into equal blocks of at most MC rows (whole panels). While a micro-panel
+ * computes, the micro-kernel prefetches the weight panel the driver streams next (A panels on
+ * afc_gemm_ap's first pass over a row block, the next B panel in afc_gemm_bp), one cache line per
+ * depth step: the weights come from L3 or memory, and a panel used by few rows or columns (a
+ * conv's 49 pixels) otherwise waits on them. */
 #define AFC_KC 256
 #define AFC_NC 384
 #define AFC_MC 192

@@ -74,7 +74,7 @@ SHAPES = [
     (9, 47, 257),  # K one past the K block
     (15, 65, 513),
     (17, 31, 64),
-    (200, 400, 300),  # M past the A block of afc_gemm_bp, N past the B block of afc_gemm_ap
+    (200, 400, 300),  # M past the row blocks (MC) of both drivers, N past the B block of afc_gemm_ap
 ]
 
 
@@ -103,6 +103,16 @@ def test_strided_operands_and_alpha(lib: Library) -> None:
     _check(lib.gemm_ap(lib.pack_a(a), b, m, alpha=-2.0), a, b, -2.0)
     wide = rng.standard_normal((k, 2 * n)).astype(np.float32)[:, ::2]  # column stride 2
     _check(lib.gemm_ap(lib.pack_a(a), wide, m), a, wide)
+
+
+def test_transposed_left_operand_over_several_depth_blocks(lib: Library) -> None:
+    # A conv's pixels as rows: A[pixel][channel] read from an NCHW plane (row stride 1), 49 rows
+    # (whole panels and a tail), K past two depth blocks.
+    rng = np.random.default_rng(5)
+    m, n, k = 49, 96, 600
+    a = rng.standard_normal((k, m)).astype(np.float32).T
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    _check(lib.gemm_bp(a, lib.pack_b(b), n), a, b)
 
 
 def test_values_of_very_different_scales(lib: Library) -> None:
