@@ -4,6 +4,7 @@
     nodes.py    expressions, statements, kernels, and the builders that fold as they build
     printer.py  the text form
     visit.py    the walk every renderer shares (per-node dispatch, one local per shared value)
+    uses.py     which buffers statements read (a weight read only packed can be released)
 
 Lowering (graph_autofusion.lower) turns a fused group into a `Kernel`; a renderer per target
 (backend/cpu/render_c.py, backend/triton/render.py) turns a `Kernel` into source. The IR imports

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -278,11 +279,17 @@ def _infer_body(
     return _collect(list(inferred.graph.value_info))
 
 
-def extract(model: onnx.ModelProto) -> ExecutionPlan:
-    """Build the execution plan of a fused or canonical model (see the module docstring)."""
+def extract(model: onnx.ModelProto, initializers: Mapping[str, np.ndarray] | None = None) -> ExecutionPlan:
+    """Build the execution plan of a fused or canonical model (see the module docstring).
+
+    `initializers`: the model's weights as arrays, for a model whose graph holds none (a bundle
+    loads its model without keeping the weights twice: onnx_utils.light_model)."""
     graph = model.graph
     opset = _opset(model)
-    initializers = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    if initializers is None:
+        initializers = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    else:
+        initializers = dict(initializers)
     tensors = _collect([*graph.input, *graph.output, *graph.value_info])
     for name, value in initializers.items():
         tensors[name] = _info_of_array(name, value)

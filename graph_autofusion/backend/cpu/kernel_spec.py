@@ -14,7 +14,9 @@ Outputs never alias inputs. A kernel may use OpenMP; BLAS calls inside it run si
 A kernel that exports `const int64_t <symbol>_prepack_floats` takes one more pointer after its
 outputs: a buffer of that many floats that the runtime fills once, at load, by calling
 `void <symbol>_prepack(void *const *args, float *packed)` with the weights in place (the
-constant operands of `spec.weights`, packed for the contraction library).
+constant operands of `spec.weights`, packed for the contraction library). Such a kernel also
+exports `const int64_t <symbol>_prepack_only`, a mask of the parameters that only its prepack
+reads (bit j: parameter j): its body does not declare them, and the runtime passes NULL for them.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ import numpy as np
 
 from ...kernel_ir import DType, Expr, Kernel, Stmt
 from ...kernel_ir import nodes as ir
+from ...kernel_ir.uses import names_read
 from ...kernel_ir.visit import Block, ExprVisitor, StmtVisitor, fold_identity
 
 C_TYPES = {
@@ -451,6 +452,22 @@ def workspace_layout(kernel: Kernel) -> tuple[dict[str, int], int]:
 
 
 PREPACK_SUFFIX = "_prepack"  # kernel_spec.py: `<kernel>_prepack` and `<kernel>_prepack_floats`
+PREPACK_ONLY_SUFFIX = "_prepack_only"  # kernel_spec.py: parameters only `prepack` reads
+
+
+def prepack_only(kernel: Kernel) -> tuple[int, ...]:
+    """Positions of the input parameters that only `prepack` reads, never the body: weights the
+    body takes in packed form alone. The body does not even declare them (so a read would not
+    compile), the runtime passes NULL in their place and may release the raw weight once packed.
+    Positions from 63 on are left out of the exported mask (they stay raw: safe, just not lean)."""
+    if not kernel.packed:
+        return ()
+    body, prepack = names_read(kernel.body), names_read(kernel.prepack)
+    return tuple(
+        j
+        for j, b in enumerate(kernel.params)
+        if j < 63 and b.role == "input" and b.name in prepack and b.name not in body
+    )
 
 
 def packed_layout(kernel: Kernel) -> tuple[dict[str, int], int]:
@@ -570,10 +587,13 @@ class KernelRenderer(StmtVisitor):
         if self.workspace_bytes:
             parts.append(f"const int64_t {k.name}{WORKSPACE_SUFFIX} = {self.workspace_bytes};")
         n = len(k.params)
+        skipped = prepack_only(k)
         if self.packed_floats:
             parts += self._prepack()
+            mask = sum(1 << j for j in skipped)
+            parts.append(f"const int64_t {k.name}{PREPACK_ONLY_SUFFIX} = {mask};")
         parts.append(f"void {k.name}(void *const *args) {{")
-        parts += self._params()
+        parts += self._params(skip=skipped)
         for b in k.packed:
             at = f"(const float *)args[{n}] + {self.packed_offsets[b.name]}"
             parts.append(f"  const float *restrict {b.name} = {at};")
@@ -585,9 +605,12 @@ class KernelRenderer(StmtVisitor):
         parts.append("}")
         return "\n".join(parts) + "\n"
 
-    def _params(self) -> list[str]:
+    def _params(self, skip: tuple[int, ...] = ()) -> list[str]:
         lines = []
         for j, b in enumerate(self.kernel.params):
+            if j in skip:
+                lines.append(f"  /* args[{j}] ({b.name}): read packed only, NULL at run time */")
+                continue
             t = ("const " if b.role == "input" else "") + c_type(b.dtype)
             lines.append(f"  {t} *restrict {b.name} = ({t} *)args[{j}];")
         return lines

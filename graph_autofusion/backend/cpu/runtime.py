@@ -14,6 +14,13 @@ runs any host ops in between, and copies the outputs out. The walk around the ke
 fallbacks, the stats every runtime reports, input checks) is backend/steps.py's, shared with
 the Triton targets.
 
+Packed weights: a kernel that takes a constant weight in the contraction library's panel layout
+gets it packed once (by its own `<symbol>_prepack`, or read back from a bundle that stored it,
+bundle.py). A weight that every kernel reads only in packed form (`<symbol>_prepack_only`,
+render_c.py) is then released: the runtime never holds it twice, and those kernels get NULL in
+its place (they do not even declare it). Weights that a host op, another kernel or an output
+reads stay raw.
+
 Threads: the generated kernels own the parallelism (OpenMP, `threads` wide); BLAS inside a kernel
 runs single-threaded (blas.load_blas sets it) so the two pools never oversubscribe the cores.
 """
@@ -24,7 +31,7 @@ import contextlib
 import ctypes
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +39,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from ...errors import IsaMismatchError
+from ...errors import InvalidModelError, IsaMismatchError
 from ..steps import (
     PlannedModel,
     check_inputs,
@@ -52,11 +59,12 @@ from .extract import ExecutionPlan, HostStep, KernelStep, Step, ViewStep, extrac
 from .hostops import HostOp
 from .isa import ISA_ENV, IsaTarget, host_isa, target_isa
 from .kernel_spec import KernelSpec
-from .render_c import WORKSPACE_SUFFIX
+from .render_c import PREPACK_ONLY_SUFFIX, WORKSPACE_SUFFIX
 from .threads import available_cpus, set_omp_threads
 
 DRIVER_SYMBOL = "af_run_sequence"
 PREPACK_SUFFIX = "_prepack_floats"  # kernel_spec.py: weights packed once at load
+PackedKey = tuple[str, tuple[str, ...]]  # (kernel symbol, its operand names at the call site)
 DRIVER_SOURCE = """\
 /* Calls a sequence of generated kernels from one foreign-function call:
  * fns[i](args[i]) for i in [0, n). */
@@ -213,12 +221,22 @@ class CompiledModel(PlannedModel):
         driver_digest: str,
         threads: int | None = None,
         isa: IsaTarget | None = None,
+        packed: Mapping[PackedKey, np.ndarray] | None = None,
+        released: Collection[str] = (),
+        model_file: Path | None = None,
     ) -> None:
+        """`packed`: weights already packed by these very kernels (a bundle's, read back), used
+        instead of packing at load; each must be the size its kernel asks for. `released`:
+        weights left out of `plan.initializers` because only those packed buffers read them (a
+        bundle lists them), so they are never held raw, not even while loading. `model_file`: the
+        model is not held (`plan.model` is its graph without weights, onnx_utils.light_model);
+        `model` reads it back from there."""
         started = time.perf_counter()
         if threads is not None and threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
         self.plan = plan
-        self.model = plan.model
+        self._model: onnx.ModelProto | None = None if model_file else plan.model
+        self.model_file = model_file  # where `model` is read from when it is not held
         self.kernels = dict(kernels)
         self.unsupported = dict(unsupported)
         self.threads = threads or available_cpus()
@@ -232,6 +250,11 @@ class CompiledModel(PlannedModel):
         # Debug mode (sanitize.py): redzones, one kernel at a time, live-range poisoning.
         self.sanitize = sanitize.sanitize_mode()
         self._runs = 0
+        self._stored_packed = dict(packed or {})
+        self._released: dict[str, int] = {}  # weights held in packed form only -> raw bytes
+        for name in released:
+            info = plan.tensors[name]
+            self._released[name] = info.numel * info.dtype.itemsize
         if any(k.uses_blas for k in self.kernels.values()):
             from .blas import load_blas
 
@@ -308,7 +331,7 @@ class CompiledModel(PlannedModel):
         self._offsets = offsets
         self._scratch: dict[str, np.ndarray] = {}
         # Weights packed once for the contraction library, per (kernel, its operands).
-        self._packed: dict[tuple[str, tuple[str, ...]], np.ndarray] = {}
+        self._packed: dict[PackedKey, np.ndarray] = {}
 
     def _workspace_slices(self) -> dict[str, int]:
         """Bytes of one thread's workspace slice per kernel that takes one (render_c.py)."""
@@ -322,12 +345,49 @@ class CompiledModel(PlannedModel):
                     found[step.symbol] = 0
         return found
 
+    def _prepack_only(self, symbol: str) -> int:
+        """Bit j set: the kernel's parameter j is read only by its prepack (render_c.py)."""
+        lib = self._lib(self.kernels[symbol].path)
+        try:
+            return int(ctypes.c_int64.in_dll(lib, symbol + PREPACK_ONLY_SUFFIX).value)
+        except ValueError:  # no such symbol: the body reads every parameter it is given
+            return 0
+
+    def _packed_only_weights(self) -> set[str]:
+        """Weights that nothing reads raw once packed: every use is a parameter that its kernel
+        reads through the packed form only. A host op, an output, a kernel that reads it raw (a
+        BLAS operand, an epilogue bias) or a kernel that packs nothing keeps it raw."""
+        masks = {s.symbol: self._prepack_only(s.symbol) for s in self._steps if isinstance(s, KernelStep)}
+        packed_uses: set[str] = set()
+        raw_uses = {self._root.get(t.name, t.name) for t in self.plan.outputs}
+        for step in self._steps:
+            if isinstance(step, ViewStep):
+                continue
+            for j, name in enumerate(step.inputs):
+                r = self._root.get(name, name)
+                if not name or (r not in self._weights and r not in self._released):
+                    continue
+                if isinstance(step, KernelStep) and masks[step.symbol] >> j & 1:
+                    packed_uses.add(r)
+                else:
+                    raw_uses.add(r)
+        wrong = sorted(raw_uses & set(self._released))
+        if wrong:
+            raise InvalidModelError(
+                f"weight {wrong[0]!r} was left out as read only packed, but is read raw here",
+                code="bundle_corrupt",
+                weight=wrong[0],
+            )
+        return packed_uses - raw_uses - set(self._released)
+
     def array(self, name: str) -> np.ndarray:
         """The live storage of a tensor (a view into the arena or a weight array)."""
         info = self.plan.tensors[name]
         r = self._root.get(name, name)
         if r in self._weights:
             return self._weights[r].reshape(info.shape)
+        if r in self._released:
+            raise KeyError(f"weight {name!r} is held only packed for the kernels that read it")
         offset = self._offsets[r]
         nbytes = info.numel * info.dtype.itemsize
         return self._arena[offset : offset + nbytes].view(info.dtype).reshape(info.shape)
@@ -358,6 +418,10 @@ class CompiledModel(PlannedModel):
                 run_args.clear()
 
         workspace = self._workspace_slices()
+        # Packing runs kernel code: for kernels this host cannot run (built to be saved as a
+        # bundle for another host) nothing is packed or released; that host packs at load.
+        self._packs = self.isa.runs_on(host_isa())
+        packed_only = self._packed_only_weights() if self._packs else set()
         for step in self._steps:
             if isinstance(step, ViewStep):
                 continue
@@ -378,8 +442,13 @@ class CompiledModel(PlannedModel):
             fn = self._fns[step.symbol]
             params = [*spec.inputs, *spec.outputs]
             names = [*step.inputs, *step.outputs]
-            ptrs = [self._pointer(n, p.numel * p.dtype.itemsize) for n, p in zip(names, params, strict=True)]
-            packed = self._prepack(step, self._lib(info.path), ptrs)
+            # NULL for what the body reads only packed: it does not even declare those parameters.
+            mask = self._prepack_only(step.symbol)
+            ptrs = [
+                0 if mask >> j & 1 else self._pointer(n, p.numel * p.dtype.itemsize)
+                for j, (n, p) in enumerate(zip(names, params, strict=True))
+            ]
+            packed = self._prepack(step, self._lib(info.path), self._with_weights(ptrs, names, mask))
             if packed is not None:
                 ptrs.append(packed)
             if workspace.get(step.symbol):
@@ -390,17 +459,58 @@ class CompiledModel(PlannedModel):
             run_args.append(ctypes.addressof(argv))
             self._per_kernel.append((fn, argv))
         flush()
+        self._release(packed_only)
 
-    def _prepack(self, step: KernelStep, lib: ctypes.CDLL, ptrs: list[int]) -> int | None:
+    def _with_weights(self, ptrs: list[int], names: list[str], mask: int) -> Callable[[], list[int]]:
+        """`ptrs` with the raw weights that the run passes as NULL filled in, for the prepack
+        (asked for only when there is packing to do: a bundle's packed weights need none)."""
+        return lambda: [
+            int(self.array(n).ctypes.data) if mask >> j & 1 else p
+            for j, (n, p) in enumerate(zip(names, ptrs, strict=True))
+        ]
+
+    def _release(self, names: set[str]) -> None:
+        """Drop the raw copies of weights every kernel now reads packed (the plan's too: it is
+        this model's own, and its arrays are what `_weights` holds)."""
+        for name in sorted(names):
+            weight = self._weights.pop(name)
+            self.plan.initializers.pop(name, None)
+            self._released[name] = int(weight.nbytes)
+
+    def _prepack(self, step: KernelStep, lib: ctypes.CDLL, pointers: Callable[[], list[int]]) -> int | None:
         """The address of `step`'s packed weights, packed now by the kernel's own
-        `<symbol>_prepack` (kernel_spec.py), or None for a kernel that packs nothing. Call sites
-        with the same kernel and operands share one buffer."""
+        `<symbol>_prepack` (kernel_spec.py) or taken from `packed` (a bundle's), or None for a
+        kernel that packs nothing. Call sites with the same kernel and operands share one buffer.
+        `pointers()`: the kernel's arguments with every raw weight, for `<symbol>_prepack`."""
         try:
             floats = int(ctypes.c_int64.in_dll(lib, step.symbol + PREPACK_SUFFIX).value)
         except ValueError:  # no such symbol: nothing to pack
             return None
-        key = (step.symbol, step.inputs)
+        if not self._packs:
+            return 0  # never called: `_require_isa` refuses to run such kernels
+        key = (step.symbol, tuple(step.inputs))
+        stored = self._stored_packed.get(key)
+        if key not in self._packed and stored is not None:
+            misaligned = int(stored.ctypes.data) % ALIGNMENT
+            if stored.nbytes != floats * 4 or misaligned:
+                raise InvalidModelError(
+                    f"the stored packed weights of kernel {step.symbol} ({', '.join(step.inputs)}) "
+                    f"are {stored.nbytes} bytes, {misaligned} past a {ALIGNMENT}-byte boundary; the "
+                    f"kernel takes {floats * 4}, aligned",
+                    code="bundle_corrupt",
+                    kernel=step.symbol,
+                )
+            self._packed[key] = stored
         if key not in self._packed:
+            absent = sorted({self._root.get(n, n) for n in step.inputs} & set(self._released))
+            if absent:
+                raise InvalidModelError(
+                    f"kernel {step.symbol} has no stored packed weights for {', '.join(step.inputs)} "
+                    f"and {absent[0]!r} is not held raw to pack them from",
+                    code="bundle_corrupt",
+                    kernel=step.symbol,
+                )
+            ptrs = pointers()
             raw = np.zeros(floats * 4 + ALIGNMENT, dtype=np.uint8)
             shift = (-raw.ctypes.data) % ALIGNMENT
             buf = raw[shift : shift + floats * 4]
@@ -423,13 +533,43 @@ class CompiledModel(PlannedModel):
             **common,
             "arena_bytes": self.arena_bytes,
             "workspace_bytes": self.workspace_bytes,
+            # Raw weights held; those read only packed are released (`released_weights_bytes`).
             "weights_bytes": int(sum(w.nbytes for w in self._weights.values())),
-            # Weights kept a second time, packed for the contraction library (contraction/).
+            "released_weights_bytes": int(sum(self._released.values())),
+            # Weights packed for the contraction library (contraction/), packed at load or mapped
+            # from a bundle (`packed_weights_source`).
             "packed_weights_bytes": int(sum(b.nbytes for b in self._packed.values())),
+            "packed_weights_source": self._packed_source(),
             "threads": self.threads,
             "isa": self.isa.name,
             "per_kernel": per_kernel,
         }
+
+    def _packed_source(self) -> str:
+        """Where the packed weights came from: "bundle", "packed at load", "mixed" or "none"."""
+        stored = sum(1 for k, b in self._packed.items() if self._stored_packed.get(k) is b)
+        if not self._packed:
+            return "none"
+        return "bundle" if stored == len(self._packed) else "packed at load" if not stored else "mixed"
+
+    @property
+    def model(self) -> onnx.ModelProto:
+        """The fused model the kernels were generated from, every weight included (read back
+        from `model_file` when the runtime does not hold it)."""
+        if self._model is not None:
+            return self._model
+        assert self.model_file is not None
+        return onnx.load_model(str(self.model_file))
+
+    @property
+    def released_weights(self) -> list[str]:
+        """The weights held only packed, never raw (bundle.py lists them in the manifest)."""
+        return sorted(self._released)
+
+    @property
+    def packed_weights(self) -> dict[PackedKey, np.ndarray]:
+        """The packed weight buffers by (kernel symbol, operand names), for bundle.py to save."""
+        return dict(self._packed)
 
     # -- running -------------------------------------------------------------------------------
     def poison(self, seed: int = 0) -> None:

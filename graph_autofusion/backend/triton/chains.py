@@ -15,22 +15,22 @@ render: `split_row_stages` cuts the stage off as a `reduction` kernel of its own
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import replace
 
 import onnx
 
 from ...lower.values import Unsupported
+from ...plan.anchor_match import ANCHOR_OPS, EPILOGUE_VIEW_OPS
 from ..cpu.extract import ExecutionPlan, KernelStep
 from ..cpu.kernel_spec import KernelSpec, TensorInfo
 
-CONTRACTIONS = ("MatMul", "Gemm", "Conv")
 ROW_STAGES = ("LayerNormalization", "GlobalAveragePool")
-VIEWS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")
 
 
 def split_chain(spec: KernelSpec) -> list[KernelSpec]:
     """The group as kernels of one contraction each, in order (`Unsupported` when it cannot be cut)."""
-    contractions = [k for k, n in enumerate(spec.nodes) if n.op_type in CONTRACTIONS]
+    contractions = [k for k, n in enumerate(spec.nodes) if n.op_type in ANCHOR_OPS]
     if len(contractions) < 2:
         raise Unsupported("not an anchor chain")
     producer = {o: k for k, n in enumerate(spec.nodes) for o in n.output if o}
@@ -54,7 +54,7 @@ def split_chain(spec: KernelSpec) -> list[KernelSpec]:
     tail_outputs = [t.name for t in spec.outputs if t.name not in made]
     tail_spec = _part(spec, tail, tail_outputs, 1)
     parts = [head_spec]
-    if sum(1 for n in tail if n.op_type in CONTRACTIONS) > 1:
+    if sum(1 for n in tail if n.op_type in ANCHOR_OPS) > 1:
         parts.extend(split_chain(tail_spec))
     else:
         parts.append(tail_spec)
@@ -69,7 +69,11 @@ def split_row_stages(spec: KernelSpec) -> list[KernelSpec]:
         raise Unsupported(f"{len(stages)} row stages in one group, not one")
     k = stages[0]
     if spec.nodes[k].op_type == "GlobalAveragePool":  # it opens the group, with the views after it
-        stage, first_template, second_template = _downstream(spec, k, VIEWS), "reduction", "anchor"
+        stage, first_template, second_template = (
+            _downstream(spec, k, EPILOGUE_VIEW_OPS),
+            "reduction",
+            "anchor",
+        )
     else:  # the LayerNormalization and the views after it close the group
         stage, first_template, second_template = _downstream(spec, k), "anchor", "reduction"
     compute = [j for j, n in enumerate(spec.nodes) if n.op_type != "Constant"]
@@ -79,12 +83,12 @@ def split_row_stages(spec: KernelSpec) -> list[KernelSpec]:
     tail = replace(tail, template=second_template)
     parts: list[KernelSpec] = []
     for part in (head, tail):
-        chain = sum(1 for n in part.nodes if n.op_type in CONTRACTIONS) > 1
+        chain = sum(1 for n in part.nodes if n.op_type in ANCHOR_OPS) > 1
         parts.extend(split_chain(part) if chain else [part])
     return parts
 
 
-def _downstream(spec: KernelSpec, k: int, through: tuple[str, ...] | None = None) -> set[int]:
+def _downstream(spec: KernelSpec, k: int, through: Collection[str] | None = None) -> set[int]:
     """Node `k` and every node reading its results, directly or not (only through ops in
     `through` when given)."""
     made = set(spec.nodes[k].output)

@@ -64,6 +64,12 @@ DEFAULT_MODE = "library"
 # or 16), so generators round the tiles they hand the library to it without knowing the ISA.
 PANEL_QUANTUM = 32
 
+# Version of the packed-weight buffers a bundle stores (bundle.py): raw native-endian floats as
+# `<kernel>_prepack` writes them, in the panel layouts of afc.h for the bundle's ISA. Kernels
+# carry the layout in their code (their digest changes with afc.h); this number changes when
+# what a stored buffer means does, so a bundle of another version packs afresh at load.
+PACKED_LAYOUT_VERSION = 1
+
 _HERE = Path(__file__).parent
 
 

@@ -135,3 +135,24 @@ def check(
     assert compiled.stats["host_ops"] == [], compiled.stats["host_ops"]
     assert_close(compiled(feeds), expected)
     return compiled
+
+
+def packed_weights_model() -> onnx.ModelProto:
+    """Weights the contraction library packs (library mode, the default): `w` and `k` are read
+    only packed (a MatMul's and a Conv's weight); `v` is packed for its MatMul and also read raw
+    by an elementwise kernel, so it must stay raw."""
+    rng = np.random.default_rng(7)
+    weights = {
+        "w": rng.standard_normal((48, 64)).astype(np.float32),
+        "v": rng.standard_normal((48, 48)).astype(np.float32),
+        "k": rng.standard_normal((16, 3, 3, 3)).astype(np.float32),
+        "two": np.float32(2.0),
+    }
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["xw"]),
+        helper.make_node("Relu", ["xw"], ["y"]),
+        helper.make_node("MatMul", ["x", "v"], ["xv"]),
+        helper.make_node("Mul", ["v", "two"], ["v2"]),
+        helper.make_node("Conv", ["img", "k"], ["c"], pads=[1, 1, 1, 1]),
+    ]
+    return make_model(nodes, {"x": [40, 48], "img": [1, 3, 12, 12]}, ["y", "xv", "v2", "c"], weights)

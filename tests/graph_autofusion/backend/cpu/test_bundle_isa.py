@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cpu_backend_helpers import assert_close, fuse_all, make_model, random_feeds
+from cpu_backend_helpers import assert_close, fuse_all, make_model, packed_weights_model, random_feeds
 from onnx import helper
 
 from graph_autofusion.backend.cpu.bundle import load
@@ -58,7 +58,9 @@ LOADER = textwrap.dedent(
         print(json.dumps({"error": err.code, "message": err.message}))
         sys.exit(0)
     np.savez(out_path, **model(dict(np.load(feeds_path))))
-    print(json.dumps({"isa": model.isa.name, "recompiled": model.stats.get("recompiled")}))
+    stats = model.stats
+    print(json.dumps({"isa": model.isa.name, "recompiled": stats.get("recompiled"),
+                      "packed": stats["packed_weights_source"], "released": stats["released_weights_bytes"]}))
     """
 )
 
@@ -211,3 +213,51 @@ def test_a_native_bundle_loads_as_built(native, tmp_path: Path) -> None:
     loaded = load(native.save_bundle(tmp_path / "b"), recompile=False)
     assert loaded.isa == native.isa and "recompiled" not in loaded.stats
     assert loaded.stats["isa"] == native.isa.name
+
+
+FOREIGN_BUILDER = textwrap.dedent(
+    """
+    import json, sys
+    import onnx
+    from graph_autofusion.backend.cpu.runtime import compile_model
+
+    model = compile_model(onnx.load(sys.argv[1]))  # built for $AUTOFUSION_ISA: packing would run it
+    path = model.save_bundle(sys.argv[2])
+    stats = model.stats
+    print(json.dumps({k: stats[k] for k in ("packed_weights_bytes", "released_weights_bytes")}))
+    """
+)
+
+
+@needs_foreign
+def test_a_foreign_build_packs_nothing_and_its_bundle_packs_afresh_here(kernel_cache, tmp_path: Path) -> None:
+    """Packing runs the kernels' own code, so a build for an ISA this host lacks packs nothing
+    (and keeps every weight raw); the bundle, recompiled here, packs for this host."""
+    import onnx
+
+    model = packed_weights_model()
+    onnx.save(model, tmp_path / "model.onnx")
+    env = {**os.environ, "AUTOFUSION_ISA": FOREIGN.name, "AUTOFUSION_CACHE_DIR": str(tmp_path / "cache")}
+    bundle = tmp_path / "foreign.bundle"
+    done = subprocess.run(
+        [sys.executable, "-c", FOREIGN_BUILDER, str(tmp_path / "model.onnx"), str(bundle)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=env,
+    )
+    assert done.returncode != -signal.SIGILL, "a kernel built for another ISA was executed"
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {
+        "packed_weights_bytes": 0,
+        "released_weights_bytes": 0,
+    }
+    assert json.loads((bundle / "manifest.json").read_text())["packed"]["buffers"] == []
+    feeds = random_feeds(model, seed=6)
+    result = _load_in_child(bundle, feeds, tmp_path, recompile=True)
+    assert result["recompiled"]["to"] == host_isa().name
+    assert result["packed"] == "packed at load" and result["released"] > 0
+    got = dict(np.load(tmp_path / "out.npz"))
+    native = compile_model(model, cache=kernel_cache)
+    assert_close(got, native(feeds), rtol=0, atol=0)

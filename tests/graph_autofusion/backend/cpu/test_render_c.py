@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from graph_autofusion.backend.cpu.compiler import KernelSource, compile_kernels
-from graph_autofusion.backend.cpu.render_c import render_kernel
+from graph_autofusion.backend.cpu.render_c import PREPACK_ONLY_SUFFIX, prepack_only, render_kernel
 from graph_autofusion.kernel_ir import Assign, Buffer, Call, Declare, DType, If, Kernel, Loop, Store
 from graph_autofusion.kernel_ir import nodes as ir
 
@@ -141,3 +141,40 @@ def test_16_bit_constant_tables_hold_bit_patterns(kernel_cache, elem: str) -> No
     got = compiled({"x": x})["y"].astype(np.float32)
     np.testing.assert_allclose(got, want.astype(np.float32), rtol=4 * 2.0**-7, atol=1e-6)
     assert (got[:, 0, 1:] == 0).all()  # the masked positions of the first row
+
+
+def _packing_kernel(body_reads_raw: bool) -> Kernel:
+    """out = packed(w) + x (+ w when `body_reads_raw`), with w copied into its packed block."""
+    x, w, out = Buffer("x", DType.F32, 32), Buffer("w", DType.F32, 32), Buffer("out", DType.F32, 32, "output")
+    packed = Buffer("pw", DType.F32, 32, "packed")
+    i = ir.var("i")
+    value = ir.load(packed, i) + ir.load(x, i) + (ir.load(w, i) if body_reads_raw else 0.0)
+    return Kernel(
+        "k_pack",
+        (x, w, out),
+        (Loop(i, 32, (Store(out, i, value),)),),
+        packed=(packed,),
+        prepack=(Loop(i, 32, (Store(packed, i, ir.load(w, i) * 3.0),)),),
+    )
+
+
+@pytest.mark.parametrize("body_reads_raw", [False, True])
+def test_a_weight_read_only_packed_is_not_declared_and_is_flagged(kernel_cache, body_reads_raw: bool) -> None:
+    """`<kernel>_prepack_only` flags w (bit 1) only when the body never reads it; then the body
+    does not declare it, and the kernel runs with NULL in its place."""
+    kernel = _packing_kernel(body_reads_raw)
+    assert prepack_only(kernel) == (() if body_reads_raw else (1,))
+    source = render_kernel(kernel)
+    body = source.split("void k_pack(void *const *args) {", 1)[1]
+    assert ("const float *restrict w =" in body) is body_reads_raw
+    lib = compile_kernels([KernelSource("k_pack", source, uses_openmp=False)], cache=kernel_cache)[0].load()
+    assert ctypes.c_int64.in_dll(lib, "k_pack" + PREPACK_ONLY_SUFFIX).value == (0 if body_reads_raw else 2)
+    x, w, out = np.arange(32, dtype=np.float32), np.full(32, 2.0, np.float32), np.zeros(32, np.float32)
+    packed = np.zeros(ctypes.c_int64.in_dll(lib, "k_pack_prepack_floats").value, np.float32)
+    args = (ctypes.c_void_p * 3)(x.ctypes.data, w.ctypes.data, out.ctypes.data)
+    lib.k_pack_prepack(args, ctypes.c_void_p(packed.ctypes.data))
+    run = (ctypes.c_void_p * 4)(
+        x.ctypes.data, w.ctypes.data if body_reads_raw else None, out.ctypes.data, packed.ctypes.data
+    )
+    lib.k_pack(run)
+    np.testing.assert_array_equal(out, x + 6.0 + (2.0 if body_reads_raw else 0.0))

@@ -6,10 +6,12 @@ whole-model runs, which chain many reductions and GEMMs: rtol 1e-4, atol 1e-5 th
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 import pytest
-from cpu_backend_helpers import assert_close, check, make_model, ort_run, random_feeds
+from cpu_backend_helpers import assert_close, check, make_model, ort_run, packed_weights_model, random_feeds
 from onnx import helper
 
 import graph_autofusion as gaf
@@ -17,7 +19,8 @@ from graph_autofusion import FusionConfig, zoo
 from graph_autofusion.backend.cpu.arena import Buffer, plan_offsets
 from graph_autofusion.backend.cpu.codegen import anchor_module
 from graph_autofusion.backend.cpu.hostops import reference_evaluator
-from graph_autofusion.backend.cpu.runtime import compile_model
+from graph_autofusion.backend.cpu.render_c import PREPACK_ONLY_SUFFIX
+from graph_autofusion.backend.cpu.runtime import compile_model, generate_once
 from graph_autofusion.errors import RuntimeInputError
 
 needs_anchor = pytest.mark.skipif(
@@ -278,3 +281,40 @@ def test_row_buffers_live_in_the_arena_workspace_one_slice_per_thread(kernel_cac
     one, two = compiled[1].stats, compiled[2].stats
     assert one["workspace_bytes"] >= 300 * 4 and two["workspace_bytes"] == 2 * one["workspace_bytes"]
     assert two["arena_bytes"] - one["arena_bytes"] == one["workspace_bytes"]
+
+
+def test_weights_read_only_packed_are_released_not_held_twice(kernel_cache) -> None:
+    """`w` (a MatMul's) and `k` (a Conv's) are read only packed: released after packing, so the
+    runtime holds them once; `v` is also read raw by the Mul kernel and stays."""
+    model = packed_weights_model()
+    weights = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    compiled = compile_model(model, cache=kernel_cache)
+    feeds = random_feeds(model)
+    assert_close(compiled(feeds), ort_run(model, feeds))
+    stats = compiled.stats
+    assert stats["released_weights_bytes"] == weights["w"].nbytes + weights["k"].nbytes
+    assert stats["weights_bytes"] == weights["v"].nbytes + weights["two"].nbytes
+    assert stats["packed_weights_bytes"] >= (weights["w"].size + weights["v"].size + weights["k"].size) * 4
+    assert stats["packed_weights_source"] == "packed at load"
+    with pytest.raises(KeyError, match="packed"):
+        compiled.array("w")
+    np.testing.assert_array_equal(compiled.array("v"), weights["v"])
+    assert "w" not in compiled.plan.initializers and "v" in compiled.plan.initializers
+
+
+def test_kernels_do_not_declare_the_weights_they_read_packed(kernel_cache) -> None:
+    """What makes passing NULL for them safe: the run function never names the raw weight (the
+    compiler would refuse a read), and each kernel that packs says which parameters it skips."""
+    compiled = compile_model(packed_weights_model(), cache=kernel_cache)
+    skipped = 0
+    for symbol, spec in compiled.plan.specs.items():
+        source = generate_once(spec).source
+        if f"{symbol}{PREPACK_ONLY_SUFFIX}" not in source:
+            continue
+        body = source.split(f"void {symbol}(void *const *args) {{", 1)[1]
+        code = re.sub(r"/\*.*?\*/", "", body, flags=re.DOTALL)
+        for j, name in re.findall(r"/\* args\[(\d+)\] \((\w+)\): read packed only", body):
+            skipped += 1
+            assert spec.inputs[int(j)].name in spec.weights
+            assert not re.search(rf"\b{name}\b", code), (symbol, name)
+    assert skipped >= 2  # the MatMul's `w` and the Conv's `k` at least

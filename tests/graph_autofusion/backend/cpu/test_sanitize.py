@@ -147,3 +147,27 @@ def test_undefined_behaviour_aborts_in_process_under_ubsan(tmp_path: Path) -> No
     assert "bad" not in proc.stdout
     assert proc.returncode != 0
     assert "runtime error: shift exponent 40" in proc.stderr
+
+
+def test_kernels_given_null_for_weights_they_read_packed_are_clean_under_asan(tmp_path: Path) -> None:
+    """The raw weights a kernel reads only packed are released and passed as NULL: under ASan +
+    UBSan, twice, differently poisoned, the model still matches onnxruntime and nothing reports."""
+    proc = _child(
+        """
+        import sys
+        sys.path.insert(0, "tests/graph_autofusion/backend/cpu")
+        from cpu_backend_helpers import assert_close, ort_run, packed_weights_model, random_feeds
+        from graph_autofusion.backend.cpu.runtime import compile_model
+        model = packed_weights_model()
+        compiled = compile_model(model, threads=2)
+        assert compiled.sanitize and compiled.stats["released_weights_bytes"] > 0, compiled.stats
+        feeds = random_feeds(model)
+        for _ in range(2):
+            assert_close(compiled(feeds), ort_run(model, feeds))
+        print("clean", compiled.stats["released_weights_bytes"])
+        """,
+        sanitize.ADDRESS,
+        tmp_path,
+    )
+    assert proc.returncode == 0 and "clean" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "AddressSanitizer" not in proc.stderr and "runtime error" not in proc.stderr
