@@ -374,7 +374,7 @@ def match_anchor(spec: KernelSpec, *, float_types: Collection[int] = FP32) -> An
     anchor = anchors[0]
     ancestors = body.ancestors(anchor)
     pool = _pool_prologue(body, anchor, ancestors)
-    prologue = [n for n in ancestors if pool is None or n.name != pool.node]
+    prologue = [n for n in ancestors if pool is None or n.op_type != "GlobalAveragePool"]
     operands = _prologue(body, anchor, prologue, pool)
     epilogue, tail_nodes, norm_node = _epilogue(body, anchor, ancestors)
     _float_boundary(body, float_types)
