@@ -25,6 +25,24 @@ Views among the epilogue keep the linear order, so every value leaving the kerne
 tile element's linear index `r * L + c`, except the destination, which may be a permuted layout
 (an output Transpose folded into the contraction's `ldc` and batch offsets).
 
+A match closing with a LayerNormalization (`RowNorm`) leaves the pre-norm value in the
+destination, then normalises each row in place: a blocked sum for the mean, one for the variance
+of the centred row (the same fp32-lanes-into-double blocking as lower/reduction.py), then one
+vector pass writing `(x - mean) * rstd * scale + bias`. The pre-norm value, when the graph reads
+it (a transformer's residual stream), is one more epilogue output. Where the rows are normalised
+follows from the operand traffic (`full_row_tiles`): tiles of whole rows (the row tile sized to
+stay in L2) normalise each row of the hot tile right after its epilogue; but every row tile then
+streams the whole weight, so when that costs more than the usual tiles' traffic (BERT-base at 128
+tokens: 4 row tiles x 2.4M weight floats against 4 column tiles x 0.4M activation floats), the
+usual tiles run and a second parallel loop normalises blocks of rows while they are still in
+cache, in the same kernel.
+
+A match opening with a GlobalAveragePool (`PoolPrologue`, a CNN's classifier) gives each task
+a workspace slice for the pooled values: before its contraction the task averages the entries
+its tile of the left operand reads (its rows, every K), so the pooled tensor never makes a trip
+through memory to a kernel of its own; with column tiles a row is pooled once per column tile,
+which is N*C*window additions against the tile product's N*C*columns multiply-adds.
+
 `contraction(...)` is the one place that chooses the routine computing a tile product: OpenBLAS
 (`af_sgemm_tile`), or, when the right operand is a constant weight shared across the batch and
 `AUTOFUSION_CONTRACTION=library` (backend/cpu/contraction), the library's `afc_gemm_bp` on that
@@ -41,10 +59,19 @@ from dataclasses import dataclass
 
 from ..backend.cpu.contraction import PANEL_QUANTUM, contraction_mode
 from ..backend.cpu.kernel_spec import KernelSpec
-from ..kernel_ir import Buffer, Call, DType, Expr, Kernel, Let, Loop, Stmt, Store, TensorAt
+from ..kernel_ir import Assign, Buffer, Call, Declare, DType, Expr, Kernel, Let, Loop, Stmt, Store, TensorAt
 from ..kernel_ir import nodes as ir
-from ..plan.anchor_match import EPILOGUE_VIEW_OPS, AnchorMatch, Contraction, MatrixView, match_anchor
+from ..plan.anchor_match import (
+    EPILOGUE_VIEW_OPS,
+    AnchorMatch,
+    Contraction,
+    MatrixView,
+    PoolPrologue,
+    RowNorm,
+    match_anchor,
+)
 from .pointwise import KernelValues
+from .reduction import SUM_BLOCK
 from .values import IndexGroup, Unsupported, broadcast_index
 
 # Tile shape targets. OpenBLAS packs both operands on every call: the left panel (rows x K) is
@@ -58,6 +85,12 @@ TILE_COLS = 256
 MIN_TILE_COLS = 64
 MIN_TILE_ROWS = 16
 MIN_TILES = 4
+# Bytes of one tile of whole rows (a LayerNormalization epilogue): the tile is normalised right
+# after its contraction, so it should still be in L2 (1-2 MiB per core on current x86 servers,
+# shared with the packed operands).
+ROW_TILE_BYTES = 512 * 1024
+# Rows per task of the normalisation pass after the tile loop (`_norm_pass`).
+NORM_ROWS = 16
 # Below this many multiply-adds a kernel runs on the calling thread (an OpenMP fork/join costs
 # more than it saves, DESIGN.md §1).
 PARALLEL_MIN_MACS = 1 << 19
@@ -172,24 +205,43 @@ def _round_up(x: int, q: int) -> int:
     return -(-x // q) * q
 
 
-def tile_sizes(p: Contraction) -> tuple[int, int]:
+def tile_sizes(p: Contraction, full_rows: bool = False) -> tuple[int, int]:
     """(rows, columns) of one output tile: near TILE_ROWS x TILE_COLS and equal-sized; when the
     problem is worth parallelising, at least MIN_TILES tiles and an even count (two threads split
-    them evenly), made by narrowing columns first, since rows amortize the packing of B."""
-    mct = -(-p.m // TILE_ROWS)
-    nct = -(-p.n // TILE_COLS)
+    them evenly), made by narrowing columns first, since rows amortize the packing of B.
+    `full_rows`: every tile spans all N columns (a row-normalising epilogue), at most
+    ROW_TILE_BYTES of them, and only rows are split."""
+    row_cap = TILE_ROWS
+    if full_rows:
+        row_cap = max(8, min(TILE_ROWS, ROW_TILE_BYTES // (4 * max(p.n, 1)) // 8 * 8))
+    mct = -(-p.m // row_cap)
+    nct = 1 if full_rows else -(-p.n // TILE_COLS)
 
     def count() -> int:
         return p.batch_count * mct * nct
 
     if p.macs >= PARALLEL_MIN_MACS:
-        while (count() < MIN_TILES or count() % 2) and -(-p.n // (nct + 1)) >= MIN_TILE_COLS:
+        while (
+            not full_rows and (count() < MIN_TILES or count() % 2) and -(-p.n // (nct + 1)) >= MIN_TILE_COLS
+        ):
             nct += 1
         while count() < MIN_TILES and -(-p.m // (mct + 1)) >= MIN_TILE_ROWS:
             mct += 1
     mb = min(p.m, _round_up(-(-p.m // mct), 8))
     nb = min(p.n, _round_up(-(-p.n // nct), 16))
     return mb, nb
+
+
+def full_row_tiles(p: Contraction) -> bool:
+    """Whether a row-normalising anchor runs tiles of whole rows: when the floats its tiles stream
+    (each row tile reads all of B, each column tile all of its rows of A) are no more than those
+    of the usual tiles, which then need a second pass over the rows."""
+
+    def streamed(full_rows: bool) -> int:
+        mb, nb = tile_sizes(p, full_rows)
+        return p.batch_count * (-(-p.m // mb) * p.k * p.n + -(-p.n // nb) * p.m * p.k)
+
+    return streamed(True) <= streamed(False)
 
 
 def batch_offset(bi: Expr, batch: Sequence[int], strides: Sequence[int]) -> Expr:
@@ -261,7 +313,9 @@ def lower_anchor(spec: KernelSpec, match: AnchorMatch | None = None) -> Kernel:
     y = match.anchor.output[0]
     epilogue_values = [y, *(n.output[0] for n in match.epilogue)]
     flat = [v for v in epilogue_values if v in out_buf]
-    if match.tail is not None:
+    if match.norm is not None:  # the destination holds the pre-norm value, normalised in place
+        dest, value, strides = match.norm.output, match.norm.value, None
+    elif match.tail is not None:
         dest, value, strides = match.tail.output, match.tail.value, match.tail.strides
     else:
         if not flat:
@@ -276,13 +330,23 @@ def lower_anchor(spec: KernelSpec, match: AnchorMatch | None = None) -> Kernel:
     if math.prod(match.domain) == 0:
         body: list[Stmt] = []
     else:
-        weights = _packed_weights(values, p)
-        body, scratch = _tiles(values, match, p, out_buf[dest], write_back, flat, out_buf, weights)
+        full_rows = match.norm is not None and full_row_tiles(p)
+        weights = _packed_weights(values, p, full_rows)
+        body, scratch = _tiles(values, match, p, out_buf[dest], write_back, flat, out_buf, weights, full_rows)
         method += "_packed" if scratch else ""
+        if match.norm is not None and not full_rows:
+            body.append(_norm_pass(values, match.norm, out_buf[dest], p))
     what = (
         f"method: {method}; {match.anchor.op_type} batch {list(p.batch)} M={p.m} N={p.n} K={p.k}"
         f" (A {_layout(p.a)}, B {_layout(p.b)}); epilogue "
         f"{' -> '.join(n.op_type for n in match.epilogue) or 'none'}"
+        + (
+            f"; rows normalised (LayerNormalization over {p.n} columns, "
+            f"{'in each tile of whole rows' if full_row_tiles(p) else 'after the tiles'})"
+            if match.norm
+            else ""
+        )
+        + (f"; A pooled first (GlobalAveragePool of {match.pool.window})" if match.pool else "")
         + (
             f"; stored transposed (ldc {p.c_rs}, batch strides {list(p.c_batch_strides)})"
             if match.tail
@@ -302,7 +366,9 @@ def lower_anchor(spec: KernelSpec, match: AnchorMatch | None = None) -> Kernel:
     return kernel
 
 
-def _packed_weights(values: _EpilogueValues, p: Contraction) -> tuple[Buffer, Loop, int] | None:
+def _packed_weights(
+    values: _EpilogueValues, p: Contraction, full_rows: bool = False
+) -> tuple[Buffer, Loop, int] | None:
     """`pack_weights` of the right operand when the library contracts this anchor: the operand
     is a weight (bound to an initializer at every call, `KernelSpec.weights`) passed as an fp32
     parameter, shared across the batch; None: OpenBLAS, which reads both operands in place."""
@@ -311,7 +377,8 @@ def _packed_weights(values: _EpilogueValues, p: Contraction) -> tuple[Buffer, Lo
     b = values.buffer_of(p.b.tensor)
     if b.role != "input" or b.dtype is not DType.F32 or any(p.b.batch_strides):
         return None
-    return pack_weights(k=p.k, n=p.n, nb=tile_sizes(p)[1], b=b, offset=p.b.offset, rs=p.b.rs, cs=p.b.cs)
+    nb = tile_sizes(p, full_rows)[1]
+    return pack_weights(k=p.k, n=p.n, nb=nb, b=b, offset=p.b.offset, rs=p.b.rs, cs=p.b.cs)
 
 
 def method_of(kernel: Kernel) -> str:
@@ -338,8 +405,9 @@ def _tiles(
     flat: list[str],
     out_buf: dict[str, Buffer],
     weights: tuple[Buffer, Loop, int] | None,
+    full_rows: bool = False,
 ) -> tuple[list[Stmt], bool]:
-    mb, nb = tile_sizes(p)
+    mb, nb = tile_sizes(p, full_rows)
     mt, nt = -(-p.m // mb), -(-p.n // nb)
     tasks = p.batch_count * mt * nt
     task, bi, rest = ir.var("task"), ir.var("bi"), ir.var("rest")
@@ -353,8 +421,14 @@ def _tiles(
         Let(n1, ir.minimum(n0 + nb, p.n)),
     ]
     scratch: list[Buffer] = []
-    a_buf, b_buf = values.buffer_of(p.a.tensor), values.buffer_of(p.b.tensor)
     a_at = p.a.offset + batch_offset(bi, p.batch, p.a.batch_strides) + m0 * p.a.rs
+    pooled = match.pool is not None
+    if match.pool is not None:
+        pool_buf = Buffer("pooled", DType.F32, match.pool.entries, "scratch")
+        scratch.append(pool_buf)
+        values.buffers[match.pool.value] = pool_buf
+        head.append(pool_rows(values, match.pool, pool_buf, p.a, a_at, m1 - m0, p.k))
+    a_buf, b_buf = values.buffer_of(p.a.tensor), values.buffer_of(p.b.tensor)
     b_at = p.b.offset + batch_offset(bi, p.batch, p.b.batch_strides) + n0 * p.b.cs
     a_layout, b_layout = p.a.blas(), p.b.blas()
     a_ptr: Expr = ir.addr(a_buf, a_at)
@@ -399,9 +473,73 @@ def _tiles(
     if write_back is not None or flat:
         rows = (bi * p.m + m0, bi * p.m + m1)
         head.append(epilogue_nest(values, match, dest, write_back, flat, out_buf, rows, (n0, n1)))
+    if match.norm is not None and full_rows:
+        head.append(norm_rows(values, match.norm, dest, (bi * p.m + m0, bi * p.m + m1)))
     parallel = tasks > 1 and p.macs >= PARALLEL_MIN_MACS
     loop = Loop(task, tasks, tuple(head), parallel=parallel, dynamic=parallel, scratch=tuple(scratch))
-    return [loop], bool(scratch)
+    return [loop], len(scratch) > int(pooled)
+
+
+def _row_sum(j: ir.Var, n: int, term: Expr, name: str) -> tuple[list[Stmt], ir.Var]:
+    """The statements summing `term` (an fp32 expression of `j`) over j in [0, n), and the
+    double total: fp32 vector lanes over blocks of SUM_BLOCK, blocks added in double, as the row
+    kernels sum (lower/reduction.py), which keeps a mean within fp32 rounding of onnxruntime's."""
+    total, part = ir.var(f"{name}_t", DType.F64), ir.var(f"{name}_p", DType.F32)
+    jb, je = ir.var(f"{name}_jb"), ir.var(f"{name}_je")
+    lanes = Loop(j, je, (Assign(part, part + term),), vector=True, start=jb, reductions=(("sum", part),))
+    chunk: tuple[Stmt, ...] = (
+        Let(je, ir.minimum(jb + min(n, SUM_BLOCK), n)),
+        Declare(part, ir.const(0.0, DType.F32)),
+        lanes,
+        Assign(total, total + ir.cast(part, DType.F64)),
+    )
+    return [Declare(total, ir.const(0.0, DType.F64)), Loop(jb, n, chunk, step=min(n, SUM_BLOCK))], total
+
+
+def pool_rows(
+    values: KernelValues, pool: PoolPrologue, dest: Buffer, a: MatrixView, a_at: Expr, rows: Expr, k: int
+) -> Loop:
+    """The pooled entries a tile of the left operand reads (`rows` rows of `k` from `a_at`, at
+    `a`'s strides), each the mean of its window of the pooled input, stored where the operand
+    reads them in `dest` (the pooled value's dense layout)."""
+    i, kk, w, e = ir.var("pi"), ir.var("pk"), ir.var("pw"), ir.var("pe")
+    src = values.buffer_of(pool.tensor)
+    stmts, total = _row_sum(w, pool.window, ir.load(src, e * pool.window + w), "pp")
+    mean = ir.cast(total / ir.const(float(pool.window), DType.F64), DType.F32)
+    entry = (Let(e, a_at + i * a.rs + kk * a.cs), *stmts, Store(dest, e, mean))
+    return Loop(i, rows, (Loop(kk, k, entry),))
+
+
+def _norm_pass(values: KernelValues, norm: RowNorm, dest: Buffer, p: Contraction) -> Loop:
+    """The rows normalised after the tile loop: blocks of NORM_ROWS rows, parallel when the
+    product was (the destination is dense, `batch x M` rows of N)."""
+    rows = p.batch_count * p.m
+    blocks = -(-rows // NORM_ROWS)
+    blk, r0 = ir.var("nblk"), ir.var("nr0")
+    block = (Let(r0, blk * NORM_ROWS), norm_rows(values, norm, dest, (r0, ir.minimum(r0 + NORM_ROWS, rows))))
+    return Loop(blk, blocks, block, parallel=blocks > 1 and p.macs >= PARALLEL_MIN_MACS)
+
+
+def norm_rows(values: KernelValues, norm: RowNorm, dest: Buffer, rows: tuple[Expr, Expr]) -> Loop:
+    """LayerNormalization, in place, of rows [rows) of `dest` (dense rows of `norm.columns`):
+    the mean, the variance of the centred row (two passes, not E[x^2] - mean^2, which cancels),
+    then `(x - mean) * rstd * scale + bias` stored over the row."""
+    n = norm.columns
+    r, j, base = ir.var("nr"), ir.var("nj"), ir.var("nbase")
+    mean, rstd = ir.var("nmean", DType.F32), ir.var("nrstd", DType.F32)
+    x = ir.load(dest, base + j)
+    body: list[Stmt] = [Let(base, r * n)]
+    stmts, total = _row_sum(j, n, x, "ns")
+    body += [*stmts, Let(mean, ir.cast(total / ir.const(float(n), DType.F64), DType.F32))]
+    stmts, total = _row_sum(j, n, (x - mean) * (x - mean), "nv")
+    var = ir.cast(total / ir.const(float(n), DType.F64), DType.F32)
+    eps = ir.const(norm.epsilon, DType.F32)
+    body += [*stmts, Let(rstd, ir.const(1.0, DType.F32) / ir.unary("sqrt", var + eps))]
+    y = (x - mean) * rstd * ir.load(values.buffer_of(norm.scale), j)
+    if norm.bias is not None:
+        y = y + ir.load(values.buffer_of(norm.bias), j)
+    body.append(Loop(j, n, (Store(dest, base + j, y),), vector=True))
+    return Loop(r, rows[1], tuple(body), start=rows[0])
 
 
 def _axes(flat: Expr, dims: Sequence[int]) -> list[Expr]:

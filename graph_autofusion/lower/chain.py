@@ -37,6 +37,7 @@ from .anchor import (
     _is_raw,
     contraction,
     epilogue_nest,
+    norm_rows,
     pack_weights,
 )
 from .values import Unsupported
@@ -147,7 +148,9 @@ def lower_chain(spec: KernelSpec, chain: ChainMatch | None = None) -> Kernel:
     # The second half's destination, as a single anchor's (lower_anchor).
     y = match2.anchor.output[0]
     flat = [v for v in [y, *(n.output[0] for n in match2.epilogue)] if v in out_buf]
-    if match2.tail is not None:
+    if match2.norm is not None:  # normalised in place after the epilogue, as in lower_anchor
+        dest, value, strides = match2.norm.output, match2.norm.value, None
+    elif match2.tail is not None:
         dest, value, strides = match2.tail.output, match2.tail.value, match2.tail.strides
     else:
         if not flat:
@@ -214,6 +217,8 @@ def lower_chain(spec: KernelSpec, chain: ChainMatch | None = None) -> Kernel:
     if write_back2 is not None or flat:
         values.match, values.raw_at, values.raw_origin = match2, (y_buf, strides), None
         body.append(epilogue_nest(values, match2, y_buf, write_back2, flat, out_buf, (m0, m1), cols2))
+    if match2.norm is not None:
+        body.append(norm_rows(values, match2.norm, y_buf, (m0, m1)))
     parallel = blocks > 1 and p1.macs + p2.macs >= PARALLEL_MIN_MACS
     loop = Loop(blk, blocks, tuple(body), parallel=parallel, dynamic=parallel, scratch=(ws,))
     weights = [w for w in (w1, w2) if w is not None]
@@ -221,7 +226,9 @@ def lower_chain(spec: KernelSpec, chain: ChainMatch | None = None) -> Kernel:
     after = " -> ".join(n.op_type for n in match2.epilogue) or "none"
     what = (
         f"method: matmul_chain; [{p1.m}x{p1.k}]x[{p1.k}x{p1.n}] -> {middle}"
-        f" -> [{p2.m}x{p2.k}]x[{p2.k}x{p2.n}] -> {after}; {blocks} row blocks of {mb},"
+        f" -> [{p2.m}x{p2.k}]x[{p2.k}x{p2.n}] -> {after}"
+        + ("; rows normalised (LayerNormalization)" if match2.norm else "")
+        + f"; {blocks} row blocks of {mb},"
         " the intermediate in a per-thread workspace slice"
         + (f"; {len(weights)} weight(s) packed once at load (contraction library)" if weights else "")
     )

@@ -16,7 +16,14 @@ succeeds". A match is
 - the epilogue: the elementwise/broadcast ops and views applied to the anchor's output, in order,
   Gemm's `beta * C` as the `addend` in front of them;
 - the output tail: one Transpose after a MatMul/Gemm that keeps the last axis last, folded into
-  where the GEMM stores each tile (`OutputTail`).
+  where the GEMM stores each tile (`OutputTail`);
+- the row norm: a LayerNormalization over the last axis closing a MatMul/Gemm epilogue
+  (`RowNorm`), when a row of the product is short enough (ROW_NORM_MAX_COLUMNS) for the tile
+  loop to run full rows: its mean and variance are then row reductions over the hot tile, and
+  the residual stream feeding it need not make a round trip through memory to a kernel of its own;
+- the pool prologue: a GlobalAveragePool feeding a MatMul/Gemm's left operand through views
+  (a CNN's `GlobalAveragePool -> Flatten -> Gemm` classifier, `PoolPrologue`): the kernel
+  averages the rows a tile reads into a small workspace right before its contraction.
 
 `to_json` is the form the exporter writes into the fused function's doc_string
 (docs/fused-format.md). Conv/ConvTranspose matches carry no contraction (lower/conv.py computes
@@ -47,6 +54,10 @@ EPILOGUE_VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Id
 FP32 = frozenset({onnx.TensorProto.FLOAT})
 # Integer/bool constants up to this size are inlined into a kernel (extract.CONST_MAX_INT_ELEMENTS).
 INLINED_INT_CONSTANT = 4096
+# Widest product row a LayerNormalization epilogue normalises: the tile loop then runs tiles of
+# whole rows, and 8 rows of this many floats (128 KiB) still stay in L2 between the contraction
+# and the normalisation (lower/anchor.py sizes the row tile).
+ROW_NORM_MAX_COLUMNS = 4096
 
 
 def dense_strides(shape: Sequence[int]) -> tuple[int, ...]:
@@ -140,6 +151,38 @@ class OutputTail:
 
 
 @dataclass(frozen=True)
+class RowNorm:
+    """LayerNormalization `node` over the last axis of `value` (the anchor output or an epilogue
+    value, on the anchor's domain) as the kernel's last stage: `output` =
+    `(value - mean) / sqrt(var + epsilon) * scale + bias`, mean and variance over each row of
+    `columns` elements (the contraction's N); `scale` and `bias` are kernel inputs of `columns`
+    elements (bias None: none); `output` is the LayerNormalization's output or a view of it."""
+
+    node: str
+    value: str
+    scale: str
+    bias: str | None
+    epsilon: float
+    output: str
+    columns: int
+    through: tuple[str, ...] = ()  # views after the LayerNormalization, `output` the last leaving
+
+
+@dataclass(frozen=True)
+class PoolPrologue:
+    """GlobalAveragePool `node` of kernel input `tensor` (`[N, C, spatial...]`), computed into a
+    workspace holding `value` (its output, `entries` = N * C floats, dense) right before the
+    contraction that reads it, through the views after it, as the left operand: entry e is the
+    mean of `tensor[e * window : (e + 1) * window]`."""
+
+    node: str
+    tensor: str
+    value: str
+    entries: int
+    window: int
+
+
+@dataclass(frozen=True)
 class AnchorMatch:
     """One anchor kernel: an anchor with prologue views, epilogue steps and an output tail."""
 
@@ -151,6 +194,8 @@ class AnchorMatch:
     tail: OutputTail | None
     domain: tuple[int, ...]  # the anchor output's shape
     split: int  # leading domain dims that index a tile row; the rest index its columns
+    norm: RowNorm | None = None  # a LayerNormalization after the epilogue, over whole rows
+    pool: PoolPrologue | None = None  # a GlobalAveragePool computing the left operand
 
     @property
     def row_len(self) -> int:
@@ -211,6 +256,27 @@ class AnchorMatch:
                 "tensor": tensor(self.addend.tensor),
                 "beta": self.addend.beta,
                 "shape": list(self.addend.shape),
+            }
+        if self.norm is not None:
+            rn = self.norm
+            out["norm"] = {
+                "node": node(rn.node),
+                "value": tensor(rn.value),
+                "scale": tensor(rn.scale),
+                "bias": None if rn.bias is None else tensor(rn.bias),
+                "epsilon": rn.epsilon,
+                "output": tensor(rn.output),
+                "columns": rn.columns,
+                "through": [node(m) for m in rn.through],
+            }
+        if self.pool is not None:
+            pp = self.pool
+            out["pool"] = {
+                "node": node(pp.node),
+                "tensor": tensor(pp.tensor),
+                "value": tensor(pp.value),
+                "entries": pp.entries,
+                "window": pp.window,
             }
         if self.tail is not None:
             out["tail"] = {
@@ -306,9 +372,11 @@ def match_anchor(spec: KernelSpec, *, float_types: Collection[int] = FP32) -> An
     if len(anchors) != 1:
         raise Unsupported(f"an anchor kernel has exactly one anchor, found {len(anchors)}")
     anchor = anchors[0]
-    prologue = body.ancestors(anchor)
-    operands = _prologue(body, anchor, prologue)
-    epilogue, tail_nodes = _epilogue(body, anchor, prologue)
+    ancestors = body.ancestors(anchor)
+    pool = _pool_prologue(body, anchor, ancestors)
+    prologue = [n for n in ancestors if pool is None or n.op_type != "GlobalAveragePool"]
+    operands = _prologue(body, anchor, prologue, pool)
+    epilogue, tail_nodes, norm_node = _epilogue(body, anchor, ancestors)
     _float_boundary(body, float_types)
     y = anchor.output[0]
     domain = body.shape(y)
@@ -326,12 +394,48 @@ def match_anchor(spec: KernelSpec, *, float_types: Collection[int] = FP32) -> An
         split = len(domain) if b_vector else len(domain) - 1
     if contraction is not None and math.prod(domain) and contraction.n != math.prod(domain[split:]):
         raise Unsupported(f"{anchor.op_type} '{anchor.name}' rows do not match its output {list(domain)}")
-    return AnchorMatch(anchor, operands, contraction, addend, tuple(epilogue), tail, domain, split)
+    norm = None
+    if norm_node is not None:
+        if contraction is None:
+            raise Unsupported(
+                f"LayerNormalization after {anchor.op_type} '{anchor.name}' normalises no GEMM rows"
+            )
+        norm = _row_norm(body, anchor, *norm_node, contraction.n, tail, domain, split)
+    return AnchorMatch(
+        anchor, operands, contraction, addend, tuple(epilogue), tail, domain, split, norm, pool
+    )
 
 
-def _prologue(body: _Body, anchor: onnx.NodeProto, prologue: list[onnx.NodeProto]) -> tuple[OperandView, ...]:
-    """Each anchor input through its prologue chain, checked to be a pure stride change."""
-    if prologue and anchor.op_type != "MatMul":
+def _pool_prologue(
+    body: _Body, anchor: onnx.NodeProto, ancestors: list[onnx.NodeProto]
+) -> PoolPrologue | None:
+    """The GlobalAveragePool among the anchor's ancestors, if any: of a kernel input, its output
+    read only by the views into the left operand (`_prologue` checks the views)."""
+    pools = [n for n in ancestors if n.op_type == "GlobalAveragePool"]
+    if not pools:
+        return None
+    if len(pools) > 1 or anchor.op_type not in GEMM_OPS:
+        raise Unsupported(f"{anchor.op_type} '{anchor.name}' takes one pooled operand at most")
+    node = pools[0]
+    x, y = node.input[0], node.output[0]
+    if x in body.producer:
+        raise Unsupported(
+            f"GlobalAveragePool '{node.name}' before {anchor.op_type} pools a value computed here"
+        )
+    shape = body.shape(x)
+    if len(shape) < 3:
+        raise Unsupported(f"GlobalAveragePool '{node.name}' of shape {list(shape)} has no spatial axes")
+    if y in body.outputs:
+        raise Unsupported(f"GlobalAveragePool '{node.name}' output '{y}' leaves the kernel")
+    return PoolPrologue(node.name, x, y, shape[0] * shape[1], math.prod(shape[2:]))
+
+
+def _prologue(
+    body: _Body, anchor: onnx.NodeProto, prologue: list[onnx.NodeProto], pool: PoolPrologue | None = None
+) -> tuple[OperandView, ...]:
+    """Each anchor input through its prologue chain, checked to be a pure stride change (back to
+    the pooled workspace for the left operand of a pool prologue)."""
+    if prologue and anchor.op_type != "MatMul" and pool is None:
         raise Unsupported(f"{anchor.op_type} takes no fused prologue")
     for n in prologue:
         if n.op_type not in STRIDE_PROLOGUE_OPS:
@@ -339,10 +443,14 @@ def _prologue(body: _Body, anchor: onnx.NodeProto, prologue: list[onnx.NodeProto
     used: set[int] = set()
     read: set[str] = set()
     views = []
-    for name in anchor.input:
+    for slot, name in enumerate(anchor.input):
         if not name:
             continue
-        view, chain, values = _trace(body, name, anchor)
+        view, chain, values = _trace(body, name, anchor, pool.value if pool is not None else None)
+        if pool is not None and (view.tensor == pool.value) != (slot == 0):
+            raise Unsupported(
+                f"the pooled value does not reach {anchor.op_type} '{anchor.name}' as its left operand"
+            )
         if chain and (len(view.shape) < 2 or 1 not in view.strides[-2:]):
             raise Unsupported(
                 f"the layout change feeding {anchor.op_type} '{anchor.name}' is not a stride change"
@@ -353,6 +461,8 @@ def _prologue(body: _Body, anchor: onnx.NodeProto, prologue: list[onnx.NodeProto
     if used != {id(n) for n in prologue}:
         raise Unsupported("prologue nodes do not form chains into the contraction")
     chained = {id(anchor)} | used
+    if pool is not None and any(id(c) not in chained for c in body.consumers.get(pool.value, [])):
+        raise Unsupported(f"GlobalAveragePool '{pool.node}' feeds {anchor.op_type} and other consumers")
     for n in prologue:
         for o in n.output:
             if not o:
@@ -371,14 +481,15 @@ def _prologue(body: _Body, anchor: onnx.NodeProto, prologue: list[onnx.NodeProto
 
 
 def _trace(
-    body: _Body, name: str, anchor: onnx.NodeProto
+    body: _Body, name: str, anchor: onnx.NodeProto, stop: str | None = None
 ) -> tuple[OperandView, list[onnx.NodeProto], list[str]]:
-    """`name` followed back through stride-only ops to a kernel input or constant."""
+    """`name` followed back through stride-only ops to a kernel input or constant (or to `stop`,
+    a value the kernel computes into a dense workspace first)."""
     chain: list[onnx.NodeProto] = []
     values: list[str] = []
     value = name
     node = body.producer.get(value)
-    while node is not None:
+    while node is not None and value != stop:
         if node.op_type not in STRIDE_PROLOGUE_OPS:
             raise Unsupported(f"{node.op_type} '{node.name}' feeding an anchor is not a stride-only prologue")
         chain.append(node)
@@ -447,10 +558,26 @@ def _window(
 
 def _epilogue(
     body: _Body, anchor: onnx.NodeProto, prologue: list[onnx.NodeProto]
-) -> tuple[list[onnx.NodeProto], list[onnx.NodeProto]]:
-    """(epilogue ops before any output Transpose, the Transpose and the views after it)."""
+) -> tuple[list[onnx.NodeProto], list[onnx.NodeProto], tuple[onnx.NodeProto, list[onnx.NodeProto]] | None]:
+    """(epilogue ops before any output Transpose, the Transpose and the views after it, a
+    closing LayerNormalization with the views after it)."""
     desc = body.descendants(anchor)
+    norms = [n for n in desc if n.op_type == "LayerNormalization"]
+    if len(norms) > 1:
+        raise Unsupported(f"an anchor kernel closes with one LayerNormalization, not {len(norms)}")
+    norm = norms[0] if norms else None
+    norm_views: list[onnx.NodeProto] = []
+    if norm is not None:
+        norm_views = body.descendants(norm)
+        for n in norm_views:
+            if n.op_type not in EPILOGUE_VIEW_OPS:
+                raise Unsupported(
+                    f"{n.op_type} '{n.name}' after LayerNormalization '{norm.name}' "
+                    "would need the normalised row"
+                )
     known = {id(n) for n in (*desc, *prologue, anchor)}
+    closing = {id(norm), *(id(n) for n in norm_views)}
+    desc = [n for n in desc if id(n) not in closing]
     other = [n for n in body.nodes if id(n) not in known]
     if other:
         raise Unsupported(
@@ -489,7 +616,61 @@ def _epilogue(
             raise Unsupported(f"epilogue {n.op_type} '{n.name}' changes the domain of {anchor.op_type}")
         if any(x in produced_before for x in n.input):
             raise Unsupported(f"epilogue {n.op_type} '{n.name}' reads a prologue value")
-    return steps, tail_nodes
+    return steps, tail_nodes, (norm, norm_views) if norm is not None else None
+
+
+def _row_norm(
+    body: _Body,
+    anchor: onnx.NodeProto,
+    norm: onnx.NodeProto,
+    views: list[onnx.NodeProto],
+    n: int,
+    tail: OutputTail | None,
+    domain: tuple[int, ...],
+    split: int,
+) -> RowNorm:
+    """The LayerNormalization closing the epilogue, when each of its rows is one row of the
+    product: over the last axis, of a value on the anchor's domain, with per-column scale and
+    bias the kernel reads, and rows short enough for a tile of whole rows. Views after it keep
+    the element order: the one of its values leaving the kernel is where the rows are stored.
+    `n`: the product's columns."""
+    what = f"LayerNormalization '{norm.name}'"
+    if tail is not None:
+        raise Unsupported(f"{what} cannot follow an output Transpose of {anchor.op_type} '{anchor.name}'")
+    if len(norm.output) > 1 and any(norm.output[1:]):
+        raise Unsupported(f"{what}: its Mean / InvStdDev outputs are not computed by an anchor kernel")
+    x = norm.input[0]
+    shape = body.shape(x)
+    axis = int(attrs_of(norm).get("axis", -1))  # type: ignore[call-overload]
+    if not shape or axis % len(shape) != len(shape) - 1:
+        raise Unsupported(f"{what} normalises axis {axis}, not the last axis of {list(shape)}")
+    if split != len(domain) - 1 or shape[-1] != n or body.numel(x) != math.prod(domain):
+        raise Unsupported(
+            f"{what} rows of {list(shape)} are not the rows of {anchor.op_type} '{anchor.name}'"
+        )
+    if n > ROW_NORM_MAX_COLUMNS:
+        raise Unsupported(
+            f"{what} over rows of {n} columns: a tile of whole rows would not stay in cache "
+            f"(at most {ROW_NORM_MAX_COLUMNS} columns)"
+        )
+    params: list[str | None] = []
+    for slot, role in ((1, "scale"), (2, "bias")):
+        name = norm.input[slot] if len(norm.input) > slot and norm.input[slot] else None
+        if name is not None:
+            if name in body.producer:
+                raise Unsupported(f"{what} {role} '{name}' is computed in the kernel, not read")
+            pshape = body.shape(name)
+            if math.prod(pshape) != n or (pshape and pshape[-1] != n):
+                raise Unsupported(f"{what} {role} of shape {list(pshape)} is not one value per column")
+        params.append(name)
+    if params[0] is None:
+        raise Unsupported(f"{what} has no scale")
+    leaving = [o for m in (norm, *views) for o in m.output[:1] if o in body.outputs]
+    if len(leaving) != 1:
+        raise Unsupported(f"{len(leaving)} views of the output of {what} leave the kernel, not one")
+    epsilon = float(attrs_of(norm).get("epsilon", 1e-5))  # type: ignore[arg-type]
+    through = tuple(m.name for m in views)
+    return RowNorm(norm.name, x, params[0], params[1], epsilon, leaving[0], n, through)
 
 
 def _output_tail(body: _Body, anchor: onnx.NodeProto, nodes: list[onnx.NodeProto]) -> OutputTail:
@@ -717,11 +898,35 @@ def match_chain(spec: KernelSpec) -> ChainMatch:
         )
     size = body.numel(second.output[0])
     before = {o for n in (first, *middle) for o in n.output if o}
+    closing = _chain_norm(body, second, desc)
     for n in desc:
-        if not _elementwise_or_view(n):
+        if id(n) not in closing and not _elementwise_or_view(n):
             raise Unsupported(f"{n.op_type} '{n.name}' cannot run as an epilogue of {second.op_type}")
         if body.numel(n.output[0]) != size:
             raise Unsupported(f"epilogue {n.op_type} '{n.name}' changes the domain of {second.op_type}")
         if any(x in before for x in n.input):
             raise Unsupported(f"epilogue {n.op_type} '{n.name}' reads a prologue value")
     return ChainMatch(first, second, tuple(middle), tuple(desc))
+
+
+def _chain_norm(body: _Body, second: onnx.NodeProto, desc: list[onnx.NodeProto]) -> set[int]:
+    """The ids of a LayerNormalization closing a chain's epilogue and of the views after it,
+    checked as a single anchor's (`_row_norm`: a chain computes whole rows of its second
+    product, so the rows are there to normalise); empty when there is none."""
+    norms = [n for n in desc if n.op_type == "LayerNormalization"]
+    if not norms:
+        return set()
+    if len(norms) > 1:
+        raise Unsupported(f"an anchor chain closes with one LayerNormalization, not {len(norms)}")
+    views = body.descendants(norms[0])
+    for v in views:
+        if v.op_type not in EPILOGUE_VIEW_OPS:
+            raise Unsupported(
+                f"{v.op_type} '{v.name}' after LayerNormalization '{norms[0].name}' "
+                "would need the normalised row"
+            )
+    domain = body.shape(second.output[0])
+    if len(domain) < 2:
+        raise Unsupported(f"{second.op_type} '{second.name}' has no rows to normalise")
+    _row_norm(body, second, norms[0], views, domain[-1], None, domain, len(domain) - 1)
+    return {id(norms[0]), *(id(v) for v in views)}

@@ -22,9 +22,15 @@ from .templates import classify
 
 class Legality:
     def __init__(
-        self, graph: Graph, config: FusionConfig, baseline_live: np.ndarray, allow_chains: bool
+        self,
+        graph: Graph,
+        config: FusionConfig,
+        baseline_live: np.ndarray,
+        allow_chains: bool,
+        row_stages: bool = True,
     ) -> None:
         self.graph = graph
+        self.row_stages = row_stages  # anchors may normalise / pool rows (templates.row_stages)
         self.config = config
         self.live = baseline_live
         self.peak = int(baseline_live.max()) if len(baseline_live) else 0
@@ -66,7 +72,7 @@ class Legality:
             ), None
         if part.creates_cycle(members):
             return refuse("NF002", "another kernel depends on one group and feeds the other"), None
-        template, why = classify(g, members)
+        template, why = classify(g, members, row_stages=self.row_stages)
         if template is None:
             code = "NF007" if len(anchors) > 2 else "NF006"
             return refuse(code, why), None

@@ -23,7 +23,7 @@ from .partition import Partition
 from .patterns import Pattern, builtin_patterns
 from .reasons import ACCEPT, Verdict, refuse
 from .strategies import Candidate, Strategy, get_strategy
-from .templates import classify
+from .templates import classify, row_stages
 
 VIEW_PRIORITY = 1e30  # absorbing a view costs nothing: try those merges first
 RECOMPUTE_MAX_INPUT_BYTES = 64 * 1024  # inputs this small stay cache-resident when re-read
@@ -101,7 +101,11 @@ class Planner:
         self.part = Partition(graph)
         baseline = [frozenset({i}) for i in range(len(graph.nodes))]
         self.legality = Legality(
-            graph, config, live_profile(graph, baseline), self.strategy.allow_anchor_chains
+            graph,
+            config,
+            live_profile(graph, baseline),
+            self.strategy.allow_anchor_chains,
+            row_stages(hw),
         )
         self.user_patterns = list(user_patterns)
         self.verdicts: dict[tuple[int, int], tuple[Verdict, str]] = {}

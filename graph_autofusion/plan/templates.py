@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection
 
+from ..hardware import HardwareProfile
 from ..ir import Graph, Node
 from ..lower.values import Unsupported
 from ..ops import OpKind
@@ -69,18 +70,32 @@ def _descendants_within(graph: Graph, node: Node, members: Collection[int]) -> s
     return seen
 
 
-def classify(graph: Graph, members: Collection[int], private: Collection[int] = ()) -> tuple[str | None, str]:
+def row_stages(hw: HardwareProfile) -> bool:
+    """Whether a MatMul/Gemm anchor may close with a LayerNormalization or open with a
+    GlobalAveragePool of its left operand for the target `hw` describes: the CPU backend renders
+    both (lower/anchor.py); the Triton anchors (CUDA, Ascend) do not, so the planner does not form
+    such groups for them."""
+    return hw.compute_capability is None and hw.unified_buffer_bytes <= 0
+
+
+def classify(
+    graph: Graph, members: Collection[int], private: Collection[int] = (), *, row_stages: bool = True
+) -> tuple[str | None, str]:
     """(template, "") when one kernel can run `members`, else (None, why).
 
     `private` names members recomputed inside this kernel: their values never leave it, even
-    where other kernels read the same node (each of those recomputes its own copy)."""
+    where other kernels read the same node (each of those recomputes its own copy). `row_stages`:
+    whether an anchor may close with a LayerNormalization or open with a GlobalAveragePool
+    (`row_stages`)."""
     try:
-        return _classify(graph, members, frozenset(private)), ""
+        return _classify(graph, members, frozenset(private), row_stages), ""
     except Misfit as why:
         return None, str(why)
 
 
-def _classify(graph: Graph, members: Collection[int], private: frozenset[int] = frozenset()) -> str:
+def _classify(
+    graph: Graph, members: Collection[int], private: frozenset[int] = frozenset(), row_stages: bool = True
+) -> str:
     nodes = [graph.nodes[i] for i in sorted(members)]
     real = [n for n in nodes if n.kind != OpKind.VIEW]
     if not real:
@@ -98,6 +113,16 @@ def _classify(graph: Graph, members: Collection[int], private: frozenset[int] = 
     reductions = [n for n in nodes if n.kind == OpKind.REDUCE and "pool" not in n.opdef.tags]
     if len(anchors) > 2:
         raise Misfit("more than two contractions in one kernel")
+    # A LayerNormalization closing a GEMM, a GlobalAveragePool opening one (plan/anchor_match.py).
+    staged = [n for n in reductions if n.op_type in ("LayerNormalization", "GlobalAveragePool")]
+    if anchors and len(anchors) <= 2 and not pools and reductions and staged == reductions:
+        if not row_stages:
+            raise Misfit(f"the target's {anchors[0].op_type} kernels do not normalise or pool rows")
+        if len(anchors) == 2:
+            _anchor_chain(graph, members, anchors)
+            return "anchor_chain"
+        _anchor(graph, members, anchors[0], private)
+        return "anchor"
     if anchors and (reductions or pools):
         raise Misfit(f"{anchors[0].op_type} and {(reductions or pools)[0].op_type} iterate different domains")
     if len(anchors) == 2:

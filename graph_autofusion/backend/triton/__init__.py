@@ -5,7 +5,7 @@ prelude.py   math helpers every rendered module carries (tl.math has no tanh, po
 kernels.py   one kernel spec to Triton source: lowering or anchor renderer
 anchor.py    MatMul / Gemm / Conv anchor matches with tl.dot and the fused epilogue
 blocks.py    block sizes and grids from the target's hardware profile; Ascend constraints
-chains.py    anchor chains split into one kernel per contraction
+chains.py    anchor chains split into one kernel per contraction, CPU row stages into their own
 ahead.py     CUDA cubins compiled ahead of time, without a GPU
 tune.py      block-size autotune on a device, winners stored with the kernels
 runtime.py   compile a fused model and run it on numpy inputs (device or interpreter)

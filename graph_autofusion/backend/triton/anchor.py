@@ -257,6 +257,9 @@ def tile_gemm(match: AnchorMatch, v: AnchorValues) -> TileGemm:
 def render_anchor(spec: KernelSpec, profile: HardwareProfile) -> RenderedKernel:
     """The Triton module of an anchor group: one tiled `tl.dot` function."""
     match = match_anchor(spec, float_types=FLOAT_TYPES)
+    if match.norm is not None or match.pool is not None:  # the planner forms neither for Triton
+        stage = "a closing LayerNormalization" if match.norm is not None else "a GlobalAveragePool prologue"
+        raise Unsupported(f"the Triton anchors do not render {stage}")
     v = AnchorValues(spec, match)
     c = tile_gemm(match, v)
     narrow = not profile.fp64

@@ -7,18 +7,25 @@ contraction: the first part is everything the later contraction's in-group opera
 the rest is the second part, and the tensors crossing the cut become outputs of the first kernel
 and inputs of the second (device tensors named after the step, never seen by the user). The
 group still runs without going back to the host; the report lists it as the same one kernel node.
+
+Groups planned for the CPU may also carry a row stage in an anchor (plan/anchor_match.py: a
+LayerNormalization closing it, a GlobalAveragePool opening it), which the Triton anchors do not
+render: `split_row_stages` cuts the stage off as a `reduction` kernel of its own, the same way.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import replace
 
 import onnx
 
 from ...lower.values import Unsupported
-from ...plan.anchor_match import ANCHOR_OPS
+from ...plan.anchor_match import ANCHOR_OPS, EPILOGUE_VIEW_OPS
 from ..cpu.extract import ExecutionPlan, KernelStep
 from ..cpu.kernel_spec import KernelSpec, TensorInfo
+
+ROW_STAGES = ("LayerNormalization", "GlobalAveragePool")
 
 
 def split_chain(spec: KernelSpec) -> list[KernelSpec]:
@@ -52,6 +59,73 @@ def split_chain(spec: KernelSpec) -> list[KernelSpec]:
     else:
         parts.append(tail_spec)
     return parts
+
+
+def split_row_stages(spec: KernelSpec) -> list[KernelSpec]:
+    """A group with a row stage as a `reduction` kernel for the stage and the contraction(s) for
+    the rest, in order, a chain among them split per contraction (`Unsupported`: no stage)."""
+    stages = [k for k, n in enumerate(spec.nodes) if n.op_type in ROW_STAGES]
+    if len(stages) != 1:
+        raise Unsupported(f"{len(stages)} row stages in one group, not one")
+    k = stages[0]
+    if spec.nodes[k].op_type == "GlobalAveragePool":  # it opens the group, with the views after it
+        stage, first_template, second_template = (
+            _downstream(spec, k, EPILOGUE_VIEW_OPS),
+            "reduction",
+            "anchor",
+        )
+    else:  # the LayerNormalization and the views after it close the group
+        stage, first_template, second_template = _downstream(spec, k), "anchor", "reduction"
+    compute = [j for j, n in enumerate(spec.nodes) if n.op_type != "Constant"]
+    first = stage if first_template == "reduction" else {j for j in compute if j not in stage}
+    head, tail = _cut(spec, first)
+    head = replace(head, template=first_template)
+    tail = replace(tail, template=second_template)
+    parts: list[KernelSpec] = []
+    for part in (head, tail):
+        chain = sum(1 for n in part.nodes if n.op_type in ANCHOR_OPS) > 1
+        parts.extend(split_chain(part) if chain else [part])
+    return parts
+
+
+def _downstream(spec: KernelSpec, k: int, through: Collection[str] | None = None) -> set[int]:
+    """Node `k` and every node reading its results, directly or not (only through ops in
+    `through` when given)."""
+    made = set(spec.nodes[k].output)
+    found = {k}
+    for j in range(k + 1, len(spec.nodes)):
+        if through is not None and spec.nodes[j].op_type not in through:
+            continue
+        if any(i in made for i in spec.nodes[j].input if i):
+            found.add(j)
+            made.update(o for o in spec.nodes[j].output if o)
+    return found
+
+
+def _cut(spec: KernelSpec, first: set[int]) -> tuple[KernelSpec, KernelSpec]:
+    """The group as two kernels: the nodes `first` and the others (each with the Constant nodes
+    it reads), the tensors crossing between them outputs of the first and inputs of the second."""
+    consts = {o: j for j, n in enumerate(spec.nodes) if n.op_type == "Constant" for o in n.output}
+
+    def nodes_of(idx: set[int]) -> list[onnx.NodeProto]:
+        reads = {i for j in idx for i in spec.nodes[j].input if i}
+        keep = idx | {consts[i] for i in reads if i in consts}
+        return [n for j, n in enumerate(spec.nodes) if j in keep]
+
+    rest = {j for j, n in enumerate(spec.nodes) if j not in first and n.op_type != "Constant"}
+    head, tail = nodes_of(first), nodes_of(rest)
+    outputs = {t.name for t in spec.outputs}
+    made = {o for n in head for o in n.output if o}
+    used_later = {i for n in tail for i in n.input if i}
+    crossing = [
+        o
+        for n in head
+        if n.op_type != "Constant"
+        for o in n.output
+        if o and (o in used_later or o in outputs)
+    ]
+    tail_outputs = [t.name for t in spec.outputs if t.name not in made]
+    return _part(spec, head, crossing, 0), _part(spec, tail, tail_outputs, 1)
 
 
 def _part(spec: KernelSpec, nodes: list[onnx.NodeProto], outputs: list[str], k: int) -> KernelSpec:

@@ -52,7 +52,7 @@ from ..steps import (
 )
 from .ahead import compile_ahead
 from .blocks import LaunchConfig, check_ascend, configure, is_ascend
-from .chains import expand_steps, split_chain
+from .chains import ROW_STAGES, expand_steps, split_chain, split_row_stages
 from .kernels import render_spec
 from .render import Launch, RenderedKernel
 from .tune import autotune, load_tuned
@@ -203,7 +203,8 @@ def build_kernels(
     plan: ExecutionPlan, profile: HardwareProfile, root: Path
 ) -> tuple[dict[str, TritonKernel], dict[str, str]]:
     """Every kernel of `plan` for `profile`, and why each one that is not rendered is not. Anchor
-    chains are split into one kernel per contraction (chains.py); `plan.steps` then call the parts."""
+    chains are split into one kernel per contraction, row stages planned for the CPU into kernels of
+    their own (chains.py); `plan.steps` then call the parts."""
     kernels: dict[str, TritonKernel] = {}
     declined: dict[str, str] = {}
     parts: dict[str, list[KernelSpec]] = {}
@@ -212,7 +213,8 @@ def build_kernels(
             kernels[symbol] = build_kernel(spec, profile, root)
         except Unsupported as exc:
             declined[symbol] = str(exc)
-            if spec.template == "anchor_chain":
+            staged = any(n.op_type in ROW_STAGES for n in spec.nodes)
+            if spec.template == "anchor_chain" or (spec.template == "anchor" and staged):
                 _build_chain(spec, profile, root, kernels, parts, declined)
     expand_steps(plan, parts)
     return kernels, declined
@@ -226,9 +228,12 @@ def _build_chain(
     parts: dict[str, list[KernelSpec]],
     declined: dict[str, str],
 ) -> None:
-    """An anchor chain as one kernel per contraction (chains.py), when every part renders."""
+    """An anchor chain as one kernel per contraction, a row stage planned for the CPU (a closing
+    LayerNormalization, an opening GlobalAveragePool) as a kernel of its own (chains.py), when
+    every part renders."""
     try:
-        split = split_chain(spec)
+        staged = any(n.op_type in ROW_STAGES for n in spec.nodes)
+        split = split_row_stages(spec) if staged else split_chain(spec)
         built = {part.symbol: build_kernel(part, profile, root) for part in split}
     except Unsupported as exc:
         declined[spec.symbol] = f"{declined[spec.symbol]}; split per contraction: {exc}"

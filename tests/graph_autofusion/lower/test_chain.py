@@ -129,3 +129,19 @@ def test_gelu_between_and_many_row_blocks(mode: str) -> None:
     (loop,) = lower_chain(spec).body
     assert isinstance(loop, Loop) and loop.parallel and loop.stop == 5
     _check_chain(case, f"chain_gelu_{mode}", 200, mode)
+
+
+def test_residual_and_layer_norm_after_the_second_product(mode: str) -> None:
+    """GPT-2's MLP block with the next LayerNormalization: the chain computes whole rows of the
+    second product, so each row block is normalised in place after its epilogue; the residual
+    sum leaves too (the residual stream), and 45 columns are no multiple of a vector width."""
+    rng = np.random.default_rng(5)
+    case = make_case(
+        [N("MatMul", ["x", "w1"], ["h"]), N("Relu", ["h"], ["a"]), N("MatMul", ["a", "w2"], ["y"]),
+         N("Add", ["y", "res"], ["s"]), N("LayerNormalization", ["s", "g", "b"], ["o"], axis=-1)],
+        {"x": rand(rng, 70, 24), "res": rand(rng, 70, 45)},
+        ["o", "s"],
+        {"w1": rand(rng, 24, 64), "w2": rand(rng, 64, 45), "g": rand(rng, 45), "b": rand(rng, 45)},
+        template="anchor_chain",
+    )  # fmt: skip
+    _check_chain(case, f"chain_norm_{mode}", 64, mode)
