@@ -38,6 +38,20 @@ LOADER = textwrap.dedent(
 )
 
 
+def _load_in_child(bundle: Path, feeds: dict, tmp_path: Path) -> tuple[str, dict[str, np.ndarray]]:
+    """Run LOADER on `bundle` in a fresh process: (its kernel-cache misses, its outputs)."""
+    np.savez(tmp_path / "in.npz", **feeds)
+    proc = subprocess.run(
+        [sys.executable, "-c", LOADER, str(bundle), str(tmp_path / "in.npz"), str(tmp_path / "out.npz")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.split()[0], dict(np.load(tmp_path / "out.npz"))
+
+
 @pytest.fixture(scope="module")
 def compiled(kernel_cache):
     nodes = [
@@ -53,18 +67,8 @@ def compiled(kernel_cache):
 def test_bundle_loads_in_another_process_without_compiling(compiled, tmp_path: Path, name: str) -> None:
     path = compiled.save_bundle(tmp_path / name)
     feeds = random_feeds(compiled.model)
-    np.savez(tmp_path / "in.npz", **feeds)
-    proc = subprocess.run(
-        [sys.executable, "-c", LOADER, str(path), str(tmp_path / "in.npz"), str(tmp_path / "out.npz")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    misses, _seconds = proc.stdout.split()
+    misses, got = _load_in_child(path, feeds, tmp_path)
     assert misses == "0"
-    got = dict(np.load(tmp_path / "out.npz"))
     assert_close({k: got[k] for k in ("s", "r")}, compiled(feeds), rtol=0, atol=0)
 
 
@@ -225,14 +229,6 @@ def test_a_manifest_releasing_a_weight_still_needed_raw_is_refused(
 def test_a_packed_bundle_loads_in_another_process_without_compiling(packed, tmp_path: Path) -> None:
     path = packed.save_bundle(tmp_path / "b.tgz")
     feeds = random_feeds(packed.model, seed=7)
-    np.savez(tmp_path / "in.npz", **feeds)
-    proc = subprocess.run(
-        [sys.executable, "-c", LOADER, str(path), str(tmp_path / "in.npz"), str(tmp_path / "out.npz")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split()[0] == "0"
-    assert_close(dict(np.load(tmp_path / "out.npz")), packed(feeds), rtol=0, atol=0)
+    misses, got = _load_in_child(path, feeds, tmp_path)
+    assert misses == "0"
+    assert_close(got, packed(feeds), rtol=0, atol=0)
