@@ -302,6 +302,51 @@ def _is_raw(match: AnchorMatch, value: str) -> bool:
     return value == match.anchor.output[0] and match.addend is None
 
 
+def destination(
+    spec: KernelSpec, values: KernelValues, match: AnchorMatch, what: str
+) -> tuple[dict[str, Buffer], str, str, tuple[int, ...] | None, list[str]]:
+    """Where an anchor kernel (MatMul/Gemm, Conv, the second half of a chain) puts its result:
+    (each output's buffer, the output the contraction writes, the value that output finally
+    holds, its store strides (None: dense), the other outputs the epilogue writes at the tile's
+    linear index). A closing LayerNormalization's output holds the pre-norm value, normalised in
+    place; an output Transpose is stored through its strides; otherwise the product itself, or
+    the last epilogue value the kernel returns."""
+    out_buf = {t.name: values.params[len(spec.inputs) + k] for k, t in enumerate(spec.outputs)}
+    y = match.anchor.output[0]
+    flat = [v for v in [y, *(n.output[0] for n in match.epilogue)] if v in out_buf]
+    strides: tuple[int, ...] | None = None
+    if match.norm is not None:
+        dest, value = match.norm.output, match.norm.value
+    elif match.tail is not None:
+        dest, value, strides = match.tail.output, match.tail.value, match.tail.strides
+    else:
+        if not flat:
+            raise Unsupported(f"no value of the {what} is a kernel output")
+        dest = y if y in flat else flat[-1]
+        value = dest
+    return out_buf, dest, value, strides, [v for v in flat if v != dest]
+
+
+def anchor_kernel(
+    spec: KernelSpec,
+    values: KernelValues,
+    body: Sequence[Stmt],
+    what: str,
+    weights: Sequence[tuple[Buffer, Loop, int]],
+) -> Kernel:
+    """The lowered kernel of an anchor spec: its parameters and constant tables from `values`,
+    each packed weight (`pack_weights`) as a packed buffer with its load-time packing loop."""
+    return Kernel(
+        spec.symbol,
+        tuple(values.params),
+        tuple(body),
+        tuple(values.const_buffers.values()),
+        spec.describe(what),
+        packed=tuple(w[0] for w in weights),
+        prepack=tuple(w[1] for w in weights),
+    )
+
+
 def lower_anchor(spec: KernelSpec, match: AnchorMatch | None = None) -> Kernel:
     """The kernel of a MatMul/Gemm `anchor` spec (its match computed here when not given)."""
     match = match or match_anchor(spec)
@@ -309,20 +354,7 @@ def lower_anchor(spec: KernelSpec, match: AnchorMatch | None = None) -> Kernel:
     if p is None:
         raise Unsupported(f"{match.anchor.op_type} anchors are not lowered to the kernel IR")
     values = _EpilogueValues(spec, match)
-    out_buf = {t.name: values.params[len(spec.inputs) + k] for k, t in enumerate(spec.outputs)}
-    y = match.anchor.output[0]
-    epilogue_values = [y, *(n.output[0] for n in match.epilogue)]
-    flat = [v for v in epilogue_values if v in out_buf]
-    if match.norm is not None:  # the destination holds the pre-norm value, normalised in place
-        dest, value, strides = match.norm.output, match.norm.value, None
-    elif match.tail is not None:
-        dest, value, strides = match.tail.output, match.tail.value, match.tail.strides
-    else:
-        if not flat:
-            raise Unsupported("no value of the anchor epilogue is a kernel output")
-        dest = y if y in flat else flat[-1]
-        value, strides = dest, None
-    flat = [v for v in flat if v != dest]
+    out_buf, dest, value, strides, flat = destination(spec, values, match, "anchor epilogue")
     values.raw_at = (out_buf[dest], strides)
     write_back = None if _is_raw(match, value) else value
     method = "batched_gemm" if p.batch else "gemm"
@@ -354,16 +386,7 @@ def lower_anchor(spec: KernelSpec, match: AnchorMatch | None = None) -> Kernel:
         )
         + ("; the weight packed once at load (contraction library)" if weights else "")
     )
-    kernel = Kernel(
-        spec.symbol,
-        tuple(values.params),
-        tuple(body),
-        tuple(values.const_buffers.values()),
-        spec.describe(what),
-        packed=(weights[0],) if weights else (),
-        prepack=(weights[1],) if weights else (),
-    )
-    return kernel
+    return anchor_kernel(spec, values, body, what, [weights] if weights else [])
 
 
 def _packed_weights(

@@ -35,7 +35,9 @@ from .anchor import (
     PackedPanels,
     _EpilogueValues,
     _is_raw,
+    anchor_kernel,
     contraction,
+    destination,
     epilogue_nest,
     norm_rows,
     pack_weights,
@@ -140,24 +142,12 @@ def lower_chain(spec: KernelSpec, chain: ChainMatch | None = None) -> Kernel:
     if a1 is None:
         raise Unsupported("the first matmul's left operand needs packing")
     values = _EpilogueValues(spec, match1)
-    out_buf = {t.name: values.params[len(spec.inputs) + k] for k, t in enumerate(spec.outputs)}
     w1, w2 = _weights(values, p1, "packed_b1"), _weights(values, p2, "packed_b2")
     b1, tb1, ldb1 = _right(values, p1, w1)
     b2, tb2, ldb2 = _right(values, p2, w2)
 
-    # The second half's destination, as a single anchor's (lower_anchor).
-    y = match2.anchor.output[0]
-    flat = [v for v in [y, *(n.output[0] for n in match2.epilogue)] if v in out_buf]
-    if match2.norm is not None:  # normalised in place after the epilogue, as in lower_anchor
-        dest, value, strides = match2.norm.output, match2.norm.value, None
-    elif match2.tail is not None:
-        dest, value, strides = match2.tail.output, match2.tail.value, match2.tail.strides
-    else:
-        if not flat:
-            raise Unsupported("no value of the chain's epilogue is a kernel output")
-        dest = y if y in flat else flat[-1]
-        value, strides = dest, None
-    flat = [v for v in flat if v != dest]
+    # The second half's destination, as a single anchor's.
+    out_buf, dest, value, strides, flat = destination(spec, values, match2, "chain's epilogue")
     write_back2 = None if _is_raw(match2, value) else value
     write_back1 = None if _is_raw(match1, h) else h
 
@@ -232,12 +222,4 @@ def lower_chain(spec: KernelSpec, chain: ChainMatch | None = None) -> Kernel:
         " the intermediate in a per-thread workspace slice"
         + (f"; {len(weights)} weight(s) packed once at load (contraction library)" if weights else "")
     )
-    return Kernel(
-        spec.symbol,
-        tuple(values.params),
-        (loop,) if math.prod(match2.domain) and p1.m else (),
-        tuple(values.const_buffers.values()),
-        spec.describe(what),
-        packed=tuple(w[0] for w in weights),
-        prepack=tuple(w[1] for w in weights),
-    )
+    return anchor_kernel(spec, values, [loop] if math.prod(match2.domain) and p1.m else [], what, weights)

@@ -71,7 +71,9 @@ from .anchor import (
     PackedPanels,
     _EpilogueValues,
     _is_raw,
+    anchor_kernel,
     contraction,
+    destination,
     epilogue_nest,
     pack_weights,
 )
@@ -409,13 +411,7 @@ def lower_conv(spec: KernelSpec, match: AnchorMatch | None = None) -> Kernel:
     for view in (x, w):
         if view.offset or view.strides != dense_strides(view.shape):
             raise Unsupported(f"Conv operand {view.tensor!r} is not dense (a conv takes no prologue)")
-    out_buf = {t.name: values.params[len(spec.inputs) + k] for k, t in enumerate(spec.outputs)}
-    y = node.output[0]
-    flat = [v for v in [y, *(n.output[0] for n in match.epilogue)] if v in out_buf]
-    if not flat:
-        raise Unsupported("no value of the conv epilogue is a kernel output")
-    dest = y if y in flat else flat[-1]
-    flat = [v for v in flat if v != dest]
+    out_buf, dest, _, _, flat = destination(spec, values, match, "conv epilogue")  # no norm, no tail
     values.raw_at = (out_buf[dest], None)
     write_back = None if _is_raw(match, dest) and values.bias is None else dest
 
@@ -447,15 +443,7 @@ def lower_conv(spec: KernelSpec, match: AnchorMatch | None = None) -> Kernel:
         + ("; the weight packed once at load (contraction library)" if weights else "")
         + ("; pixels as rows (Y^T = col^T x W^T)" if rows else "")
     )
-    return Kernel(
-        spec.symbol,
-        tuple(values.params),
-        tuple(body),
-        tuple(values.const_buffers.values()),
-        spec.describe(what),
-        packed=(weights[0],) if weights else (),
-        prepack=(weights[1],) if weights else (),
-    )
+    return anchor_kernel(spec, values, body, what, [weights] if weights else [])
 
 
 def _schedule(g: ConvGeometry, method: str, packed: bool) -> str:
