@@ -71,6 +71,16 @@ void afcx_gemm_bp(int64_t m, int64_t n, int64_t k, float alpha, const float *a, 
                   int64_t a_cs, const float *bp, float *c, int64_t ldc) {
   afc_gemm_bp(m, n, k, alpha, a, a_rs, a_cs, bp, c, ldc);
 }
+/* the two paths of afc_gemm_bp, each forced (tests, and the measurement behind AFC_GEMV_ROWS) */
+void afcx_gemv_bp(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t a_rs,
+                  int64_t a_cs, const float *bp, float *c, int64_t ldc) {
+  afc_gemv_bp(m, n, k, alpha, a, a_rs, a_cs, bp, c, ldc);
+}
+void afcx_gemm_bp_panels(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t a_rs,
+                         int64_t a_cs, const float *bp, float *c, int64_t ldc) {
+  afc_gemm_bp_panels(m, n, k, alpha, a, a_rs, a_cs, bp, c, ldc);
+}
+int64_t afcx_gemv_rows(void) { return AFC_GEMV_ROWS; }
 /* tiles of a whole GEMM over OpenMP threads, as an anchor kernel runs them (benchmarks) */
 void afcx_gemm_ap_parallel(int64_t m, int64_t n, int64_t k, const float *ap, const float *b, float *c,
                            int64_t mb, int64_t nb) {
@@ -107,6 +117,9 @@ _SIGNATURES: dict[str, tuple[list[type], type | None]] = {
     "afcx_pack_b": ([_I64, _I64, _PTR, _I64, _I64, _PTR], None),
     "afcx_gemm_ap": ([_I64, _I64, _I64, ctypes.c_float, _PTR, _PTR, _I64, _I64, _PTR, _I64], None),
     "afcx_gemm_bp": ([_I64, _I64, _I64, ctypes.c_float, _PTR, _I64, _I64, _PTR, _PTR, _I64], None),
+    "afcx_gemv_bp": ([_I64, _I64, _I64, ctypes.c_float, _PTR, _I64, _I64, _PTR, _PTR, _I64], None),
+    "afcx_gemm_bp_panels": ([_I64, _I64, _I64, ctypes.c_float, _PTR, _I64, _I64, _PTR, _PTR, _I64], None),
+    "afcx_gemv_rows": ([], _I64),
     "afcx_gemm_ap_parallel": ([_I64, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64], None),
     "afcx_gemm_bp_parallel": ([_I64, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64], None),
 }
@@ -154,11 +167,21 @@ class Library:
         self.lib.afcx_gemm_ap(m, n, k, alpha, ap.ctypes.data, b.ctypes.data, rs, cs, c.ctypes.data, n)
         return c
 
-    def gemm_bp(self, a: np.ndarray, bp: np.ndarray, n: int, alpha: float = 1.0) -> np.ndarray:
+    @property
+    def gemv_rows(self) -> int:
+        """Rows at or below which `gemm_bp` takes the GEMV path (afc.h: AFC_GEMV_ROWS)."""
+        return int(self.lib.afcx_gemv_rows())
+
+    def gemm_bp(
+        self, a: np.ndarray, bp: np.ndarray, n: int, alpha: float = 1.0, path: str = "auto"
+    ) -> np.ndarray:
+        """A x packed B; `path` forces one of afc_gemm_bp's two paths ("gemv", "panels")."""
         m, k = a.shape
         c = np.full((m, n), np.nan, np.float32)
         rs, cs = (s // 4 for s in a.strides)
-        self.lib.afcx_gemm_bp(m, n, k, alpha, a.ctypes.data, rs, cs, bp.ctypes.data, c.ctypes.data, n)
+        paths = {"auto": "afcx_gemm_bp", "gemv": "afcx_gemv_bp", "panels": "afcx_gemm_bp_panels"}
+        fn = getattr(self.lib, paths[path])
+        fn(m, n, k, alpha, a.ctypes.data, rs, cs, bp.ctypes.data, c.ctypes.data, n)
         return c
 
 
