@@ -265,6 +265,7 @@ class CompiledModel(PlannedModel):
         self._steps = self._resolve_steps()
         self._plan_memory()
         self._build_program()
+        self._bind_io()
         self.dispatch = "driver"
         self.stats: dict[str, Any] = self._stats()
         self.stats["load_seconds"] = round(time.perf_counter() - started, 4)
@@ -461,6 +462,15 @@ class CompiledModel(PlannedModel):
         flush()
         self._release(packed_only)
 
+    def _bind_io(self) -> None:
+        """The storage of every input and output, as views made once: a run of a small model
+        is short enough that slicing the arena again per call showed (`array` costs ~1 us a
+        tensor, half the Python-side time of a batch-1 MLP's run). The arena and the weights
+        never move, so the views stay valid for the model's life."""
+        self._input_views = [(t.name, t.dtype, tuple(t.shape), self.array(t.name)) for t in self.plan.inputs]
+        self._output_views = [(t.name, self.array(t.name)) for t in self.plan.outputs]
+        self._isa_missing: list[str] | None = None  # what this host lacks, found at the first run
+
     def _with_weights(self, ptrs: list[int], names: list[str], mask: int) -> Callable[[], list[int]]:
         """`ptrs` with the raw weights that the run passes as NULL filled in, for the prepack
         (asked for only when there is packing to do: a bundle's packed weights need none)."""
@@ -612,18 +622,22 @@ class CompiledModel(PlannedModel):
                 self._guard(None)
                 self._fill(self._runs)
                 self._runs += 1
-            for name, value in feeds.items():
-                np.copyto(self.array(name), value, casting="no")
+            for name, _, _, view in self._input_views:
+                np.copyto(view, feeds[name], casting="no")
             set_omp_threads(self.threads)
             self._execute()
-            return {t.name: self.array(t.name).copy() for t in self.plan.outputs}
+            return {name: view.copy() for name, view in self._output_views}
 
     def _require_isa(self) -> None:
         """Refuse (`isa_mismatch`) to call kernels this host cannot execute: SIGILL would kill
-        the process, and with it a worker or a service, instead of failing one request."""
-        host = host_isa()
-        missing = self.isa.missing_on(host)
+        the process, and with it a worker or a service, instead of failing one request. The host
+        does not change under a running process (`host_isa` is read once), so the answer is
+        worked out once."""
+        missing = self._isa_missing
+        if missing is None:
+            missing = self._isa_missing = self.isa.missing_on(host_isa())
         if missing:
+            host = host_isa()
             raise IsaMismatchError(
                 f"the kernels were built for {self.isa.name} and this host ({host.name}) lacks "
                 f"{', '.join(missing)}: they can be saved as a bundle for a host that has it, not run "
@@ -742,6 +756,18 @@ class CompiledModel(PlannedModel):
                     np.copyto(out, res, casting="unsafe")
 
     def _check_inputs(self, inputs: Mapping[str, Any] | Sequence[Any] | np.ndarray) -> dict[str, np.ndarray]:
+        """`check_inputs`, after a fast pass for the usual call (a dict of exactly the model's
+        inputs, each an ndarray of the right dtype and shape), which accepts what it would and
+        costs a fifth of it; anything else takes the full checks and their errors."""
+        if type(inputs) is dict and len(inputs) == len(self._input_views):
+            feeds = {}
+            for name, dtype, shape, _ in self._input_views:
+                value = inputs.get(name)
+                if type(value) is not np.ndarray or value.dtype != dtype or value.shape != shape:
+                    break
+                feeds[name] = value
+            else:
+                return feeds
         return check_inputs(self.plan.inputs, inputs)
 
     # -- persistence ---------------------------------------------------------------------------
