@@ -59,8 +59,8 @@ from .extract import ExecutionPlan, HostStep, KernelStep, Step, ViewStep, extrac
 from .hostops import HostOp
 from .isa import ISA_ENV, IsaTarget, host_isa, target_isa
 from .kernel_spec import KernelSpec
-from .render_c import PREPACK_ONLY_SUFFIX, WORKSPACE_SUFFIX
-from .threads import available_cpus, set_omp_threads
+from .render_c import PARALLEL_MIN_MACS_SYMBOL, PREPACK_ONLY_SUFFIX, WORKSPACE_SUFFIX
+from .threads import available_cpus, parallel_min_macs, set_omp_threads
 
 DRIVER_SYMBOL = "af_run_sequence"
 PREPACK_SUFFIX = "_prepack_floats"  # kernel_spec.py: weights packed once at load
@@ -266,6 +266,7 @@ class CompiledModel(PlannedModel):
         self._plan_memory()
         self._build_program()
         self._bind_io()
+        self._set_parallel_bar()
         self.dispatch = "driver"
         self.stats: dict[str, Any] = self._stats()
         self.stats["load_seconds"] = round(time.perf_counter() - started, 4)
@@ -471,6 +472,17 @@ class CompiledModel(PlannedModel):
         self._output_views = [(t.name, self.array(t.name)) for t in self.plan.outputs]
         self._isa_missing: list[str] | None = None  # what this host lacks, found at the first run
 
+    def _set_parallel_bar(self) -> None:
+        """Give every loaded kernel unit the bar its contraction loops compare their work with
+        before waking the thread team (`threads.parallel_min_macs`: from the wait policy in
+        effect and the team size). Units shared by models (a kernel cache path is loaded once
+        per process) share the bar: the last model loaded sets it. Units built before the bar
+        existed have none and always take the team."""
+        self.parallel_min_macs = parallel_min_macs(self.threads)
+        for lib in self._libs.values():
+            with contextlib.suppress(ValueError):
+                ctypes.c_int64.in_dll(lib, PARALLEL_MIN_MACS_SYMBOL).value = self.parallel_min_macs
+
     def _with_weights(self, ptrs: list[int], names: list[str], mask: int) -> Callable[[], list[int]]:
         """`ptrs` with the raw weights that the run passes as NULL filled in, for the prepack
         (asked for only when there is packing to do: a bundle's packed weights need none)."""
@@ -551,6 +563,8 @@ class CompiledModel(PlannedModel):
             "packed_weights_bytes": int(sum(b.nbytes for b in self._packed.values())),
             "packed_weights_source": self._packed_source(),
             "threads": self.threads,
+            # multiply-adds below which a contraction loop leaves the team asleep (threads.py)
+            "parallel_min_macs": self.parallel_min_macs,
             "isa": self.isa.name,
             "per_kernel": per_kernel,
         }

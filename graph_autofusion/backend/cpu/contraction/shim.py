@@ -16,6 +16,7 @@ from ..isa import IsaTarget, target_isa
 from . import library_source
 
 EXPORTS = r"""
+#include <omp.h>
 /* The ISA's fp32 peak: `iters` rounds of 12 independent FMA chains per thread on the widest
  * vectors the library uses, from registers only. Returns the FLOPs done (all threads). */
 double afcx_peak(int64_t iters) {
@@ -51,6 +52,39 @@ double afcx_peak(int64_t iters) {
 #endif
   }
   return flops;
+}
+/* What waking the OpenMP team costs a parallel loop, in ns (the measurement behind
+ * backend/cpu/threads.py PASSIVE_WAKE_NS): a loop of `work_ns` of busy work in 40 chunks handed
+ * out dynamically (as contraction tiles are) over `threads` threads whose workers sat idle
+ * `gap_ns` first takes T2 = (work_ns + W) / 2 when the workers join W late, so each probe gives
+ * W = 2 T2 - work_ns (above work_ns: no worker joined before the work was done); the median of
+ * `reps` (1-255) probes is returned. The caller's core is busy meanwhile, as in a kernel. */
+static void afcx_busy_ns(double ns) {
+  const double t0 = omp_get_wtime();
+  while ((omp_get_wtime() - t0) * 1e9 < ns) {
+  }
+}
+int64_t afcx_team_wake_ns(int64_t threads, int64_t reps, int64_t gap_ns, int64_t work_ns) {
+  int64_t w[255];
+  reps = reps < 1 ? 1 : reps > 255 ? 255 : reps;
+  double last = omp_get_wtime();
+  for (int64_t r = 0; r < reps; ++r) {
+    while ((omp_get_wtime() - last) * 1e9 < (double)gap_ns) {
+    }
+    const double t0 = omp_get_wtime();
+    #pragma omp parallel for schedule(dynamic, 1) num_threads((int)threads)
+    for (int c = 0; c < 40; ++c) afcx_busy_ns((double)work_ns / 40.0);
+    last = omp_get_wtime();
+    const int64_t t2 = (int64_t)((last - t0) * 1e9);
+    w[r] = 2 * t2 > work_ns ? 2 * t2 - work_ns : 0;
+  }
+  for (int64_t i = 1; i < reps; ++i)
+    for (int64_t j = i; j > 0 && w[j - 1] > w[j]; --j) {
+      const int64_t x = w[j - 1];
+      w[j - 1] = w[j];
+      w[j] = x;
+    }
+  return w[reps / 2];
 }
 int64_t afcx_mr(void) { return AFC_MR; }
 int64_t afcx_nr(void) { return AFC_NR; }
@@ -108,6 +142,7 @@ _I64 = ctypes.c_int64
 _PTR = ctypes.c_void_p
 _SIGNATURES: dict[str, tuple[list[type], type | None]] = {
     "afcx_peak": ([_I64], ctypes.c_double),
+    "afcx_team_wake_ns": ([_I64, _I64, _I64, _I64], _I64),
     "afcx_mr": ([], _I64),
     "afcx_nr": ([], _I64),
     "afcx_kernel": ([], ctypes.c_char_p),
@@ -204,6 +239,14 @@ def peak_flops(
         flops = library.lib.afcx_peak(iters)
         best = max(best, flops / (clock() - start))
     return best
+
+
+def team_wake_ns(
+    library: Library, threads: int = 2, probes: int = 15, gap_ns: int = 50_000, work_ns: int = 200_000
+) -> int:
+    """The median ns by which `threads - 1` idle OpenMP workers join a parallel loop late, as the
+    library's `afcx_team_wake_ns` probes it (the figure behind threads.PASSIVE_WAKE_NS)."""
+    return int(library.lib.afcx_team_wake_ns(threads, probes, gap_ns, work_ns))
 
 
 def build_library(isa: IsaTarget | None = None, cache: KernelCache | None = None) -> Library:
