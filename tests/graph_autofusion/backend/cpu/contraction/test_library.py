@@ -14,7 +14,7 @@ import pytest
 
 from graph_autofusion.backend.cpu.cache import KernelCache
 from graph_autofusion.backend.cpu.contraction import PANEL_QUANTUM
-from graph_autofusion.backend.cpu.contraction.shim import Library, build_library
+from graph_autofusion.backend.cpu.contraction.shim import Library, build_library, team_wake_ns
 from graph_autofusion.backend.cpu.isa import host_isa, parse_isa
 
 EPS = float(np.finfo(np.float32).eps)
@@ -175,3 +175,10 @@ def test_gemm_bp_takes_the_gemv_path_up_to_its_documented_rows(lib: Library) -> 
         assert not np.array_equal(gemv, panels)
         want = gemv if m <= lib.gemv_rows else panels
         assert np.array_equal(auto, want), m
+
+
+def test_the_wake_probe_reports_a_late_join_in_ns(lib: Library) -> None:
+    # The measurement behind threads.PASSIVE_WAKE_NS: never negative; a team of one never gets
+    # help, which the probe reports as a join later than the whole work (W = 2 T2 - work >= work).
+    assert team_wake_ns(lib, threads=2, probes=3, gap_ns=1000, work_ns=20_000) >= 0
+    assert team_wake_ns(lib, threads=1, probes=3, gap_ns=1000, work_ns=20_000) >= 20_000
