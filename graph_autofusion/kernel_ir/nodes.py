@@ -531,7 +531,11 @@ class Loop:
     slice of a workspace the caller allocates once and passes in, never allocated by the kernel.
     `dynamic` (with `parallel`): iterations are handed out one at a time as threads come free,
     for iterations that each do a lot (a contraction tile) on a machine where a thread may be
-    descheduled for milliseconds; a static split would leave the running thread waiting."""
+    descheduled for milliseconds; a static split would leave the running thread waiting.
+    `macs` (with `parallel`): the multiply-adds of the whole loop, when it is a contraction's; the
+    loop then runs on the calling thread alone unless that is at least the runtime's bar for
+    waking the thread team (`af_parallel_min_macs`, render_c.py; backend/cpu/threads.py's
+    `parallel_min_macs` says how it is measured). 0: no such check."""
 
     var: Var
     stop: int | Expr
@@ -543,6 +547,7 @@ class Loop:
     reductions: tuple[tuple[str, Var], ...] = ()
     scratch: tuple[Buffer, ...] = ()
     dynamic: bool = False
+    macs: int = 0
 
 
 @dataclass(frozen=True)

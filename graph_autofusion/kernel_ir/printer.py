@@ -131,6 +131,7 @@ def format_stmts(body: tuple[Stmt, ...], indent: int = 1, counter: list[int] | N
             marks = "".join(f" {m}" for m, on in flags if on)
             marks += "".join(f" {op}({v})" for op, v in s.reductions)
             marks += "".join(f" scratch {b}" for b in s.scratch)
+            marks += f" macs({s.macs})" if s.parallel and s.macs else ""
             span = f"{s.var} < {s.stop}" if _is_zero(s.start) else f"{s.start} <= {s.var} < {s.stop}"
             span += f" step {s.step}" if s.step != 1 else ""
             lines.append(f"{pad}for {span}{marks}:")

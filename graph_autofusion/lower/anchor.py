@@ -92,7 +92,10 @@ ROW_TILE_BYTES = 512 * 1024
 # Rows per task of the normalisation pass after the tile loop (`_norm_pass`).
 NORM_ROWS = 16
 # Below this many multiply-adds a kernel runs on the calling thread (an OpenMP fork/join costs
-# more than it saves, DESIGN.md §1).
+# more than it saves, DESIGN.md §1): the floor, for workers that spin between regions (a fork/join
+# of 0.5-0.8 us). Loops above it carry their multiply-adds (`Loop.macs`), so that where workers
+# sleep (OMP_WAIT_POLICY=PASSIVE, backend/cpu/threads.py) and a wake-up costs tens of
+# microseconds, the runtime raises the bar from the measured wake-up cost without recompiling.
 PARALLEL_MIN_MACS = 1 << 19
 
 # The routines `contraction` calls: backend/cpu/blas.py's single-threaded sgemm on row-major tiles,
@@ -499,7 +502,9 @@ def _tiles(
     if match.norm is not None and full_rows:
         head.append(norm_rows(values, match.norm, dest, (bi * p.m + m0, bi * p.m + m1)))
     parallel = tasks > 1 and p.macs >= PARALLEL_MIN_MACS
-    loop = Loop(task, tasks, tuple(head), parallel=parallel, dynamic=parallel, scratch=tuple(scratch))
+    loop = Loop(
+        task, tasks, tuple(head), parallel=parallel, dynamic=parallel, scratch=tuple(scratch), macs=p.macs
+    )
     return [loop], len(scratch) > int(pooled)
 
 
@@ -540,7 +545,7 @@ def _norm_pass(values: KernelValues, norm: RowNorm, dest: Buffer, p: Contraction
     blocks = -(-rows // NORM_ROWS)
     blk, r0 = ir.var("nblk"), ir.var("nr0")
     block = (Let(r0, blk * NORM_ROWS), norm_rows(values, norm, dest, (r0, ir.minimum(r0 + NORM_ROWS, rows))))
-    return Loop(blk, blocks, block, parallel=blocks > 1 and p.macs >= PARALLEL_MIN_MACS)
+    return Loop(blk, blocks, block, parallel=blocks > 1 and p.macs >= PARALLEL_MIN_MACS, macs=p.macs)
 
 
 def norm_rows(values: KernelValues, norm: RowNorm, dest: Buffer, rows: tuple[Expr, Expr]) -> Loop:

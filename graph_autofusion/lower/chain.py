@@ -210,7 +210,9 @@ def lower_chain(spec: KernelSpec, chain: ChainMatch | None = None) -> Kernel:
     if match2.norm is not None:
         body.append(norm_rows(values, match2.norm, y_buf, (m0, m1)))
     parallel = blocks > 1 and p1.macs + p2.macs >= PARALLEL_MIN_MACS
-    loop = Loop(blk, blocks, tuple(body), parallel=parallel, dynamic=parallel, scratch=(ws,))
+    loop = Loop(
+        blk, blocks, tuple(body), parallel=parallel, dynamic=parallel, scratch=(ws,), macs=p1.macs + p2.macs
+    )
     weights = [w for w in (w1, w2) if w is not None]
     middle = " -> ".join(n.op_type for n in match1.epilogue) or "none"
     after = " -> ".join(n.op_type for n in match2.epilogue) or "none"

@@ -520,7 +520,8 @@ def _gemm_tiles(
     # without them; with the pixels as rows, pixel tiles are balanced, so one per thread is
     inner = im2col and ctn > 1 and (keys >= MIN_TASKS or (rows and keys >= 2))
     tasks = keys if inner else keys * ctn
-    parallel = tasks > 1 and g.n * g.cout * pixels * g.kdim >= PARALLEL_MIN_MACS
+    macs = g.n * g.cout * pixels * g.kdim
+    parallel = tasks > 1 and macs >= PARALLEL_MIN_MACS
     task, key, cb = ir.var("task"), ir.var("key"), ir.var("cb")
     pi, gi, ni = ir.var("pi"), ir.var("gi"), ir.var("ni")
     p0, p1, ch0, ch1, row0 = (ir.var(v) for v in ("p0", "p1", "ch0", "ch1", "row0"))
@@ -612,7 +613,7 @@ def _gemm_tiles(
         *finish((row0, row0 + (ch1 - ch0)), (p0, p1)),
     ]
     head += [Loop(cb, ctn, tuple(per_tile))] if inner else per_tile
-    return [Loop(task, tasks, tuple(head), parallel=parallel, dynamic=parallel, scratch=scratch)]
+    return [Loop(task, tasks, tuple(head), parallel=parallel, dynamic=parallel, scratch=scratch, macs=macs)]
 
 
 def _im2col(g: ConvGeometry, x: Buffer, xg: Expr, col: Buffer, p0: Expr, p1: Expr) -> Loop:
@@ -776,7 +777,9 @@ def _depthwise(g: ConvGeometry, x: Buffer, w: Buffer, dest: Buffer, finish: _Fin
     wq = -(-wp // g.sw)
     phase = hp * wq
     planes = g.n * g.cout
-    parallel = planes > 1 and planes * g.pixels * g.kh * g.kw >= PARALLEL_MIN_MACS // 4
+    # a direct loop: a multiply-add here costs about 4 of the contraction library's
+    macs = 4 * planes * g.pixels * g.kh * g.kw
+    parallel = planes > 1 and macs >= PARALLEL_MIN_MACS
     pad = Buffer("pad", DType.F32, g.sw * phase, "scratch")
     plane, ch, z, ih, t = ir.var("plane"), ir.var("ch"), ir.var("z"), ir.var("ih"), ir.var("t")
     oy, ox, base = ir.var("oy"), ir.var("ox"), ir.var("base")
@@ -818,7 +821,7 @@ def _depthwise(g: ConvGeometry, x: Buffer, w: Buffer, dest: Buffer, finish: _Fin
     store = Store(dest, plane * g.pixels + oy * g.ow + ox, window)
     body.append(Loop(oy, g.oh, (Let(base, oy * (g.sh * wq)), Loop(ox, g.ow, (store,), vector=True))))
     body += finish((plane, plane + 1), (ir.index(0), ir.index(g.pixels)))
-    return [Loop(plane, planes, tuple(body), parallel=parallel, dynamic=parallel, scratch=(pad,))]
+    return [Loop(plane, planes, tuple(body), parallel=parallel, dynamic=parallel, scratch=(pad,), macs=macs)]
 
 
 def _transpose_tiles(g: ConvGeometry) -> tuple[int, int]:
@@ -837,7 +840,8 @@ def _col2im(g: ConvGeometry, x: Buffer, w: Buffer, dest: Buffer, finish: _Finish
     khw, hw, ohw = g.taps, g.plane, g.pixels
     ct, ctn = _transpose_tiles(g)
     tasks = g.n * g.group * ctn
-    parallel = tasks > 1 and g.n * g.cin * hw * g.cog * khw >= PARALLEL_MIN_MACS
+    macs = g.n * g.cin * hw * g.cog * khw
+    parallel = tasks > 1 and macs >= PARALLEL_MIN_MACS
     col = Buffer("col", DType.F32, ct * khw * hw, "scratch")
     task, cb, gi, ni = ir.var("task"), ir.var("cb"), ir.var("gi"), ir.var("ni")
     ch0, ch1, row0, z = ir.var("ch0"), ir.var("ch1"), ir.var("row0"), ir.var("z")
@@ -903,4 +907,4 @@ def _col2im(g: ConvGeometry, x: Buffer, w: Buffer, dest: Buffer, finish: _Finish
         Loop(co, ch1 - ch0, (Loop(kk, khw, per_tap),)),
         *finish((row0, row0 + (ch1 - ch0)), (ir.index(0), ir.index(ohw))),
     ]
-    return [Loop(task, tasks, tuple(body), parallel=parallel, dynamic=parallel, scratch=(col,))]
+    return [Loop(task, tasks, tuple(body), parallel=parallel, dynamic=parallel, scratch=(col,), macs=macs)]

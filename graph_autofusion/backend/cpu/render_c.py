@@ -105,6 +105,8 @@ def _table_literals(values: object, dtype: DType) -> list[str]:
 
 # -- prelude ----------------------------------------------------------------------------------------
 
+# The prelude's global that the runtime sets in every loaded unit (threads.parallel_min_macs).
+PARALLEL_MIN_MACS_SYMBOL = "af_parallel_min_macs"
 _PRELUDE = """\
 #ifndef AF_PRELUDE
 #define AF_PRELUDE
@@ -137,6 +139,11 @@ static inline float af_clamp_low(float x, float f) {
 #else
 #define AF_THREAD_NUM() ((int64_t)0)
 #endif
+/* Multiply-adds below which a parallel contraction loop (an `if` clause on its pragma) runs on
+ * the calling thread alone: waking sleeping OpenMP workers costs more than such a loop saves. 0
+ * (every such loop takes the team) until the runtime sets it in each loaded unit, from the wait
+ * policy and the wake-up cost measured for it (backend/cpu/threads.py: parallel_min_macs). */
+int64_t af_parallel_min_macs = 0;
 static inline void af_workspace_short(const char *kernel, long long thread, long long slices) {
   fprintf(stderr, "graph-autofusion: kernel %s runs thread %lld but got %lld workspace slices\\n",
           kernel, thread, slices);
@@ -536,9 +543,11 @@ class KernelRenderer(StmtVisitor):
 
     def stmt_loop(self, s: ir.Loop, block: Block) -> None:
         clauses = "".join(f" reduction({_OMP_REDUCTION[op]}:{v.name})" for op, v in s.reductions)
+        # the team only for loops worth waking it (Loop.macs; af_parallel_min_macs in the prelude)
+        wake = f" if({s.macs} >= {PARALLEL_MIN_MACS_SYMBOL})" if s.macs > 0 else ""
         if s.scratch:  # per-thread buffers: a parallel region around a worksharing loop
             if s.parallel:
-                block.emit("#pragma omp parallel")
+                block.emit(f"#pragma omp parallel{wake}")
             block.emit("{")
             region = block.child()
             region.emit("const int64_t af_tid = AF_THREAD_NUM();")
@@ -559,9 +568,9 @@ class KernelRenderer(StmtVisitor):
             return
         bounds = self._bounds(s, block)
         if s.parallel and s.vector:
-            block.emit(f"#pragma omp parallel for simd schedule({_schedule(s)}){clauses}")
+            block.emit(f"#pragma omp parallel for simd schedule({_schedule(s)}){clauses}{wake}")
         elif s.parallel:
-            block.emit(f"#pragma omp parallel for schedule({_schedule(s)}){clauses}")
+            block.emit(f"#pragma omp parallel for schedule({_schedule(s)}){clauses}{wake}")
         elif s.vector:
             block.emit(f"#pragma omp simd{clauses}")
         self._for(s, bounds, block)

@@ -59,8 +59,8 @@ from .extract import ExecutionPlan, HostStep, KernelStep, Step, ViewStep, extrac
 from .hostops import HostOp
 from .isa import ISA_ENV, IsaTarget, host_isa, target_isa
 from .kernel_spec import KernelSpec
-from .render_c import PREPACK_ONLY_SUFFIX, WORKSPACE_SUFFIX
-from .threads import available_cpus, set_omp_threads
+from .render_c import PARALLEL_MIN_MACS_SYMBOL, PREPACK_ONLY_SUFFIX, WORKSPACE_SUFFIX
+from .threads import available_cpus, parallel_min_macs, set_omp_threads
 
 DRIVER_SYMBOL = "af_run_sequence"
 PREPACK_SUFFIX = "_prepack_floats"  # kernel_spec.py: weights packed once at load
@@ -265,6 +265,8 @@ class CompiledModel(PlannedModel):
         self._steps = self._resolve_steps()
         self._plan_memory()
         self._build_program()
+        self._bind_io()
+        self._set_parallel_bar()
         self.dispatch = "driver"
         self.stats: dict[str, Any] = self._stats()
         self.stats["load_seconds"] = round(time.perf_counter() - started, 4)
@@ -461,6 +463,26 @@ class CompiledModel(PlannedModel):
         flush()
         self._release(packed_only)
 
+    def _bind_io(self) -> None:
+        """The storage of every input and output, as views made once: a run of a small model
+        is short enough that slicing the arena again per call showed (`array` costs ~1 us a
+        tensor, half the Python-side time of a batch-1 MLP's run). The arena and the weights
+        never move, so the views stay valid for the model's life."""
+        self._input_views = [(t.name, t.dtype, tuple(t.shape), self.array(t.name)) for t in self.plan.inputs]
+        self._output_views = [(t.name, self.array(t.name)) for t in self.plan.outputs]
+        self._isa_missing: list[str] | None = None  # what this host lacks, found at the first run
+
+    def _set_parallel_bar(self) -> None:
+        """Give every loaded kernel unit the bar its contraction loops compare their work with
+        before waking the thread team (`threads.parallel_min_macs`: from the wait policy in
+        effect and the team size). Units shared by models (a kernel cache path is loaded once
+        per process) share the bar: the last model loaded sets it. Units built before the bar
+        existed have none and always take the team."""
+        self.parallel_min_macs = parallel_min_macs(self.threads)
+        for lib in self._libs.values():
+            with contextlib.suppress(ValueError):
+                ctypes.c_int64.in_dll(lib, PARALLEL_MIN_MACS_SYMBOL).value = self.parallel_min_macs
+
     def _with_weights(self, ptrs: list[int], names: list[str], mask: int) -> Callable[[], list[int]]:
         """`ptrs` with the raw weights that the run passes as NULL filled in, for the prepack
         (asked for only when there is packing to do: a bundle's packed weights need none)."""
@@ -541,6 +563,8 @@ class CompiledModel(PlannedModel):
             "packed_weights_bytes": int(sum(b.nbytes for b in self._packed.values())),
             "packed_weights_source": self._packed_source(),
             "threads": self.threads,
+            # multiply-adds below which a contraction loop leaves the team asleep (threads.py)
+            "parallel_min_macs": self.parallel_min_macs,
             "isa": self.isa.name,
             "per_kernel": per_kernel,
         }
@@ -612,18 +636,22 @@ class CompiledModel(PlannedModel):
                 self._guard(None)
                 self._fill(self._runs)
                 self._runs += 1
-            for name, value in feeds.items():
-                np.copyto(self.array(name), value, casting="no")
+            for name, _, _, view in self._input_views:
+                np.copyto(view, feeds[name], casting="no")
             set_omp_threads(self.threads)
             self._execute()
-            return {t.name: self.array(t.name).copy() for t in self.plan.outputs}
+            return {name: view.copy() for name, view in self._output_views}
 
     def _require_isa(self) -> None:
         """Refuse (`isa_mismatch`) to call kernels this host cannot execute: SIGILL would kill
-        the process, and with it a worker or a service, instead of failing one request."""
-        host = host_isa()
-        missing = self.isa.missing_on(host)
+        the process, and with it a worker or a service, instead of failing one request. The host
+        does not change under a running process (`host_isa` is read once), so the answer is
+        worked out once."""
+        missing = self._isa_missing
+        if missing is None:
+            missing = self._isa_missing = self.isa.missing_on(host_isa())
         if missing:
+            host = host_isa()
             raise IsaMismatchError(
                 f"the kernels were built for {self.isa.name} and this host ({host.name}) lacks "
                 f"{', '.join(missing)}: they can be saved as a bundle for a host that has it, not run "
@@ -742,6 +770,18 @@ class CompiledModel(PlannedModel):
                     np.copyto(out, res, casting="unsafe")
 
     def _check_inputs(self, inputs: Mapping[str, Any] | Sequence[Any] | np.ndarray) -> dict[str, np.ndarray]:
+        """`check_inputs`, after a fast pass for the usual call (a dict of exactly the model's
+        inputs, each an ndarray of the right dtype and shape), which accepts what it would and
+        costs a fifth of it; anything else takes the full checks and their errors."""
+        if type(inputs) is dict and len(inputs) == len(self._input_views):
+            feeds = {}
+            for name, dtype, shape, _ in self._input_views:
+                value = inputs.get(name)
+                if type(value) is not np.ndarray or value.dtype != dtype or value.shape != shape:
+                    break
+                feeds[name] = value
+            else:
+                return feeds
         return check_inputs(self.plan.inputs, inputs)
 
     # -- persistence ---------------------------------------------------------------------------

@@ -165,6 +165,46 @@ def omp_wait_policy() -> str:
 _default_wait_policy()
 
 
+# The bar for waking the team (`parallel_min_macs`). A contraction loop of `macs` multiply-adds
+# takes T1 = macs / rate on the calling thread; over a team whose workers join W late it takes
+# about (T1 + W) / 2 with tiles handed out one at a time, so it pays from T1 > W with fine tiles;
+# kernels cut as few as 4 (lower/anchor.py MIN_TILES), so a late worker finds fewer left: the bar
+# is T1 > 2 W, that is macs > WAKE_BREAK_EVEN * W * rate.
+WAKE_BREAK_EVEN = 2.0
+# Single-thread multiply-adds per ns of the contraction library on the small tiles that sit near
+# the bar: 47 on the Zen 4 host (AVX-512; an 8x256x256 Gemm + bias + Relu kernel in 11.2 us). An
+# AVX2 host runs at about half that, so there the bar is up to 2x high (loops near it stay on one
+# thread where two would save a little), and the few-row GEMV path (afc.h) streams weights at a
+# third of it, so its loops near the bar would gain from the team and do not get it.
+CONTRACTION_MACS_PER_NS = 47.0
+# How late sleeping workers (OMP_WAIT_POLICY=PASSIVE) join a loop, W: the median of
+# `contraction.shim.team_wake_ns` (15 probes of 200 us of work after 50 us idle) on the 2-vCPU
+# Zen 4 host with neighbours running (load 2.5-4), ten runs: 46-105 us, most near 60 (spinning
+# workers: 2.6-3.6 us); with both cores taken by neighbours it exceeded the probe's 200 us of
+# work (229-232 us: the worker never joined). 50 us keeps the bar on the low side of that. A fixed figure, not a probe at load: one busy moment at start-up
+# would set a process's bar for its life, and kernels of tens of millions of multiply-adds (a
+# ResNet-50 1x1 conv) would then run on one thread on an idle machine.
+PASSIVE_WAKE_NS = 50_000
+
+
+def parallel_min_macs(threads: int, policy: str | None = None, wake_ns: float = PASSIVE_WAKE_NS) -> int:
+    """The multiply-adds below which a parallel contraction loop runs on the calling thread alone
+    (`af_parallel_min_macs`, the `if` clause render_c.py puts on its pragma, set by the runtime
+    in every loaded unit): WAKE_BREAK_EVEN * wake_ns * CONTRACTION_MACS_PER_NS (4.7M by default).
+
+    Only sleeping workers (`policy` "PASSIVE", the default: `omp_wait_policy()`) make a wake-up
+    worth a bar: a futex wake and, on a virtual machine, the wake of an idle vCPU. Gemm + Relu
+    kernels alternating in one process on the Zen 4 host with neighbours running, 2 vs 1 thread,
+    medians: 8x256x256 (524K multiply-adds) 48.9 vs 10.5 us, 8x512x512 (2.1M) 74.8 vs 40.1 us,
+    64x512x512 (16.8M) 236 vs 313 us. Spinning workers (a fork/join of 0.5-0.8 us, which the
+    compile-time floor lower/anchor.py PARALLEL_MIN_MACS covers) or one thread: 0, no bar.
+    """
+    policy = omp_wait_policy() if policy is None else policy.upper()
+    if threads < 2 or policy != "PASSIVE":
+        return 0
+    return int(WAKE_BREAK_EVEN * wake_ns * CONTRACTION_MACS_PER_NS)
+
+
 def get_omp_threads() -> int:
     """The team size a parallel region started from the calling thread would get."""
     return int(_libgomp().omp_get_max_threads())

@@ -29,7 +29,8 @@ def test_tiles_are_dynamic_parallel_tasks_with_one_contraction_call_and_a_vector
     (call,) = calls(kernel.body)
     assert call.function == CONTRACTION_ROUTINE
     text = format_kernel(kernel)
-    assert "for task < 4 parallel dynamic:" in text
+    # its multiply-adds ride along, for the runtime's bar on waking the team (Loop.macs)
+    assert loop.macs == 160 * 64 * 300 and f"for task < 4 parallel dynamic macs({loop.macs}):" in text
     assert "for n0 <= c < n1 vector:" in text  # the epilogue runs over the hot tile's columns
     assert "in2[c]" in text  # the bias: a unit-stride run along the row
     assert "scratch" not in text and method_of(kernel) == "gemm"

@@ -31,8 +31,12 @@ the ISA is part of the cache key like every other kernel):
   conv weights `[Cout, Cin*kh*kw]`) and `afc_gemm_bp` (B packed, MatMul/Gemm weights).
 * `afc.c`: micro-kernels (AVX-512 8x32 with 16 zmm accumulators, AVX2+FMA 6x16, portable 4x16),
   the packing routines and the single-threaded tile drivers with K blocking (at most KC=256,
-  split evenly), the Goto loop order and a software prefetch of the next weight panel (afc.h).
-* `shim.py`: the library with exported entry points for ctypes (tests, benchmarks, FMA peak).
+  split evenly), the Goto loop order and a software prefetch of the next weight panel (afc.h);
+  up to AFC_GEMV_ROWS rows (7 on AVX-512: a batch-1..7 Gemm/MatMul) `afc_gemm_bp` takes a GEMV
+  path instead, each packed weight panel streamed once against register accumulators
+  (0.33-0.47x the panel path's time at one row, afc.h).
+* `shim.py`: the library with exported entry points for ctypes (tests, benchmarks, FMA peak, and
+  the OpenMP wake-up probe behind backend/cpu/threads.py PASSIVE_WAKE_NS).
 
 Why compiled into each unit (the text sits atop every kernel that uses it, behind an include
 guard, so a combined unit of many such kernels compiles it once) rather than as one shared

@@ -308,6 +308,136 @@ static inline void afc_ukernel(int64_t kc, const float *restrict ap, const float
 }
 #endif
 
+/* Few rows against packed B (a batch-1..few Gemm/MatMul: GEMV-shaped). The micro-kernel path
+ * computes whole AFC_MR-row panels, so at m = 1 it does 8x (AVX-512) the FMAs that matter, and it
+ * splits K into blocks that each re-read and re-write C. Here every B panel streams past once,
+ * k-major, as packed (the layout needs nothing new: a panel is k * NR contiguous floats, and
+ * consecutive panels are consecutive in memory, one stream the hardware prefetcher follows); the m
+ * rows of A are broadcast from where they lie (any strides), and the tile stays in registers over
+ * the whole depth, written once. One FMA chain per row and vector would stall on the FMA latency
+ * (4 cycles, 1-2 issued per cycle) at m = 1-2, so the depth is split over `u` independent chains
+ * (u = 4 at one row, 2 at two, 1 from three: 6-8 chains in flight), summed at the end; the sum
+ * order is then not the micro-kernel's, which is within the usual fp32 tolerance. Used by
+ * afc_gemm_bp below AFC_GEMV_ROWS rows (afc.h says how it was chosen). */
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#if defined(__AVX512F__)
+typedef __m512 afc_vec;
+#define AFC_VW 16
+#define afc_vzero _mm512_setzero_ps
+#define afc_vload _mm512_loadu_ps
+#define afc_vset1 _mm512_set1_ps
+#define afc_vfma _mm512_fmadd_ps
+#define afc_vadd _mm512_add_ps
+#define afc_vmul _mm512_mul_ps
+#define afc_vstore _mm512_storeu_ps
+#else
+typedef __m256 afc_vec;
+#define AFC_VW 8
+#define afc_vzero _mm256_setzero_ps
+#define afc_vload _mm256_loadu_ps
+#define afc_vset1 _mm256_set1_ps
+#define afc_vfma _mm256_fmadd_ps
+#define afc_vadd _mm256_add_ps
+#define afc_vmul _mm256_mul_ps
+#define afc_vstore _mm256_storeu_ps
+#endif
+/* `mr` rows (1..AFC_GEMV_ROWS) and `u` chains are constants once inlined into the switch below. */
+static inline __attribute__((always_inline)) void afc_gemv_panel(const int mr, const int u, int64_t k, float alpha,
+                                                                 const float *a, int64_t a_rs, int64_t a_cs,
+                                                                 const float *restrict bp, float *c, int64_t ldc,
+                                                                 int nr) {
+  afc_vec acc[7][4][2]; /* at most 7 rows: 14 accumulators and 2 B vectors in 16 registers */
+#pragma GCC unroll 8
+  for (int r = 0; r < mr; ++r)
+#pragma GCC unroll 4
+    for (int q = 0; q < u; ++q) acc[r][q][0] = acc[r][q][1] = afc_vzero();
+  int64_t kk = 0;
+  for (; kk + u <= k; kk += u) {
+#pragma GCC unroll 4
+    for (int q = 0; q < u; ++q) {
+      const float *b = bp + (kk + q) * AFC_NR;
+      const afc_vec b0 = afc_vload(b), b1 = afc_vload(b + AFC_VW);
+#pragma GCC unroll 8
+      for (int r = 0; r < mr; ++r) {
+        const afc_vec x = afc_vset1(a[r * a_rs + (kk + q) * a_cs]);
+        acc[r][q][0] = afc_vfma(x, b0, acc[r][q][0]);
+        acc[r][q][1] = afc_vfma(x, b1, acc[r][q][1]);
+      }
+    }
+  }
+  for (; kk < k; ++kk) {
+    const float *b = bp + kk * AFC_NR;
+    const afc_vec b0 = afc_vload(b), b1 = afc_vload(b + AFC_VW);
+#pragma GCC unroll 8
+    for (int r = 0; r < mr; ++r) {
+      const afc_vec x = afc_vset1(a[r * a_rs + kk * a_cs]);
+      acc[r][0][0] = afc_vfma(x, b0, acc[r][0][0]);
+      acc[r][0][1] = afc_vfma(x, b1, acc[r][0][1]);
+    }
+  }
+  const afc_vec va = afc_vset1(alpha);
+#pragma GCC unroll 8
+  for (int r = 0; r < mr; ++r) {
+#pragma GCC unroll 4
+    for (int q = 1; q < u; ++q) {
+      acc[r][0][0] = afc_vadd(acc[r][0][0], acc[r][q][0]);
+      acc[r][0][1] = afc_vadd(acc[r][0][1], acc[r][q][1]);
+    }
+    afc_vec v0 = acc[r][0][0], v1 = acc[r][0][1];
+    if (alpha != 1.0f) {
+      v0 = afc_vmul(v0, va);
+      v1 = afc_vmul(v1, va);
+    }
+    float *row = c + r * ldc;
+    if (nr == AFC_NR) {
+      afc_vstore(row, v0);
+      afc_vstore(row + AFC_VW, v1);
+    } else {
+      float tile[AFC_NR];
+      afc_vstore(tile, v0);
+      afc_vstore(tile + AFC_VW, v1);
+      memcpy(row, tile, sizeof(float) * (size_t)nr);
+    }
+  }
+}
+
+static void afc_gemv_bp(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t a_rs,
+                        int64_t a_cs, const float *bp, float *c, int64_t ldc) {
+  for (int64_t j0 = 0; j0 < n; j0 += AFC_NR) {
+    const int nr = (int)(n - j0 < AFC_NR ? n - j0 : AFC_NR);
+    const float *panel = bp + j0 * k;
+    float *cc = c + j0;
+    switch (m) {
+      case 1: afc_gemv_panel(1, 4, k, alpha, a, a_rs, a_cs, panel, cc, ldc, nr); break;
+      case 2: afc_gemv_panel(2, 2, k, alpha, a, a_rs, a_cs, panel, cc, ldc, nr); break;
+      case 3: afc_gemv_panel(3, 1, k, alpha, a, a_rs, a_cs, panel, cc, ldc, nr); break;
+      case 4: afc_gemv_panel(4, 1, k, alpha, a, a_rs, a_cs, panel, cc, ldc, nr); break;
+      case 5: afc_gemv_panel(5, 1, k, alpha, a, a_rs, a_cs, panel, cc, ldc, nr); break;
+      case 6: afc_gemv_panel(6, 1, k, alpha, a, a_rs, a_cs, panel, cc, ldc, nr); break;
+      case 7: afc_gemv_panel(7, 1, k, alpha, a, a_rs, a_cs, panel, cc, ldc, nr); break;
+      default: abort(); /* at most 7 rows (afc_gemm_bp keeps m within AFC_GEMV_ROWS) */
+    }
+  }
+}
+#else
+static void afc_gemv_bp(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t a_rs,
+                        int64_t a_cs, const float *bp, float *c, int64_t ldc) {
+  for (int64_t j0 = 0; j0 < n; j0 += AFC_NR) {
+    const int64_t nr = n - j0 < AFC_NR ? n - j0 : AFC_NR;
+    const float *panel = bp + j0 * k;
+    for (int64_t r = 0; r < m; ++r) {
+      float acc[AFC_NR];
+      for (int j = 0; j < AFC_NR; ++j) acc[j] = 0.0f;
+      for (int64_t kk = 0; kk < k; ++kk) {
+        const float x = a[r * a_rs + kk * a_cs];
+        for (int j = 0; j < AFC_NR; ++j) acc[j] += x * panel[kk * AFC_NR + j];
+      }
+      for (int64_t j = 0; j < nr; ++j) c[r * ldc + j0 + j] = alpha * acc[j];
+    }
+  }
+}
+#endif
+
 /* A packed once (weights), B strided: B is packed per (KC x NC) block into the thread buffer
  * (L2); the Goto order then keeps one KC x NR B micro-panel in L1 while the MR x KC slices of a
  * block of MC rows of A stream past it. Streaming A rather than B moves a quarter of the bytes
@@ -346,14 +476,9 @@ static void afc_gemm_ap(int64_t m, int64_t n, int64_t k, float alpha, const floa
 }
 
 /* A strided, B packed once (weights): A is packed per (MC x KC) block into the thread buffer;
- * each KC x NR slice of B is reused from L1 across the block's rows. */
-static void afc_gemm_bp(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t a_rs,
-                        int64_t a_cs, const float *bp, float *c, int64_t ldc) {
-  if (m <= 0 || n <= 0) return;
-  if (k <= 0) {
-    for (int64_t i = 0; i < m; ++i) memset(c + i * ldc, 0, sizeof(float) * (size_t)n);
-    return;
-  }
+ * each KC x NR slice of B is reused from L1 across the block's rows. m, n, k > 0. */
+static void afc_gemm_bp_panels(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t a_rs,
+                               int64_t a_cs, const float *bp, float *c, int64_t ldc) {
   float *buf = afc_buffer();
   const int64_t kb = afc_kc(k), mb = afc_mc(m);
   for (int64_t k0 = 0; k0 < k; k0 += kb) {
@@ -378,5 +503,19 @@ static void afc_gemm_bp(int64_t m, int64_t n, int64_t k, float alpha, const floa
       }
     }
   }
+}
+/* The whole-panel path above, or afc_gemv_bp for at most AFC_GEMV_ROWS rows (afc.h). */
+static void afc_gemm_bp(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t a_rs,
+                        int64_t a_cs, const float *bp, float *c, int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {
+    for (int64_t i = 0; i < m; ++i) memset(c + i * ldc, 0, sizeof(float) * (size_t)n);
+    return;
+  }
+  if (m <= AFC_GEMV_ROWS) {
+    afc_gemv_bp(m, n, k, alpha, a, a_rs, a_cs, bp, c, ldc);
+    return;
+  }
+  afc_gemm_bp_panels(m, n, k, alpha, a, a_rs, a_cs, bp, c, ldc);
 }
 #endif /* AFC_IMPL */

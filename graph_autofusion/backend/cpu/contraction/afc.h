@@ -36,6 +36,7 @@
  *   void afc_pack_b(k, n, b, rs, cs, bp)              B[kk][j] = b[kk*rs + j*cs] -> B-panels
  *   void afc_gemm_ap(m, n, k, alpha, ap, b, b_rs, b_cs, c, ldc)   A packed, B strided
  *   void afc_gemm_bp(m, n, k, alpha, a, a_rs, a_cs, bp, c, ldc)   A strided, B packed
+ *   void afc_gemv_bp(m, n, k, alpha, a, a_rs, a_cs, bp, c, ldc)   the same for m <= AFC_GEMV_ROWS
  * Sizes are int64_t, strides in elements. Buffers from the caller need no particular alignment;
  * packed buffers of 64-byte alignment are faster.
  */
@@ -71,6 +72,24 @@
 #define AFC_NC 384
 #define AFC_MC 192
 
+/* Rows at or below which afc_gemm_bp runs afc_gemv_bp (afc.c: every weight panel streamed once,
+ * m rows of accumulators, no K blocks) instead of the whole-panel micro-kernel path. Measured one
+ * thread, minimum of 3 x 200 calls, each path forced through the shim (afcx_gemv_bp vs
+ * afcx_gemm_bp_panels), K x N = 784x512, 512x256, 768x768, 768x3072 (Zen 4, 2026-12-03):
+ *   AVX-512: GEMV/panels 0.33-0.47 at m = 1, 0.52-0.70 at m = 4, 0.86-0.89 at m = 7 -> 7
+ *            (every m below AFC_MR = 8);
+ *   AVX2:    0.39-0.60 at m = 1, 0.78-0.86 at m = 5, 0.87-0.97 at m = 6 (within the host's noise;
+ *            6 rows are a whole AFC_MR panel), 0.98-1.15 at m = 7 (14 accumulators spill) -> 5;
+ *   portable: 0.34-0.39 at m = 1, 0.66-0.70 at m = 2, 1.00-1.08 at m = 3 (its loops are per
+ *            row, so its cost grows with m while a 4-row panel costs the same) -> 2. */
+#if defined(__AVX512F__)
+#define AFC_GEMV_ROWS 7
+#elif defined(__AVX2__) && defined(__FMA__)
+#define AFC_GEMV_ROWS 5
+#else
+#define AFC_GEMV_ROWS 2
+#endif
+
 static int64_t afc_packed_a_floats(int64_t m, int64_t k);
 static int64_t afc_packed_b_floats(int64_t k, int64_t n);
 static void afc_pack_a(int64_t m, int64_t k, const float *a, int64_t rs, int64_t cs, float *ap);
@@ -78,5 +97,7 @@ static void afc_pack_b(int64_t k, int64_t n, const float *b, int64_t rs, int64_t
 static void afc_gemm_ap(int64_t m, int64_t n, int64_t k, float alpha, const float *ap, const float *b,
                         int64_t b_rs, int64_t b_cs, float *c, int64_t ldc);
 static void afc_gemm_bp(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t a_rs,
+                        int64_t a_cs, const float *bp, float *c, int64_t ldc);
+static void afc_gemv_bp(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t a_rs,
                         int64_t a_cs, const float *bp, float *c, int64_t ldc);
 #endif

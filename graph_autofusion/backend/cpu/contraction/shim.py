@@ -16,6 +16,7 @@ from ..isa import IsaTarget, target_isa
 from . import library_source
 
 EXPORTS = r"""
+#include <omp.h>
 /* The ISA's fp32 peak: `iters` rounds of 12 independent FMA chains per thread on the widest
  * vectors the library uses, from registers only. Returns the FLOPs done (all threads). */
 double afcx_peak(int64_t iters) {
@@ -52,6 +53,39 @@ double afcx_peak(int64_t iters) {
   }
   return flops;
 }
+/* What waking the OpenMP team costs a parallel loop, in ns (the measurement behind
+ * backend/cpu/threads.py PASSIVE_WAKE_NS): a loop of `work_ns` of busy work in 40 chunks handed
+ * out dynamically (as contraction tiles are) over `threads` threads whose workers sat idle
+ * `gap_ns` first takes T2 = (work_ns + W) / 2 when the workers join W late, so each probe gives
+ * W = 2 T2 - work_ns (above work_ns: no worker joined before the work was done); the median of
+ * `reps` (1-255) probes is returned. The caller's core is busy meanwhile, as in a kernel. */
+static void afcx_busy_ns(double ns) {
+  const double t0 = omp_get_wtime();
+  while ((omp_get_wtime() - t0) * 1e9 < ns) {
+  }
+}
+int64_t afcx_team_wake_ns(int64_t threads, int64_t reps, int64_t gap_ns, int64_t work_ns) {
+  int64_t w[255];
+  reps = reps < 1 ? 1 : reps > 255 ? 255 : reps;
+  double last = omp_get_wtime();
+  for (int64_t r = 0; r < reps; ++r) {
+    while ((omp_get_wtime() - last) * 1e9 < (double)gap_ns) {
+    }
+    const double t0 = omp_get_wtime();
+    #pragma omp parallel for schedule(dynamic, 1) num_threads((int)threads)
+    for (int c = 0; c < 40; ++c) afcx_busy_ns((double)work_ns / 40.0);
+    last = omp_get_wtime();
+    const int64_t t2 = (int64_t)((last - t0) * 1e9);
+    w[r] = 2 * t2 > work_ns ? 2 * t2 - work_ns : 0;
+  }
+  for (int64_t i = 1; i < reps; ++i)
+    for (int64_t j = i; j > 0 && w[j - 1] > w[j]; --j) {
+      const int64_t x = w[j - 1];
+      w[j - 1] = w[j];
+      w[j] = x;
+    }
+  return w[reps / 2];
+}
 int64_t afcx_mr(void) { return AFC_MR; }
 int64_t afcx_nr(void) { return AFC_NR; }
 const char *afcx_kernel(void) { return AFC_KERNEL; }
@@ -71,6 +105,16 @@ void afcx_gemm_bp(int64_t m, int64_t n, int64_t k, float alpha, const float *a, 
                   int64_t a_cs, const float *bp, float *c, int64_t ldc) {
   afc_gemm_bp(m, n, k, alpha, a, a_rs, a_cs, bp, c, ldc);
 }
+/* the two paths of afc_gemm_bp, each forced (tests, and the measurement behind AFC_GEMV_ROWS) */
+void afcx_gemv_bp(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t a_rs,
+                  int64_t a_cs, const float *bp, float *c, int64_t ldc) {
+  afc_gemv_bp(m, n, k, alpha, a, a_rs, a_cs, bp, c, ldc);
+}
+void afcx_gemm_bp_panels(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t a_rs,
+                         int64_t a_cs, const float *bp, float *c, int64_t ldc) {
+  afc_gemm_bp_panels(m, n, k, alpha, a, a_rs, a_cs, bp, c, ldc);
+}
+int64_t afcx_gemv_rows(void) { return AFC_GEMV_ROWS; }
 /* tiles of a whole GEMM over OpenMP threads, as an anchor kernel runs them (benchmarks) */
 void afcx_gemm_ap_parallel(int64_t m, int64_t n, int64_t k, const float *ap, const float *b, float *c,
                            int64_t mb, int64_t nb) {
@@ -98,6 +142,7 @@ _I64 = ctypes.c_int64
 _PTR = ctypes.c_void_p
 _SIGNATURES: dict[str, tuple[list[type], type | None]] = {
     "afcx_peak": ([_I64], ctypes.c_double),
+    "afcx_team_wake_ns": ([_I64, _I64, _I64, _I64], _I64),
     "afcx_mr": ([], _I64),
     "afcx_nr": ([], _I64),
     "afcx_kernel": ([], ctypes.c_char_p),
@@ -107,6 +152,9 @@ _SIGNATURES: dict[str, tuple[list[type], type | None]] = {
     "afcx_pack_b": ([_I64, _I64, _PTR, _I64, _I64, _PTR], None),
     "afcx_gemm_ap": ([_I64, _I64, _I64, ctypes.c_float, _PTR, _PTR, _I64, _I64, _PTR, _I64], None),
     "afcx_gemm_bp": ([_I64, _I64, _I64, ctypes.c_float, _PTR, _I64, _I64, _PTR, _PTR, _I64], None),
+    "afcx_gemv_bp": ([_I64, _I64, _I64, ctypes.c_float, _PTR, _I64, _I64, _PTR, _PTR, _I64], None),
+    "afcx_gemm_bp_panels": ([_I64, _I64, _I64, ctypes.c_float, _PTR, _I64, _I64, _PTR, _PTR, _I64], None),
+    "afcx_gemv_rows": ([], _I64),
     "afcx_gemm_ap_parallel": ([_I64, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64], None),
     "afcx_gemm_bp_parallel": ([_I64, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64], None),
 }
@@ -154,11 +202,21 @@ class Library:
         self.lib.afcx_gemm_ap(m, n, k, alpha, ap.ctypes.data, b.ctypes.data, rs, cs, c.ctypes.data, n)
         return c
 
-    def gemm_bp(self, a: np.ndarray, bp: np.ndarray, n: int, alpha: float = 1.0) -> np.ndarray:
+    @property
+    def gemv_rows(self) -> int:
+        """Rows at or below which `gemm_bp` takes the GEMV path (afc.h: AFC_GEMV_ROWS)."""
+        return int(self.lib.afcx_gemv_rows())
+
+    def gemm_bp(
+        self, a: np.ndarray, bp: np.ndarray, n: int, alpha: float = 1.0, path: str = "auto"
+    ) -> np.ndarray:
+        """A x packed B; `path` forces one of afc_gemm_bp's two paths ("gemv", "panels")."""
         m, k = a.shape
         c = np.full((m, n), np.nan, np.float32)
         rs, cs = (s // 4 for s in a.strides)
-        self.lib.afcx_gemm_bp(m, n, k, alpha, a.ctypes.data, rs, cs, bp.ctypes.data, c.ctypes.data, n)
+        paths = {"auto": "afcx_gemm_bp", "gemv": "afcx_gemv_bp", "panels": "afcx_gemm_bp_panels"}
+        fn = getattr(self.lib, paths[path])
+        fn(m, n, k, alpha, a.ctypes.data, rs, cs, bp.ctypes.data, c.ctypes.data, n)
         return c
 
 
@@ -181,6 +239,14 @@ def peak_flops(
         flops = library.lib.afcx_peak(iters)
         best = max(best, flops / (clock() - start))
     return best
+
+
+def team_wake_ns(
+    library: Library, threads: int = 2, probes: int = 15, gap_ns: int = 50_000, work_ns: int = 200_000
+) -> int:
+    """The median ns by which `threads - 1` idle OpenMP workers join a parallel loop late, as the
+    library's `afcx_team_wake_ns` probes it (the figure behind threads.PASSIVE_WAKE_NS)."""
+    return int(library.lib.afcx_team_wake_ns(threads, probes, gap_ns, work_ns))
 
 
 def build_library(isa: IsaTarget | None = None, cache: KernelCache | None = None) -> Library:

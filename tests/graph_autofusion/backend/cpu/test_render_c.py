@@ -198,3 +198,31 @@ def test_a_loop_bound_that_needs_a_local_is_computed_before_the_pragma(kernel_ca
     y = np.full(13, np.nan, dtype=np.float32)
     _run(kernel, kernel_cache, x, y)
     np.testing.assert_array_equal(y, 2 * x)
+
+
+def test_a_contraction_loop_takes_the_team_only_at_or_above_the_runtime_bar(kernel_cache) -> None:
+    # Loop.macs puts an `if` on the pragma: at or above af_parallel_min_macs the loop runs on
+    # the team, below it on the calling thread alone (no worker woken); a loop without macs has
+    # no such check. The body records the team size each iteration ran on.
+    from graph_autofusion.backend.cpu.render_c import PARALLEL_MIN_MACS_SYMBOL
+    from graph_autofusion.backend.cpu.threads import omp_threads
+
+    t = ir.var("t")
+    out = Buffer("out0", DType.F32, 8, "output")
+    team = ir.raw("(float)omp_get_num_threads()", DType.F32)
+    kernel = Kernel("bar", (out,), (Loop(t, 8, (Store(out, t, team),), parallel=True, macs=1000),))
+    text = render_kernel(kernel)
+    assert f"if(1000 >= {PARALLEL_MIN_MACS_SYMBOL})" in text
+    plain = Kernel("nobar", (out,), (Loop(t, 8, (Store(out, t, team),), parallel=True),))
+    assert " if(" not in render_kernel(plain).split("void nobar")[1]
+    (art,) = compile_kernels([KernelSource(kernel.name, text)], cache=kernel_cache)
+    lib = art.load()
+    y = np.zeros(8, np.float32)
+    args = (ctypes.c_void_p * 1)(y.ctypes.data)
+    bar = ctypes.c_int64.in_dll(lib, PARALLEL_MIN_MACS_SYMBOL)
+    assert bar.value == 0  # until a runtime sets it: every such loop takes the team
+    with omp_threads(2):
+        for value, threads in ((0, 2), (1000, 2), (1001, 1)):
+            bar.value = value
+            lib.bar(args)
+            assert set(y.tolist()) == {float(threads)}, (value, y)

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from graph_autofusion.backend.cpu import threads
 from graph_autofusion.backend.cpu.cache import KernelCache
@@ -69,3 +70,53 @@ def test_configure_kernel_threads_gives_openmp_the_cores_and_blas_one() -> None:
         assert threads.configure_kernel_threads() == threads.available_cpus()
     finally:
         threads.set_omp_threads(before)
+
+
+def test_the_wake_bar_is_the_documented_break_even_and_only_for_sleeping_workers() -> None:
+    # parallel_min_macs: WAKE_BREAK_EVEN * wake * rate for sleeping workers of a team of 2+;
+    # nothing for spinning workers (the compile-time floor covers them) or one thread.
+    from graph_autofusion.backend.cpu.threads import (
+        CONTRACTION_MACS_PER_NS,
+        PASSIVE_WAKE_NS,
+        WAKE_BREAK_EVEN,
+        parallel_min_macs,
+    )
+
+    bar = parallel_min_macs(2, "passive")
+    assert bar == int(WAKE_BREAK_EVEN * PASSIVE_WAKE_NS * CONTRACTION_MACS_PER_NS) == 4_700_000
+    # at the bar a loop takes T1 = 2 W on one thread and (T1 + W) / 2 = 0.75 T1 on two with fine
+    # tiles (break-even at T1 = W): the quarter is the margin that coarse tiles eat
+    t1 = bar / CONTRACTION_MACS_PER_NS
+    assert (t1 + PASSIVE_WAKE_NS) / 2 == pytest.approx(0.75 * t1)
+    assert parallel_min_macs(2, "passive", wake_ns=10_000) == 940_000
+    assert parallel_min_macs(1, "passive") == 0
+    assert parallel_min_macs(2, "active") == parallel_min_macs(2, "default") == 0
+
+
+def test_the_runtime_sets_the_bar_in_every_loaded_unit(kernel_cache) -> None:
+    import ctypes
+
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from graph_autofusion.backend.cpu.render_c import PARALLEL_MIN_MACS_SYMBOL
+    from graph_autofusion.backend.cpu.runtime import compile_model
+    from graph_autofusion.backend.cpu.threads import omp_wait_policy, parallel_min_macs
+
+    w = numpy_helper.from_array(np.ones((64, 32), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 32])],
+        [w],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    compiled = compile_model(model, cache=kernel_cache, threads=2)
+    want = parallel_min_macs(2, omp_wait_policy())
+    assert compiled.stats["parallel_min_macs"] == want
+    libs = [compiled._lib(k.path) for k in compiled.kernels.values()]
+    assert libs and all(ctypes.c_int64.in_dll(lib, PARALLEL_MIN_MACS_SYMBOL).value == want for lib in libs)
+    single = compile_model(model, cache=kernel_cache, threads=1)
+    assert single.stats["parallel_min_macs"] == 0

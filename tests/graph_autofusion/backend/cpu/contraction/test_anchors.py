@@ -119,3 +119,18 @@ def test_an_unknown_mode_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv(CONTRACTION_ENV, "mkl")
     with pytest.raises(InvalidConfigError):
         contraction_mode()
+
+
+@pytest.mark.parametrize("batch", range(1, 9))
+def test_few_row_gemms_with_epilogues_match_onnxruntime(batch: int, kernel_cache: KernelCache) -> None:
+    # Batch 1-8 Linear layers take afc_gemm_bp's GEMV path (up to 7 rows on AVX-512) or its panel
+    # path, fused as a chain (Gemm + bias + Relu, twice) and as a lone Gemm with its bias; odd
+    # widths leave a tail panel in every layer.
+    from graph_autofusion import zoo
+
+    model = zoo.build("mlp", in_features=97, hidden=(45, 131), num_classes=7, batch=batch)
+    feeds = zoo.example_inputs(model)
+    compiled = compile_model(gaf.fuse(model).model, cache=kernel_cache, threads=2)
+    got = next(iter(compiled(feeds).values()))
+    want = _ort(model, feeds)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))

@@ -14,7 +14,7 @@ import pytest
 
 from graph_autofusion.backend.cpu.cache import KernelCache
 from graph_autofusion.backend.cpu.contraction import PANEL_QUANTUM
-from graph_autofusion.backend.cpu.contraction.shim import Library, build_library
+from graph_autofusion.backend.cpu.contraction.shim import Library, build_library, team_wake_ns
 from graph_autofusion.backend.cpu.isa import host_isa, parse_isa
 
 EPS = float(np.finfo(np.float32).eps)
@@ -129,3 +129,56 @@ def test_empty_depth_writes_zeros(lib: Library) -> None:
     b = np.zeros((0, 5), np.float32)
     assert np.array_equal(lib.gemm_bp(a, lib.pack_b(b), 5), np.zeros((3, 5), np.float32))
     assert np.array_equal(lib.gemm_ap(lib.pack_a(a), b, 3), np.zeros((3, 5), np.float32))
+
+
+# The GEMV path of afc_gemm_bp (few rows): each forced, every row count it serves, odd N (a tail
+# panel of 1 column, of half a panel, of a panel and one), odd K (the chains' remainder loop).
+GEMV_SHAPES = [(1, 37), (33, 5), (70, 130), (513, 784)]
+
+
+@pytest.mark.parametrize(("n", "k"), GEMV_SHAPES)
+def test_gemv_path_matches_numpy_for_every_row_count(lib: Library, n: int, k: int) -> None:
+    rng = np.random.default_rng(n * 7 + k)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    bp = lib.pack_b(b)
+    for m in range(1, 8):
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        _check(lib.gemm_bp(a, bp, n, path="gemv"), a, b)
+        _check(lib.gemm_bp(a, bp, n, path="panels"), a, b)
+
+
+def test_gemv_path_with_strided_rows_and_alpha(lib: Library) -> None:
+    rng = np.random.default_rng(9)
+    m, n, k = 3, 45, 77
+    a = rng.standard_normal((k, m)).astype(np.float32).T  # column-major rows: a_cs != 1
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    _check(lib.gemm_bp(a, lib.pack_b(b), n, alpha=-1.5, path="gemv"), a, b, -1.5)
+    wide = rng.standard_normal((m, 2 * k)).astype(np.float32)[:, ::2]  # column stride 2
+    _check(lib.gemm_bp(wide, lib.pack_b(b), n, alpha=0.25, path="gemv"), wide, b, 0.25)
+
+
+def test_gemm_bp_takes_the_gemv_path_up_to_its_documented_rows(lib: Library) -> None:
+    # afc.h: AVX-512 up to 7 rows, AVX2 5, portable 2. Which path ran shows in the bits: the two
+    # sum K in different orders, so over a long K their results differ in the last places.
+    assert lib.gemv_rows == {8: 7, 6: 5, 4: 2}[lib.mr]
+    rng = np.random.default_rng(11)
+    n, k = 64, 2001
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    bp = lib.pack_b(b)
+    for m in range(1, lib.mr + 2):
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        auto, panels = lib.gemm_bp(a, bp, n), lib.gemm_bp(a, bp, n, path="panels")
+        if m > 7:  # the GEMV path serves at most 7 rows on any ISA
+            assert np.array_equal(auto, panels)
+            continue
+        gemv = lib.gemm_bp(a, bp, n, path="gemv")
+        assert not np.array_equal(gemv, panels)
+        want = gemv if m <= lib.gemv_rows else panels
+        assert np.array_equal(auto, want), m
+
+
+def test_the_wake_probe_reports_a_late_join_in_ns(lib: Library) -> None:
+    # The measurement behind threads.PASSIVE_WAKE_NS: never negative; a team of one never gets
+    # help, which the probe reports as a join later than the whole work (W = 2 T2 - work >= work).
+    assert team_wake_ns(lib, threads=2, probes=3, gap_ns=1000, work_ns=20_000) >= 0
+    assert team_wake_ns(lib, threads=1, probes=3, gap_ns=1000, work_ns=20_000) >= 20_000
