@@ -388,14 +388,13 @@ def ort_node_times(
     return rows
 
 
-def compare_layers(name: str, nthreads: int, reps: int) -> list[dict[str, object]]:
-    """A fused zoo model's anchors, ours vs onnxruntime's nodes, layer by layer (module docstring)."""
+def compare_layers(
+    source: onnx.ModelProto, feeds: dict[str, np.ndarray], nthreads: int, reps: int
+) -> list[dict[str, object]]:
+    """A model's fused anchors, ours vs onnxruntime's nodes, layer by layer (module docstring)."""
     import graph_autofusion as gaf
-    from graph_autofusion import zoo
     from graph_autofusion.backend.cpu.extract import KernelStep
 
-    source = zoo.build(name)
-    feeds = zoo.example_inputs(source)
     theirs = ort_node_times(source, feeds, nthreads, reps)
     cm = compile_model(gaf.fuse(source).model, threads=nthreads)
     cm(feeds)
@@ -503,7 +502,10 @@ def main() -> None:
         )
     print("\n".join(header), file=sys.stderr if args.json else None)
     if args.layers:
-        layer_rows = compare_layers(args.layers, args.threads, args.reps)
+        from graph_autofusion import zoo
+
+        source = zoo.build(args.layers)
+        layer_rows = compare_layers(source, zoo.example_inputs(source), args.threads, args.reps)
         if args.json:
             print(json.dumps({"host": header[0], "layers": layer_rows}, indent=1))
         else:
