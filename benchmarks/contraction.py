@@ -21,9 +21,17 @@ the total and the anchors' GFLOP/s per mode. That is the measurement behind the 
 the wall clock, both modes and onnxruntime (ORT_ENABLE_ALL, same threads) interleaved run by run,
 and prints the median and fastest run of each.
 
+`--layers resnet50` instead lists a fused zoo model's conv/matmul anchors one by one against
+onnxruntime's nodes (ORT_ENABLE_ALL, its own per-node profile): both on `--threads` threads, the
+fastest of `--reps` runs of each kernel (ours: process CPU time with one thread, the wall clock
+with more; onnxruntime: its profiler's per-node time), paired by (input shape, weight shape) in
+execution order, with GFLOP/s and the share of the ISA's FMA peak on those threads, the biggest
+losers (ms ours - ms onnxruntime) first. onnxruntime's nodes are profiled in a block of their own
+before ours (its threads spin after a run).
+
 Run: `.venv/bin/python benchmarks/contraction.py [--threads 2] [--reps 20] [--shapes resnet50,bert]
-[--cpu-time] [--models resnet50,mobilenet_v2,bert_base] [--json]`; the header names the host
-(`describe_host`) and the OpenBLAS core in use.
+[--cpu-time] [--models resnet50,mobilenet_v2,bert_base] [--layers resnet50] [--json]`; the header
+names the host (`describe_host`) and the OpenBLAS core in use.
 """
 
 from __future__ import annotations
@@ -330,6 +338,123 @@ def compare_models_wall(names: list[str], nthreads: int, reps: int) -> list[dict
     return out
 
 
+def _anchor_key(spec: KernelSpec) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """(input shape, weight shape) of a kernel's Conv/MatMul/Gemm node, None without one."""
+    for node in spec.nodes:
+        if node.op_type in ("Conv", "MatMul", "Gemm"):
+            shape = spec.tensors
+            return tuple(shape[node.input[0]].shape), tuple(shape[node.input[1]].shape)
+    return None
+
+
+def ort_node_times(
+    model: onnx.ModelProto, feeds: dict[str, np.ndarray], nthreads: int, reps: int
+) -> list[dict[str, object]]:
+    """onnxruntime's (ORT_ENABLE_ALL) Conv/MatMul/Gemm nodes in execution order: name, op, the
+    (input shape, weight shape) key and the fastest per-node time (ms) over `reps` profiled runs
+    (after a warm-up run that is not kept)."""
+    import tempfile
+
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = nthreads
+    opts.enable_profiling = True
+    opts.profile_file_prefix = os.path.join(tempfile.mkdtemp(prefix="ort-profile-"), "ort")
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    for _ in range(reps + 1):
+        sess.run(None, feeds)
+    with open(sess.end_profiling()) as fh:
+        events = json.load(fh)
+    runs: list[list[dict]] = []
+    for ev in events:
+        if ev.get("cat") == "Session" and ev.get("name") == "model_run":
+            runs.append([])
+        elif ev.get("cat") == "Node" and ev["name"].endswith("_kernel_time") and runs:
+            runs[-1].append(ev)
+    runs = runs[1:] or runs  # the first run is the warm-up
+    rows = []
+    for i, ev in enumerate(runs[0]):
+        args = ev["args"]
+        if not any(op in args.get("op_name", "") for op in ("Conv", "MatMul", "Gemm")):
+            continue
+        shapes = [tuple(next(iter(t.values()))) for t in args.get("input_type_shape", [])]
+        if len(shapes) < 2:
+            continue
+        best = min(float(r[i]["dur"]) for r in runs if i < len(r) and r[i]["name"] == ev["name"])
+        key = (shapes[0], shapes[1])
+        rows.append({"node": ev["name"].removesuffix("_kernel_time"), "op": args["op_name"], "key": key,
+                     "ms": best / 1e3})  # fmt: skip
+    return rows
+
+
+def compare_layers(
+    source: onnx.ModelProto, feeds: dict[str, np.ndarray], nthreads: int, reps: int
+) -> list[dict[str, object]]:
+    """A model's fused anchors, ours vs onnxruntime's nodes, layer by layer (module docstring)."""
+    import graph_autofusion as gaf
+    from graph_autofusion.backend.cpu.extract import KernelStep
+
+    theirs = ort_node_times(source, feeds, nthreads, reps)
+    cm = compile_model(gaf.fuse(source).model, threads=nthreads)
+    cm(feeds)
+    threads.set_omp_threads(nthreads)
+    clock = time.process_time_ns if nthreads == 1 else time.perf_counter_ns
+    best = [math.inf] * len(cm._per_kernel)
+    for _ in range(reps + 1):
+        for i, (fn, argv) in enumerate(cm._per_kernel):
+            start = clock()
+            fn(argv)
+            best[i] = min(best[i], clock() - start)
+    peak = peak_flops(build_library(), clock=time.process_time if nthreads == 1 else time.perf_counter)
+    pending: dict[tuple, list[dict[str, object]]] = {}
+    for row in theirs:
+        pending.setdefault(row["key"], []).append(row)  # type: ignore[arg-type]
+    steps = [s for s in cm._steps if isinstance(s, KernelStep)]
+    out = []
+    for step, ns in zip(steps, best, strict=True):
+        spec = cm.plan.specs[step.symbol]
+        key = _anchor_key(spec)
+        macs = _anchor_macs(spec)
+        if key is None or not macs:
+            continue
+        peer = (pending.get(key) or [None]).pop(0) if pending.get(key) else None
+        ms = ns / 1e6
+        ort_ms = float(peer["ms"]) if peer else math.nan  # type: ignore[arg-type]
+        out.append({
+            "node": step.node_name, "x": list(key[0]), "w": list(key[1]), "ms": round(ms, 4),
+            "ort_ms": round(ort_ms, 4), "gflops": round(2 * macs / ns, 1),
+            "ort_gflops": round(2 * macs / (ort_ms * 1e6), 1) if peer else math.nan,
+            "peak_pct": round(100 * 2 * macs / ns / (peak / 1e9), 1),
+        })  # fmt: skip
+    return out
+
+
+def _layer_lines(rows: list[dict[str, object]], nthreads: int) -> list[str]:
+    """The per-layer table, biggest losers first, and the totals."""
+    lines = [
+        f"{'layer (x -> w)':<44} {'ours ms':>8} {'ort ms':>8} {'ratio':>6} {'GF/s':>6} {'ort':>6} "
+        f"{'%peak':>6}"
+    ]
+    for r in sorted(rows, key=lambda r: -(float(r["ms"]) - float(r["ort_ms"]))):  # type: ignore[arg-type]
+        x, w = r["x"], r["w"]
+        label = f"{'x'.join(map(str, x[1:]))} -> {'x'.join(map(str, w))}"  # type: ignore[index]
+        ratio = float(r["ms"]) / float(r["ort_ms"])  # type: ignore[arg-type]
+        lines.append(
+            f"{label:<44} {r['ms']:>8.3f} {r['ort_ms']:>8.3f} {ratio:>6.2f} {r['gflops']:>6} "
+            f"{r['ort_gflops']:>6} {r['peak_pct']:>6}"
+        )
+    paired = [r for r in rows if not math.isnan(float(r["ort_ms"]))]  # type: ignore[arg-type]
+    ours = sum(float(r["ms"]) for r in paired)  # type: ignore[arg-type]
+    theirs = sum(float(r["ort_ms"]) for r in paired)  # type: ignore[arg-type]
+    label = f"all anchors, {nthreads} thread(s)"
+    if len(paired) < len(rows):  # no onnxruntime node of the same shapes (it fused it otherwise)
+        alone = sum(float(r["ms"]) for r in rows) - ours  # type: ignore[arg-type]
+        label = f"{len(paired)} paired anchors (+{alone:.2f} ms unpaired)"
+    lines.append(f"{label:<44} {ours:>8.2f} {theirs:>8.2f} {ours / max(theirs, 1e-9):>6.2f}")
+    return lines
+
+
 def _line(r: Row) -> str:
     return (
         f"{r.shape:<28} {r.m:>5} {r.n:>6} {r.k:>5}  {r.blas_gflops:>7.1f} ({r.blas_best_gflops:>5.1f})"
@@ -346,6 +471,7 @@ def main() -> None:
     parser.add_argument("--cpu-time", action="store_true", help="time by process CPU time (see above)")
     parser.add_argument("--models", default="", help="compare whole zoo models instead (see above)")
     parser.add_argument("--wall", action="store_true", help="with --models: wall clock, --threads, vs ORT")
+    parser.add_argument("--layers", default="", help="one zoo model's anchors vs onnxruntime's (see above)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.cpu_time:
@@ -370,7 +496,24 @@ def main() -> None:
             if args.wall
             else "whole fused models, 1 thread, fastest process CPU time per kernel, modes interleaved"
         )
+    if args.layers:
+        clock = "process CPU time" if args.threads == 1 else "wall clock"
+        header[2] = (
+            f"{args.layers} anchors vs onnxruntime ORT_ENABLE_ALL nodes, {args.threads} thread(s), "
+            f"fastest of {args.reps} runs per kernel ({clock}; "
+            "onnxruntime: its profiler); %peak = ours / ISA FMA peak on those threads"
+        )
     print("\n".join(header), file=sys.stderr if args.json else None)
+    if args.layers:
+        from graph_autofusion import zoo
+
+        source = zoo.build(args.layers)
+        layer_rows = compare_layers(source, zoo.example_inputs(source), args.threads, args.reps)
+        if args.json:
+            print(json.dumps({"host": header[0], "layers": layer_rows}, indent=1))
+        else:
+            print("\n".join(_layer_lines(layer_rows, args.threads)))
+        return
     if args.models:
         names = [m.strip() for m in args.models.split(",")]
         rows = (

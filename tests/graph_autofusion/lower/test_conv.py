@@ -158,16 +158,45 @@ def test_odd_task_counts_take_the_tile_the_threads_finish_soonest(
 def test_split_channel_tiles_are_whole_a_panels(
     mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # 132 channels in two tiles (of 4 x 800 pixels): 72 + 60, not 66 + 66, each computed as 9
-    # panels of 8 rows
-    g = ConvGeometry(n=1, cin=64, cout=132, group=1, h=56, w=56, oh=56, ow=56,
+    # 132 channels of one 196-pixel tile in four tiles (tasks for the threads): 40 x 3 + 12, not
+    # 33 x 4, each computed as whole panels of 8 rows
+    g = ConvGeometry(n=1, cin=64, cout=132, group=1, h=14, w=14, oh=14, ow=14,
                      kh=1, kw=1, sh=1, sw=1, dh=1, dw=1, pt=0, pl=0)  # fmt: skip
-    assert conv_tiles(g, 32) == (800, 4, 72, 2)
+    assert conv_tiles(g, 32) == (196, 1, 40, 4)
     monkeypatch.setenv(CONTRACTION_ENV, mode)
-    model, feeds = _model((1, 64, 56, 56), (132, 64, 1, 1), bias=True, relu=True)
+    model, feeds = _model((1, 64, 14, 14), (132, 64, 1, 1), bias=True, relu=True)
     spec, weights = _spec(model)
     kernel = lower_conv(spec)
-    assert "2 channel tiles of 72" in kernel.description
+    assert "4 channel tiles of 40" in kernel.description
+    (got,) = run(kernel, [feeds["x"], *weights], tmp_path)
+    (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, feeds
+    )
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_packed_1x1_splits_pixels_so_all_channels_share_one_packed_activation(
+    mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # ResNet-50's 64 -> 256 1x1 at 56x56 ran 4 pixel tiles of 800 x 4 channel tiles of 64, the
+    # library packing each pixel tile's activation four times; now 14 tiles of 224 x 256 channels
+    g = ConvGeometry(n=1, cin=64, cout=256, group=1, h=56, w=56, oh=56, ow=56,
+                     kh=1, kw=1, sh=1, sw=1, dh=1, dw=1, pt=0, pl=0)  # fmt: skip
+    assert conv_tiles(g, 32) == (224, 14, 256, 1)
+    assert conv_tiles(g, 16) == (784, 4, 64, 4)  # OpenBLAS packs the weight per call: unchanged
+    # 256 -> 1024 at 14x14 would still need two channel tiles at the narrowest pixel tile: unchanged
+    g = ConvGeometry(n=1, cin=256, cout=1024, group=1, h=14, w=14, oh=14, ow=14,
+                     kh=1, kw=1, sh=1, sw=1, dh=1, dw=1, pt=0, pl=0)  # fmt: skip
+    assert conv_tiles(g, 32) == (196, 1, 256, 4)
+    monkeypatch.setenv(CONTRACTION_ENV, mode)
+    model, feeds = _model((1, 24, 40, 40), (136, 24, 1, 1), bias=True, relu=True)
+    spec, weights = _spec(model)
+    kernel = lower_conv(spec)
+    # 1600 pixels x 136 channels: at most 480 pixels a tile (481 fit OUT_TILE_FLOATS), so 4 equal
+    # tiles of whole panels; it was one 1600-pixel tile x 4 channel tiles of 40, as OpenBLAS has it
+    tiles = "4 pixel tiles of 416 x 1 channel tiles of 136" if mode == "library" else "4 channel tiles of 40"
+    assert tiles in kernel.description
     (got,) = run(kernel, [feeds["x"], *weights], tmp_path)
     (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
         None, feeds

@@ -1,0 +1,62 @@
+"""benchmarks/contraction.py --layers on a two-conv model: onnxruntime's per-node profile read
+back, every anchor paired with its onnxruntime node by (input shape, weight shape), the table."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+import contraction  # noqa: E402
+
+
+def _two_convs() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    rng = np.random.default_rng(0)
+    w1 = rng.standard_normal((32, 16, 3, 3)).astype(np.float32)
+    w2 = rng.standard_normal((64, 32, 1, 1)).astype(np.float32)
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["a"], ["b"]),
+        helper.make_node("Conv", ["b", "w2"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "two_convs",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 20, 20])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
+    )
+    model = onnx.shape_inference.infer_shapes(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    )
+    return model, {"x": rng.standard_normal((1, 16, 20, 20)).astype(np.float32)}
+
+
+def test_onnxruntime_nodes_come_back_keyed_by_input_and_weight_shape() -> None:
+    model, feeds = _two_convs()
+    rows = contraction.ort_node_times(model, feeds, nthreads=1, reps=2)
+    assert [r["key"] for r in rows] == [((1, 16, 20, 20), (32, 16, 3, 3)), ((1, 32, 20, 20), (64, 32, 1, 1))]
+    assert all("Conv" in str(r["op"]) and float(r["ms"]) > 0 for r in rows)  # type: ignore[arg-type]
+
+
+def test_every_anchor_is_paired_and_the_table_puts_the_biggest_loser_first() -> None:
+    model, feeds = _two_convs()
+    rows = contraction.compare_layers(model, feeds, nthreads=1, reps=2)
+    assert [(r["x"], r["w"]) for r in rows] == [
+        ([1, 16, 20, 20], [32, 16, 3, 3]),
+        ([1, 32, 20, 20], [64, 32, 1, 1]),
+    ]
+    for r in rows:
+        assert float(r["ms"]) > 0 and not math.isnan(float(r["ort_ms"]))  # type: ignore[arg-type]
+        assert float(r["gflops"]) > 0 and float(r["peak_pct"]) > 0  # type: ignore[arg-type]
+    lines = contraction._layer_lines(rows, 1)
+    losses = [float(r["ms"]) - float(r["ort_ms"]) for r in rows]  # type: ignore[arg-type]
+    first = rows[int(np.argmax(losses))]
+    assert lines[1].startswith("x".join(map(str, first["x"][1:])))  # type: ignore[index]
+    assert lines[-1].startswith("all anchors, 1 thread(s)")
