@@ -12,9 +12,9 @@ scale as an epilogue, the attention context stored through Transpose(0,2,1,3) ->
 Conv1D (Gemm with C, Reshape, residual); a small MLP layer; two-GEMM chains (an MLP block with
 ReLU, BERT's whole FFN with GELU between); ResNet-50's convs (the 7x7 stride-2
 stem, a 3x3, a 3x3 stride 2, a 1x1 expansion with the residual add, the stride-2 1x1 downsample,
-a 3x3 on 7x7 pixels) and MobileNetV2's (3x3 depthwise, stride 1 and 2, with ReLU6 as Clip; a 1x1
-expansion and projection), each with its folded-BatchNorm bias and activation; and a
-ConvTranspose 2x upsampling.
+a 3x3 on 7x7 pixels) and MobileNetV2's (3x3 depthwise, stride 1 and 2, on 112x112 down to 7x7
+planes, with ReLU6 as Clip; a 1x1 expansion and projection), each with its folded-BatchNorm bias
+and activation; and a ConvTranspose 2x upsampling.
 
 The float constants the kernels take as parameters are the spec's `weights` (where the checkout's
 KernelSpec has that field), so with `AUTOFUSION_CONTRACTION=library` (the default) each side
@@ -208,6 +208,14 @@ def _conv_problems(r: Callable[..., np.ndarray]) -> dict[str, Problem]:
         "conv_mbv2_dw_3x3_s2": conv(
             (1, 96, 112, 112), (96, 1, 3, 3), act="relu6", group=96, strides=s2, pads=p1
         ),
+        "conv_mbv2_dw_3x3_s2_56": conv(
+            (1, 144, 56, 56), (144, 1, 3, 3), act="relu6", group=144, strides=s2, pads=p1
+        ),
+        "conv_mbv2_dw_3x3_14": conv((1, 384, 14, 14), (384, 1, 3, 3), act="relu6", group=384, pads=p1),
+        "conv_mbv2_dw_3x3_s2_14": conv(
+            (1, 576, 14, 14), (576, 1, 3, 3), act="relu6", group=576, strides=s2, pads=p1
+        ),
+        "conv_mbv2_dw_3x3_7": conv((1, 960, 7, 7), (960, 1, 3, 3), act="relu6", group=960, pads=p1),
         "conv_mbv2_1x1_expand": conv((1, 24, 56, 56), (144, 24, 1, 1), act="relu6"),
         "conv_mbv2_1x1_project": conv((1, 144, 56, 56), (24, 144, 1, 1), act="none"),
         # a decoder's 2x upsampling (U-Net / FCN style), weights [Cin, Cout, 4, 4]

@@ -12,7 +12,8 @@ convention (`Kernel.packed` / `prepack`) and the epilogue loop nest (`epilogue_n
   over a zero-padded copy of the plane (a workspace slice), so the inner loop over output
   columns has no bounds checks and vectorizes; kernel size, strides and dilations are
   compile-time constants and the taps are unrolled (up to MAX_UNROLLED_TAPS), so a 3x3 is nine
-  multiply-adds on registers.
+  multiply-adds on registers. A task takes a run of small planes (`_depthwise_tasks`) and zeroes
+  the padded plane's border once for all of them.
 * `conv_im2col_tiled`: everything else (grouped by the task's group). The im2col matrix of one
   tile of output pixels is built in a per-thread workspace slice sized to stay in L2, multiplied
   by one single-threaded contraction straight into the output, and the epilogue finishes the
@@ -108,6 +109,9 @@ CHANNEL_QUANTUM = 8
 SPLIT_MIN_CHANNELS = 32
 # Depthwise windows up to this many taps are unrolled by the generator (7x7 included).
 MAX_UNROLLED_TAPS = 49
+# Depthwise task size (`_depthwise_tasks`): multiply-adds a task aims at, and the fewest tasks.
+DEPTHWISE_TASK_MACS = 1 << 15
+DEPTHWISE_MIN_TASKS = 8
 # Convs with fewer output pixels than this, not a whole number of column panels, put the pixels in
 # the rows of the product (`pixels_as_rows`); im2col convs up to ROWS_MAX_IM2COL_PIXELS as well.
 ROWS_MAX_PIXELS = 64
@@ -808,13 +812,14 @@ def _depthwise(g: ConvGeometry, x: Buffer, w: Buffer, dest: Buffer, finish: _Fin
     # a direct loop: a multiply-add here costs about 4 of the contraction library's
     macs = 4 * planes * g.pixels * g.kh * g.kw
     parallel = planes > 1 and macs >= PARALLEL_MIN_MACS
+    per_task, tasks = _depthwise_tasks(planes, g.pixels * g.kh * g.kw)
     pad = Buffer("pad", DType.F32, g.sw * phase, "scratch")
     plane, ch, z, ih, t = ir.var("plane"), ir.var("ch"), ir.var("z"), ir.var("ih"), ir.var("t")
-    oy, ox, base = ir.var("oy"), ir.var("ox"), ir.var("base")
-    body: list[Stmt] = [
-        Let(ch, plane % g.cout),
-        Loop(z, g.sw * phase, (Store(pad, z, ir.const(0.0, DType.F32)),), vector=True),
-    ]
+    oy, ox, base, task = ir.var("oy"), ir.var("ox"), ir.var("base"), ir.var("task")
+    # The copies below write the same cells of the plane every time, so the border they leave
+    # is zeroed once per task, not once per plane (the whole plane: 12.9K floats at 112x112).
+    zero = Loop(z, g.sw * phase, (Store(pad, z, ir.const(0.0, DType.F32)),), vector=True)
+    body: list[Stmt] = [Let(ch, plane % g.cout)]
     # Padded column q = ph + sw * t holds input column q - pl; copy each phase's valid run.
     copies: list[Stmt] = []
     for ph in range(g.sw):
@@ -849,7 +854,21 @@ def _depthwise(g: ConvGeometry, x: Buffer, w: Buffer, dest: Buffer, finish: _Fin
     store = Store(dest, plane * g.pixels + oy * g.ow + ox, window)
     body.append(Loop(oy, g.oh, (Let(base, oy * (g.sh * wq)), Loop(ox, g.ow, (store,), vector=True))))
     body += finish((plane, plane + 1), (ir.index(0), ir.index(g.pixels)))
-    return [Loop(plane, planes, tuple(body), parallel=parallel, dynamic=parallel, scratch=(pad,), macs=macs)]
+    stop = (task + 1) * per_task if planes % per_task == 0 else ir.minimum((task + 1) * per_task, planes)
+    planes_loop = Loop(plane, stop, tuple(body), start=task * per_task)
+    return [
+        Loop(task, tasks, (zero, planes_loop), parallel=parallel, dynamic=parallel, scratch=(pad,), macs=macs)
+    ]
+
+
+def _depthwise_tasks(planes: int, plane_macs: int) -> tuple[int, int]:
+    """(planes per task, tasks) of a depthwise conv: whole planes, about DEPTHWISE_TASK_MACS
+    multiply-adds a task but at least DEPTHWISE_MIN_TASKS tasks to share out. A task per plane
+    costs a scheduling step (an atomic on a line both threads write) and a zeroed border per
+    plane, as much as the work of a small plane (MobileNetV2's 960 planes of 7x7)."""
+    per_task = max(1, min(planes // DEPTHWISE_MIN_TASKS, DEPTHWISE_TASK_MACS // max(1, plane_macs)))
+    tasks = -(-planes // per_task)
+    return -(-planes // tasks), tasks
 
 
 def _transpose_tiles(g: ConvGeometry) -> tuple[int, int]:
