@@ -100,6 +100,17 @@ CASES = {
     "depthwise_many_s2": (
         (1, 50, 14, 14), (50, 1, 3, 3), {"group": 50, "strides": [2, 2], "pads": [1, 1, 1, 1]}, DEPTHWISE
     ),
+    # planes at most 8 wide are computed flat over row and column phases
+    "depthwise_flat_dilated_s2": (
+        (1, 6, 11, 11), (6, 1, 3, 3),
+        {"group": 6, "strides": [2, 2], "dilations": [2, 2], "pads": [2, 1, 2, 1]}, DEPTHWISE,
+    ),
+    "depthwise_flat_9x9_looped": (
+        (1, 3, 6, 7), (3, 1, 9, 9), {"group": 3, "pads": [4, 4, 4, 3]}, DEPTHWISE
+    ),
+    "depthwise_flat_s3_1row": (
+        (1, 5, 3, 20), (5, 1, 3, 3), {"group": 5, "strides": [3, 3], "pads": [0, 1, 0, 1]}, DEPTHWISE
+    ),
     "depthwise_9x9_looped": ((1, 4, 12, 12), (4, 1, 9, 9), {"group": 4, "pads": [4, 4, 4, 4]}, DEPTHWISE),
     "conv1d": ((2, 6, 30), (8, 6, 3), {"strides": [2], "pads": [1, 2]}, IM2COL),
     "conv3d": ((1, 3, 6, 7, 8), (5, 3, 3, 3, 3), {"pads": [1, 0, 1, 1, 2, 1]}, IM2COL),
