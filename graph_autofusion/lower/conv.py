@@ -12,7 +12,8 @@ convention (`Kernel.packed` / `prepack`) and the epilogue loop nest (`epilogue_n
   over a zero-padded copy of the plane (a workspace slice), so the inner loop over output
   columns has no bounds checks and vectorizes; kernel size, strides and dilations are
   compile-time constants and the taps are unrolled (up to MAX_UNROLLED_TAPS), so a 3x3 is nine
-  multiply-adds on registers.
+  multiply-adds on registers. A task takes a run of small planes (`_depthwise_tasks`) and zeroes
+  the padded plane's border once for all of them.
 * `conv_im2col_tiled`: everything else (grouped by the task's group). The im2col matrix of one
   tile of output pixels is built in a per-thread workspace slice sized to stay in L2, multiplied
   by one single-threaded contraction straight into the output, and the epilogue finishes the
@@ -108,6 +109,11 @@ CHANNEL_QUANTUM = 8
 SPLIT_MIN_CHANNELS = 32
 # Depthwise windows up to this many taps are unrolled by the generator (7x7 included).
 MAX_UNROLLED_TAPS = 49
+# Depthwise task size (`_depthwise_tasks`): multiply-adds a task aims at, and the fewest tasks.
+DEPTHWISE_TASK_MACS = 1 << 15
+DEPTHWISE_MIN_TASKS = 8
+# Depthwise output planes at most this wide are computed flat (`_depthwise`).
+DEPTHWISE_FLAT_WIDTH = 8
 # Convs with fewer output pixels than this, not a whole number of column panels, put the pixels in
 # the rows of the product (`pixels_as_rows`); im2col convs up to ROWS_MAX_IM2COL_PIXELS as well.
 ROWS_MAX_PIXELS = 64
@@ -797,36 +803,58 @@ def _im2col_padded(
 
 
 def _depthwise(g: ConvGeometry, x: Buffer, w: Buffer, dest: Buffer, finish: _Finish) -> list[Stmt]:
-    """Direct depthwise loop, one task per channel plane. The zero-padded plane is stored as `sw`
-    column phases (phase q holds padded columns q, q + sw, ...), so every tap reads a unit-stride
-    run even for stride 2 and the inner loop vectorizes without gathers."""
+    """Direct depthwise loop, a task per run of channel planes. The zero-padded plane is stored as
+    `sw` column phases (phase q holds padded columns q, q + sw, ...), so every tap reads a
+    unit-stride run even for stride 2 and the inner loop vectorizes without gathers.
+
+    Planes at most DEPTHWISE_FLAT_WIDTH wide (MobileNetV2's 7x7) are computed flat: a row of 7
+    outputs is a fraction of a vector (4 lanes and 3 scalars), so instead the padded plane, also
+    split in `sh` row phases so that output row oy reads phase rows oy + (ky*dh)//sh, is read as
+    one run per tap: output (oy, ox) at oy * wq + ox of a per-thread `acc`, the padded columns
+    between the rows computed and dropped (61 outputs, 4 vectors, for 49 kept); a copy then
+    packs the kept ones into the output plane."""
+    flat = g.ow <= DEPTHWISE_FLAT_WIDTH and g.oh > 1
+    rph = g.sh if flat else 1  # row phases
     hp = (g.oh - 1) * g.sh + (g.kh - 1) * g.dh + 1
     wp = (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1
     wq = -(-wp // g.sw)
-    phase = hp * wq
+    phase = -(-hp // rph) * wq
     planes = g.n * g.cout
     # a direct loop: a multiply-add here costs about 4 of the contraction library's
     macs = 4 * planes * g.pixels * g.kh * g.kw
     parallel = planes > 1 and macs >= PARALLEL_MIN_MACS
-    pad = Buffer("pad", DType.F32, g.sw * phase, "scratch")
+    per_task, tasks = _depthwise_tasks(planes, g.pixels * g.kh * g.kw)
+    pad = Buffer("pad", DType.F32, rph * g.sw * phase, "scratch")
+    span = (g.oh - 1) * wq + g.ow  # the flat outputs, dropped columns included
+    acc = Buffer("acc", DType.F32, span, "scratch")
     plane, ch, z, ih, t = ir.var("plane"), ir.var("ch"), ir.var("z"), ir.var("ih"), ir.var("t")
-    oy, ox, base = ir.var("oy"), ir.var("ox"), ir.var("base")
-    body: list[Stmt] = [
-        Let(ch, plane % g.cout),
-        Loop(z, g.sw * phase, (Store(pad, z, ir.const(0.0, DType.F32)),), vector=True),
-    ]
+    oy, ox, base, task, j = ir.var("oy"), ir.var("ox"), ir.var("base"), ir.var("task"), ir.var("j")
+    # The copies below write the same cells of the plane every time, so the border they leave
+    # is zeroed once per task, not once per plane (the whole plane: 12.9K floats at 112x112).
+    zero = Loop(z, rph * g.sw * phase, (Store(pad, z, ir.const(0.0, DType.F32)),), vector=True)
+    body: list[Stmt] = [Let(ch, plane % g.cout)]
     # Padded column q = ph + sw * t holds input column q - pl; copy each phase's valid run.
+    # Padded row r is row r // rph of row phase r % rph.
+    r = ih + g.pt
+    row = r * wq if rph == 1 else (r % rph) * (g.sw * phase) + (r // rph) * wq
     copies: list[Stmt] = []
     for ph in range(g.sw):
         t0 = max(0, -(-(g.pl - ph) // g.sw))
         t1 = min(wq, (g.w - 1 + g.pl - ph) // g.sw + 1, -(-(wp - ph) // g.sw))
         if t1 > t0:
             src = ir.load(x, plane * (g.h * g.w) + ih * g.w + (ph - g.pl) + t * g.sw)
-            copies.append(
-                Loop(t, t1, (Store(pad, ph * phase + (ih + g.pt) * wq + t, src),), vector=True, start=t0)
-            )
+            copies.append(Loop(t, t1, (Store(pad, ph * phase + row + t, src),), vector=True, start=t0))
     if copies:
         body.append(Loop(ih, min(g.h, hp - g.pt), tuple(copies), start=max(0, -g.pt)))
+
+    def tap_at(ky: Expr | int, kx: Expr | int) -> Expr:
+        """The pad offset of tap (ky, kx) for output (0, 0)."""
+        o, oyk = kx * g.dw, ky * g.dh
+        rows = oyk * wq if rph == 1 else (oyk % rph) * (g.sw * phase) + (oyk // rph) * wq
+        return (o % g.sw) * phase + rows + o // g.sw
+
+    # flat: output j = oy * wq + ox; else output row oy, column ox
+    at, count = (j, span) if flat else (base + ox, g.ow)
     taps = [(ky, kx) for ky in range(g.kh) for kx in range(g.kw)]
     window: Expr
     if len(taps) <= MAX_UNROLLED_TAPS:
@@ -834,22 +862,45 @@ def _depthwise(g: ConvGeometry, x: Buffer, w: Buffer, dest: Buffer, finish: _Fin
         # the loop over output columns vectorizes.
         wk = [ir.var(f"w{k}", DType.F32) for k in range(len(taps))]
         body += [Let(v, ir.load(w, ch * len(taps) + k)) for k, v in enumerate(wk)]
-        terms = []
-        for k, (ky, kx) in enumerate(taps):
-            o = kx * g.dw
-            terms.append(wk[k] * ir.load(pad, base + ((o % g.sw) * phase + ky * g.dh * wq + o // g.sw) + ox))
+        terms = [wk[k] * ir.load(pad, at + tap_at(ky, kx)) for k, (ky, kx) in enumerate(taps)]
         window = terms[0]
         for term in terms[1:]:
             window = window + term
     else:
         tap = ir.var("tap")
-        o = (tap % g.kw) * g.dw
-        at = base + (o % g.sw) * phase + (tap // g.kw) * (g.dh * wq) + o // g.sw + ox
-        window = ir.fold("sum", tap, 0, len(taps), ir.load(w, ch * len(taps) + tap) * ir.load(pad, at))
-    store = Store(dest, plane * g.pixels + oy * g.ow + ox, window)
-    body.append(Loop(oy, g.oh, (Let(base, oy * (g.sh * wq)), Loop(ox, g.ow, (store,), vector=True))))
+        window = ir.fold(
+            "sum",
+            tap,
+            0,
+            len(taps),
+            ir.load(w, ch * len(taps) + tap) * ir.load(pad, at + tap_at(tap // g.kw, tap % g.kw)),
+        )
+    if flat:
+        body.append(Loop(j, span, (Store(acc, j, window),), vector=True))
+        keep = Store(dest, plane * g.pixels + oy * g.ow + ox, ir.load(acc, oy * wq + ox))
+        body.append(Loop(oy, g.oh, (Loop(ox, g.ow, (keep,), vector=True),)))
+    else:
+        store = Store(dest, plane * g.pixels + oy * g.ow + ox, window)
+        body.append(Loop(oy, g.oh, (Let(base, oy * (g.sh * wq)), Loop(ox, count, (store,), vector=True))))
     body += finish((plane, plane + 1), (ir.index(0), ir.index(g.pixels)))
-    return [Loop(plane, planes, tuple(body), parallel=parallel, dynamic=parallel, scratch=(pad,), macs=macs)]
+    stop = (task + 1) * per_task if planes % per_task == 0 else ir.minimum((task + 1) * per_task, planes)
+    planes_loop = Loop(plane, stop, tuple(body), start=task * per_task)
+    scratch = (pad, acc) if flat else (pad,)
+    return [
+        Loop(
+            task, tasks, (zero, planes_loop), parallel=parallel, dynamic=parallel, scratch=scratch, macs=macs
+        )
+    ]
+
+
+def _depthwise_tasks(planes: int, plane_macs: int) -> tuple[int, int]:
+    """(planes per task, tasks) of a depthwise conv: whole planes, about DEPTHWISE_TASK_MACS
+    multiply-adds a task but at least DEPTHWISE_MIN_TASKS tasks to share out. A task per plane
+    costs a scheduling step (an atomic on a line both threads write) and a zeroed border per
+    plane, as much as the work of a small plane (MobileNetV2's 960 planes of 7x7)."""
+    per_task = max(1, min(planes // DEPTHWISE_MIN_TASKS, DEPTHWISE_TASK_MACS // max(1, plane_macs)))
+    tasks = -(-planes // per_task)
+    return -(-planes // tasks), tasks
 
 
 def _transpose_tiles(g: ConvGeometry) -> tuple[int, int]:

@@ -95,6 +95,22 @@ CASES = {
     "depthwise_s2_asym": (
         (1, 8, 15, 12), (8, 1, 3, 3), {"group": 8, "strides": [2, 2], "pads": [1, 0, 0, 1]}, DEPTHWISE
     ),
+    # many small planes: tasks of several planes each, the last task shorter (67 = 8 x 8 + 3)
+    "depthwise_many_7x7": ((1, 67, 7, 7), (67, 1, 3, 3), {"group": 67, "pads": [1, 1, 1, 1]}, DEPTHWISE),
+    "depthwise_many_s2": (
+        (1, 50, 14, 14), (50, 1, 3, 3), {"group": 50, "strides": [2, 2], "pads": [1, 1, 1, 1]}, DEPTHWISE
+    ),
+    # planes at most 8 wide are computed flat over row and column phases
+    "depthwise_flat_dilated_s2": (
+        (1, 6, 11, 11), (6, 1, 3, 3),
+        {"group": 6, "strides": [2, 2], "dilations": [2, 2], "pads": [2, 1, 2, 1]}, DEPTHWISE,
+    ),
+    "depthwise_flat_9x9_looped": (
+        (1, 3, 6, 7), (3, 1, 9, 9), {"group": 3, "pads": [4, 4, 4, 3]}, DEPTHWISE
+    ),
+    "depthwise_flat_s3_1row": (
+        (1, 5, 3, 20), (5, 1, 3, 3), {"group": 5, "strides": [3, 3], "pads": [0, 1, 0, 1]}, DEPTHWISE
+    ),
     "depthwise_9x9_looped": ((1, 4, 12, 12), (4, 1, 9, 9), {"group": 4, "pads": [4, 4, 4, 4]}, DEPTHWISE),
     "conv1d": ((2, 6, 30), (8, 6, 3), {"strides": [2], "pads": [1, 2]}, IM2COL),
     "conv3d": ((1, 3, 6, 7, 8), (5, 3, 3, 3, 3), {"pads": [1, 0, 1, 1, 2, 1]}, IM2COL),
@@ -350,3 +366,20 @@ def _walk(body):
         yield s
         if isinstance(s, Loop):
             yield from _walk(s.body)
+
+
+def test_small_depthwise_planes_share_a_task_and_a_zeroed_border() -> None:
+    """MobileNetV2's 960 planes of 7x7: a task per plane costs a scheduling step and a zeroed
+    plane as much as the plane's nine multiply-adds a pixel, so a task takes a run of planes and
+    zeroes the padded plane once (the copies rewrite the same interior cells every plane)."""
+    model, _ = _model((1, 960, 7, 7), (960, 1, 3, 3), bias=True, relu=True, group=960, pads=[1, 1, 1, 1])
+    spec, _ = _spec(model)
+    (task,) = [s for s in lower_conv(spec).body if isinstance(s, Loop) and s.parallel]
+    assert 8 <= task.stop < 960
+    zero, planes = task.body
+    assert isinstance(zero, Loop) and zero.vector and isinstance(planes, Loop) and not planes.parallel
+    # a big plane is a task of its own (96 planes of 112x112: at least 8 tasks to share out)
+    model, _ = _model((1, 96, 112, 112), (96, 1, 3, 3), bias=True, relu=True, group=96, pads=[1, 1, 1, 1])
+    spec, _ = _spec(model)
+    (task,) = [s for s in lower_conv(spec).body if isinstance(s, Loop) and s.parallel]
+    assert task.stop == 96
