@@ -245,15 +245,17 @@ def _tiled_body(m: AttentionMatch, buffers: dict[str, Buffer]) -> tuple[Stmt, ..
         Loop(j, cols, (Store(scores, at, zero),), vector=True, start=span),
     )  # fmt: skip
     scratch0 = ir.index(0)
+    # tiles of rows skip the keys past their last row's diagonal (afa.c afa_keys); sk: none skipped
+    lead: Expr = i0 + m.causal if m.skips_blocks else ir.index(sk)  # type: ignore[operator]
     block: tuple[Stmt, ...] = (
         Let(i0, g * rows),
         Let(n, ir.minimum(ir.index(rows), sq - i0)),
         Let(cols, keys_to(i0 + n)),
         Call("afa_qk", (n, cols, ir.index(d), ir.const(m.scale, f32), base(m.q, i0), ir.index(sr_q),
-                        ir.index(cs_q), _ptr(kt, scratch0), _ptr(scores, scratch0), ir.index(lds))),
+                        ir.index(cs_q), _ptr(kt, scratch0), _ptr(scores, scratch0), ir.index(lds), lead)),
         Loop(r, n, row),
         Call("afa_pv", (n, ir.index(dv), cols, _ptr(scores, scratch0), ir.index(lds), _ptr(vp, scratch0),
-                        keys, _ptr(norms, scratch0), base(m.out, i0), ir.index(sr_o))),
+                        keys, _ptr(norms, scratch0), base(m.out, i0), ir.index(sr_o), lead)),
     )  # fmt: skip
     last = ir.minimum((c + 1) * per_chunk, tiles)  # type: ignore[operator]
     task: tuple[Stmt, ...] = (

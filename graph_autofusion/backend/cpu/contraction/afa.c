@@ -132,15 +132,24 @@ static void afa_pack_v(int64_t keys, int64_t dv, const float *v, int64_t rs, int
   }
 }
 
+/* The keys a tile of rows [i0, i0 + mr) of a block needs: all `cols`, or for a causal block
+ * (lead: the block's first row plus the diagonal's offset) those up to its last row's diagonal. */
+static inline int64_t afa_keys(int64_t cols, int64_t lead, int64_t i0, int mr) {
+  const int64_t last = lead + i0 + mr;
+  return last < cols ? (last > 0 ? last : 0) : cols;
+}
+
 /* S[n x cols] (row stride lds) = alpha * Q[n x d] (row stride rs, column stride cs) x K^T, with
  * K^T the panels of afa_pack_kt (depth d). Panels outer: one K^T panel stays in L1 while the
- * row tiles of Q pass it. */
+ * row tiles of Q pass it. A tile of rows skips the panels past afa_keys (lead >= cols: none);
+ * the caller masks what a partial panel stores past a row's diagonal. */
 static void afa_qk(int64_t n, int64_t cols, int64_t d, float alpha, const float *q, int64_t rs,
-                   int64_t cs, const float *kt, float *s, int64_t lds) {
+                   int64_t cs, const float *kt, float *s, int64_t lds, int64_t lead) {
   for (int64_t p = 0; p < cols; p += AFA_NR) {
     const int nr = (int)(cols - p < AFA_NR ? cols - p : AFA_NR);
     for (int64_t i0 = 0; i0 < n; i0 += AFA_MR) {
       const int mr = (int)(n - i0 < AFA_MR ? n - i0 : AFA_MR);
+      if (p >= afa_keys(cols, lead, i0, mr)) continue;
       const float *rows[AFA_MR];
       for (int i = 0; i < AFA_MR; ++i) rows[i] = q + (i0 + (i < mr ? i : 0)) * rs;
       afa_tile(d, rows, cs, kt + p * d, s + i0 * lds + p, lds, mr, nr, alpha, 0);
@@ -149,16 +158,18 @@ static void afa_qk(int64_t n, int64_t cols, int64_t d, float alpha, const float 
 }
 
 /* O[n x dv] (row stride ldo, unit columns) = diag(norm) * P[n x cols] (row stride ldp) x V, with
- * V the panels of afa_pack_v over `keys` rows (keys >= cols: a causal block stops early). */
+ * V the panels of afa_pack_v over `keys` rows (keys >= cols: a causal block stops early). A tile
+ * of rows sums over afa_keys keys only (P is 0 past each row's diagonal). */
 static void afa_pv(int64_t n, int64_t dv, int64_t cols, const float *pm, int64_t ldp, const float *vp,
-                   int64_t keys, const float *norm, float *o, int64_t ldo) {
+                   int64_t keys, const float *norm, float *o, int64_t ldo, int64_t lead) {
   for (int64_t p = 0; p < dv; p += AFA_NR) {
     const int nr = (int)(dv - p < AFA_NR ? dv - p : AFA_NR);
     for (int64_t i0 = 0; i0 < n; i0 += AFA_MR) {
       const int mr = (int)(n - i0 < AFA_MR ? n - i0 : AFA_MR);
       const float *rows[AFA_MR];
       for (int i = 0; i < AFA_MR; ++i) rows[i] = pm + (i0 + (i < mr ? i : 0)) * ldp;
-      afa_tile(cols, rows, 1, vp + p * keys, o + i0 * ldo + p, ldo, mr, nr, 1.0f, norm + i0);
+      afa_tile(afa_keys(cols, lead, i0, mr), rows, 1, vp + p * keys, o + i0 * ldo + p, ldo, mr, nr, 1.0f,
+               norm + i0);
     }
   }
 }
