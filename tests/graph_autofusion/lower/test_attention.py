@@ -35,7 +35,10 @@ def _run_both(model, feeds):  # type: ignore[no-untyped-def]
 
 CASES = [(16, 16, None, "div", False), (13, 8, "padding", "div", False), (37, 16, "causal", "div", True),
          (9, 32, "bool", "mul", False), (11, 16, "causal_add", "q", True), (1, 4, "causal", "mul", False),
-         (70, 8, "causal", "mul", False)]  # fmt: skip
+         (70, 8, "causal", "mul", False),
+         # D and Dv of 40: a K^T panel and a V panel past the first (32 columns on AVX-512, 16 on
+         # AVX2), the second partial; 131 keys and rows: partial panels, row tiles and a short block
+         (131, 40, "causal", "div", False), (131, 40, "padding", "div", True)]  # fmt: skip
 
 
 @pytest.mark.parametrize("heads_inner", [False, True], ids=["sgemm", "loops"])
