@@ -295,11 +295,14 @@ class Attention(Pattern):
     12 attention blocks of BERT-base, GPT-2 and ViT-B/16, fused against unfused (BLAS GEMM anchor
     kernels around a row-softmax kernel), each kernel at its fastest in 7 alternating rounds
     (`benchmarks/attention_speed.py --reps 7`, 2 threads): BERT 6.1-8.0 vs 7.8-9.1 ms, GPT-2
-    (causal) 6.5 vs 9.8 ms, ViT 18.7 vs 20.0 ms; with one thread, process CPU time and kernel
-    minima for 2 layers: BERT 1.37 vs 1.41 ms, GPT-2 1.14 vs 1.50, ViT 3.66 vs 4.79. Longer
-    sequences keep the lead where measured (one layer, one thread): GPT-2 at 1024 tokens 30.6 vs
-    74.2 ms (key blocks past the diagonal skipped). The first CPU kernel (an sgemm per 64-row
-    block) lost on BERT (13.6 vs 10.1 ms) and ViT (65 vs 23 ms) and stayed off by default."""
+    (causal) 5.4-6.5 vs 9.1-9.8 ms, ViT 18.3-18.7 vs 19.5-20.0 ms; with one thread (kernel
+    minima over 8 profiled runs, all 12 layers): BERT 8.1 vs 9.4 ms, GPT-2 7.2 vs 9.9, ViT 21.6
+    vs 25.3. Longer sequences keep the lead where measured (one layer, one thread): GPT-2 at
+    1024 tokens 30.6 vs 74.2 ms (keys past each row tile's diagonal skipped). Whole models move
+    by less than this host's noise (one thread, process CPU time, medians of 6 alternating
+    rounds: BERT 249 vs 247 ms, ViT 414 vs 403, minima 244 vs 243 and 384 vs 389): attention is
+    2-5% of them. The first CPU kernel (an sgemm per 64-row block) lost on BERT (13.6 vs 10.1
+    ms) and ViT (65 vs 23 ms) and stayed off by default."""
 
     name = "attention"
     description = "QK^T, scale, mask, Softmax, V and the head split/merge views as one kernel"
