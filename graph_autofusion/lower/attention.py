@@ -2,15 +2,16 @@
 
 What the kernel computes is its `AttentionMatch` (plan/attention_match.py). Two forms:
 
-* **tiles** (Q, K, V and the output have unit-stride rows, the usual head split): per task, one
-  head's K^T and V packed into the thread's workspace by the attention tiles of the contraction
-  library (backend/cpu/contraction/afa.c), then per block of TILE_ROWS query rows S = scale * Q K^T
-  into a workspace slice (the kernel never allocates), the masks and the row softmax in place,
-  and O = P V written straight through the output view, each row scaled by 1/sum as it is
-  stored. A causal match packs and multiplies only the keys up to each block's diagonal.
-* **loops** (any other strides): per task of ROW_BLOCK rows, per row: the scores (a dot over D)
-  into a workspace row, scale and masks, max, exponentials and sum, and P V accumulated in a
-  second workspace row of Dv floats, stored normalized through the output view.
+* **tiles** (Q, K and V fp32 parameters, any strides): per task, one head's K^T and V packed
+  into the thread's workspace by the attention tiles of the contraction library
+  (backend/cpu/contraction/afa.c), then per block of TILE_ROWS query rows S = scale * Q K^T into
+  a workspace slice (the kernel never allocates), the masks and the row softmax in place, and
+  O = P V written straight through the output view, each row scaled by 1/sum as it is stored.
+  A causal match multiplies only the keys up to each row tile's diagonal.
+* **loops** (Q, K or V a 16-bit float or a constant): per task of ROW_BLOCK rows, per row: the
+  scores (a dot over D) into a workspace row, scale and masks, max, exponentials and sum, and
+  P V accumulated in a second workspace row of Dv floats, stored normalized through the output
+  view. Measured 12x slower than the tiles at BERT's shapes (and than the unfused path).
 
 Either way the exponentials are the row kernel's (exp of values <= 0, flushed below -87), the
 head split, K^T and the head merge cost no copy beyond the per-head packing, and the inner loops
@@ -70,7 +71,7 @@ def lower_attention(spec: KernelSpec) -> Kernel:
         tables.append((buf, values))
     if any(b.dtype is not DType.F32 for b in params if b.name.startswith("out")):
         raise Unsupported("attention kernels write fp32")
-    if _unit_rows(m) and not any(b.role == "const" for b in buffers.values()):
+    if _tiles_apply(m, buffers):
         body = _tiled_body(m, buffers)
         what = "attention: per (batch, head) packed K^T and V, per query row block score tiles, softmax, P*V"
     else:
@@ -154,10 +155,12 @@ def _body(m: AttentionMatch, buffers: dict[str, Buffer]) -> tuple[Stmt, ...]:
     return (Loop(t, m.batch * heads * tiles, task, parallel=True, scratch=(scores, acc)),)
 
 
-def _unit_rows(m: AttentionMatch) -> bool:
-    """Whether Q, K, V and the output have unit-stride rows: each (b, h) slice is then a
-    row-major matrix with a leading dimension, which a BLAS call takes in place."""
-    return all(v.strides[3] == 1 or v.shape[3] == 1 for v in (m.q, m.k, m.v, m.out))
+def _tiles_apply(m: AttentionMatch, buffers: dict[str, Buffer]) -> bool:
+    """Whether the tiles (afa.c) take Q, K and V: fp32 parameters, read in place through their
+    row and column strides (any layout: a heads-inner one has column stride H)."""
+    return all(
+        buffers[v.tensor].dtype is DType.F32 and buffers[v.tensor].role == "input" for v in (m.q, m.k, m.v)
+    )
 
 
 def _ptr(buf: Buffer, offset: Expr) -> Expr:
@@ -225,7 +228,7 @@ def _tiled_body(m: AttentionMatch, buffers: dict[str, Buffer]) -> tuple[Stmt, ..
         end_of_row = ir.index(sk)
     # row strides (a single row's stride is arbitrary) and column strides
     sr_q, sr_k, sr_v, sr_o = (v.strides[2] if v.shape[2] > 1 else v.shape[3] for v in (m.q, m.k, m.v, m.out))
-    cs_q, cs_k, cs_v = (v.strides[3] if v.shape[3] > 1 else 1 for v in (m.q, m.k, m.v))
+    cs_q, cs_k, cs_v, cs_o = (v.strides[3] if v.shape[3] > 1 else 1 for v in (m.q, m.k, m.v, m.out))
     row: tuple[Stmt, ...] = (
         Let(i, i0 + r),
         Let(end, end_of_row),
@@ -255,7 +258,8 @@ def _tiled_body(m: AttentionMatch, buffers: dict[str, Buffer]) -> tuple[Stmt, ..
                         ir.index(cs_q), _ptr(kt, scratch0), _ptr(scores, scratch0), ir.index(lds), lead)),
         Loop(r, n, row),
         Call("afa_pv", (n, ir.index(dv), cols, _ptr(scores, scratch0), ir.index(lds), _ptr(vp, scratch0),
-                        keys, _ptr(norms, scratch0), base(m.out, i0), ir.index(sr_o), lead)),
+                        keys, _ptr(norms, scratch0), base(m.out, i0), ir.index(sr_o),
+                        ir.index(cs_o), lead)),
     )  # fmt: skip
     last = ir.minimum((c + 1) * per_chunk, tiles)  # type: ignore[operator]
     task: tuple[Stmt, ...] = (

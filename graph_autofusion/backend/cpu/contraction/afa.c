@@ -56,12 +56,12 @@ typedef float afa_vf __attribute__((vector_size(AFA_VL * sizeof(float)), aligned
 #define AFA_FMA(a, b, acc) ((acc) + (a) * (b))
 #endif
 
-/* C[mr x nr] (ldc) = scale_i * sum_kk A[i][kk] * panel[kk][0:nr], scale_i = rscale ? rscale[i]
- * : alpha. Row i of A starts at rows[i]; its depth step is `acs` floats. */
+/* C[mr x nr] (row stride ldc, column stride ccs) = scale_i * sum_kk A[i][kk] * panel[kk][0:nr],
+ * scale_i = rscale ? rscale[i] : alpha. Row i of A starts at rows[i]; its depth step is `acs`. */
 static inline __attribute__((always_inline)) void afa_tile(int64_t depth, const float *const *rows,
                                                            int64_t acs, const float *restrict panel,
-                                                           float *restrict c, int64_t ldc, int mr,
-                                                           int nr, float alpha,
+                                                           float *restrict c, int64_t ldc,
+                                                           int64_t ccs, int mr, int nr, float alpha,
                                                            const float *restrict rscale) {
   afa_vf c0[AFA_MR], c1[AFA_MR];
 #pragma GCC unroll 8
@@ -89,14 +89,14 @@ static inline __attribute__((always_inline)) void afa_tile(int64_t depth, const 
     const float s = rscale ? rscale[i] : alpha;
     const afa_vf v0 = c0[i] * s, v1 = c1[i] * s;
     float *row = c + i * ldc;
-    if (nr == AFA_NR) {
+    if (nr == AFA_NR && ccs == 1) {
       *(afa_vf *)row = v0;
       *(afa_vf *)(row + AFA_VL) = v1;
     } else {
       float tmp[AFA_NR];
       memcpy(tmp, &v0, sizeof v0);
       memcpy(tmp + AFA_VL, &v1, sizeof v1);
-      for (int j = 0; j < nr; ++j) row[j] = tmp[j];
+      for (int j = 0; j < nr; ++j) row[j * ccs] = tmp[j];
     }
   }
 }
@@ -152,24 +152,24 @@ static void afa_qk(int64_t n, int64_t cols, int64_t d, float alpha, const float 
       if (p >= afa_keys(cols, lead, i0, mr)) continue;
       const float *rows[AFA_MR];
       for (int i = 0; i < AFA_MR; ++i) rows[i] = q + (i0 + (i < mr ? i : 0)) * rs;
-      afa_tile(d, rows, cs, kt + p * d, s + i0 * lds + p, lds, mr, nr, alpha, 0);
+      afa_tile(d, rows, cs, kt + p * d, s + i0 * lds + p, lds, 1, mr, nr, alpha, 0);
     }
   }
 }
 
-/* O[n x dv] (row stride ldo, unit columns) = diag(norm) * P[n x cols] (row stride ldp) x V, with
+/* O[n x dv] (row stride ldo, column stride ocs) = diag(norm) * P[n x cols] (row stride ldp) x V, with
  * V the panels of afa_pack_v over `keys` rows (keys >= cols: a causal block stops early). A tile
  * of rows sums over afa_keys keys only (P is 0 past each row's diagonal). */
 static void afa_pv(int64_t n, int64_t dv, int64_t cols, const float *pm, int64_t ldp, const float *vp,
-                   int64_t keys, const float *norm, float *o, int64_t ldo, int64_t lead) {
+                   int64_t keys, const float *norm, float *o, int64_t ldo, int64_t ocs, int64_t lead) {
   for (int64_t p = 0; p < dv; p += AFA_NR) {
     const int nr = (int)(dv - p < AFA_NR ? dv - p : AFA_NR);
     for (int64_t i0 = 0; i0 < n; i0 += AFA_MR) {
       const int mr = (int)(n - i0 < AFA_MR ? n - i0 : AFA_MR);
       const float *rows[AFA_MR];
       for (int i = 0; i < AFA_MR; ++i) rows[i] = pm + (i0 + (i < mr ? i : 0)) * ldp;
-      afa_tile(afa_keys(cols, lead, i0, mr), rows, 1, vp + p * keys, o + i0 * ldo + p, ldo, mr, nr, 1.0f,
-               norm + i0);
+      afa_tile(afa_keys(cols, lead, i0, mr), rows, 1, vp + p * keys, o + i0 * ldo + p * ocs, ldo, ocs, mr,
+               nr, 1.0f, norm + i0);
     }
   }
 }
