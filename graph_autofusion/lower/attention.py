@@ -1,21 +1,27 @@
-"""The `attention` template as kernel IR: one parallel loop over (batch, head, query row block).
+"""The `attention` template as kernel IR: one parallel loop over (batch, head[, query row chunk]).
 
 What the kernel computes is its `AttentionMatch` (plan/attention_match.py). Two forms:
 
-* **sgemm** (Q, K, V and the output have unit-stride rows, the usual head split): per task of
-  BLAS_ROWS query rows of one (b, h), S = scale * Q K^T by one sgemm into a per-thread slice of
-  the caller's workspace (loop scratch: the kernel never allocates), the masks and the row
-  softmax in place, then O = P V by a second sgemm written straight through the output view,
-  each output row scaled by 1/sum. A causal match stops both sgemms at the block's diagonal.
-* **loops** (any other strides): per task of ROW_BLOCK rows, per row: the scores (a dot over D)
-  into a workspace row, scale and masks, max, exponentials and sum, and P V accumulated in a
-  second workspace row of Dv floats, stored normalized through the output view.
+* **tiles** (Q, K and V fp32 parameters, any strides): per task, one head's K^T and V packed
+  into the thread's workspace by the attention tiles of the contraction library
+  (backend/cpu/contraction/afa.c), then per block of TILE_ROWS query rows S = scale * Q K^T into
+  a workspace slice (the kernel never allocates), the masks and the row softmax in place, and
+  O = P V written straight through the output view, each row scaled by 1/sum as it is stored.
+  A causal match multiplies only the keys up to each row tile's diagonal.
+* **loops** (Q, K or V a 16-bit float or a constant): per task of ROW_BLOCK rows, per row: the
+  scores (a dot over D) into a workspace row, scale and masks, max, exponentials and sum, and
+  P V accumulated in a second workspace row of Dv floats, stored normalized through the output
+  view. Measured 12x slower than the tiles at BERT's shapes (and than the unfused path).
 
 Either way the exponentials are the row kernel's (exp of values <= 0, flushed below -87), the
-head split, K^T and the head merge cost no copy, and the inner loops carry vector marks so gcc
-vectorizes them. Measured on the CPU the unfused path (the same sgemms as anchor kernels around
-a row-softmax kernel) was faster, so the planner forms attention for the cpu profile only on
-request (plan/patterns.py `Attention`).
+head split, K^T and the head merge cost no copy beyond the per-head packing, and the inner loops
+carry vector marks so gcc vectorizes them.
+
+Why the tiles and not sgemm per row block (the first form of this kernel): a BLAS call per
+64 x 128 x 64 product re-packs both operands each call, and at these sizes packing and call
+overhead were most of the time: the fused kernel lost to the unfused path (BLAS over all heads
+around a row-softmax kernel) on BERT-base and ViT-B/16. Measurements are in plan/patterns.py
+`Attention`, which decides where the planner forms this kernel.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
+from ..backend.cpu.contraction import PANEL_QUANTUM
 from ..backend.cpu.kernel_spec import KernelSpec
 from ..kernel_ir import Assign, Buffer, Call, Declare, DType, Expr, Kernel, Let, Loop, Stmt, Store
 from ..kernel_ir import nodes as ir
@@ -30,9 +37,15 @@ from ..plan.attention_match import AttentionMatch, View, match_attention
 from .values import Unsupported
 
 ROW_BLOCK = 8  # query rows per task: enough tasks to balance threads, few enough loop overheads
-# Query rows per task on the BLAS path: a 64 x Sk score block stays in L2 and gives sgemm
-# matrices big enough to run at speed (32 and 128 measured no better on BERT-base).
-BLAS_ROWS = 64
+# Query rows per block on the tiles path: a 64 x Sk score block stays in L2 (L1 at Sk = 128).
+TILE_ROWS = 64
+# Tasks the tiles path aims for at least: a batch of fewer heads splits each head's row blocks
+# into chunks (each packs its head's K and V again), so every thread of a pool gets work.
+MIN_TASKS = 8
+# Score rows are padded to a multiple of this many floats (a 512-bit vector's 16 lanes, two of
+# AVX2's 8): the exponential loop then runs whole vectors only. Its scalar remainder called
+# glibc's scalar expf, which took half of ViT's softmax time (Sk = 197 = 12 x 16 + 5).
+SCORE_QUANTUM = 16
 _EXP_FLOOR = -87.0  # as the row kernel: exp below this is flushed to 0 (keeps expf vectorized)
 
 
@@ -58,9 +71,9 @@ def lower_attention(spec: KernelSpec) -> Kernel:
         tables.append((buf, values))
     if any(b.dtype is not DType.F32 for b in params if b.name.startswith("out")):
         raise Unsupported("attention kernels write fp32")
-    if _unit_rows(m) and not any(b.role == "const" for b in buffers.values()):
-        body = _blas_body(m, buffers)
-        what = "attention: per (batch, head, query row block) sgemm scores, softmax, sgemm P*V"
+    if _tiles_apply(m, buffers):
+        body = _tiled_body(m, buffers)
+        what = "attention: per (batch, head) packed K^T and V, per query row block score tiles, softmax, P*V"
     else:
         body = _body(m, buffers)
         what = "attention: scores, softmax and P*V per (batch, head, query row block)"
@@ -142,10 +155,12 @@ def _body(m: AttentionMatch, buffers: dict[str, Buffer]) -> tuple[Stmt, ...]:
     return (Loop(t, m.batch * heads * tiles, task, parallel=True, scratch=(scores, acc)),)
 
 
-def _unit_rows(m: AttentionMatch) -> bool:
-    """Whether Q, K, V and the output have unit-stride rows: each (b, h) slice is then a
-    row-major matrix with a leading dimension, which a BLAS call takes in place."""
-    return all(v.strides[3] == 1 or v.shape[3] == 1 for v in (m.q, m.k, m.v, m.out))
+def _tiles_apply(m: AttentionMatch, buffers: dict[str, Buffer]) -> bool:
+    """Whether the tiles (afa.c) take Q, K and V: fp32 parameters, read in place through their
+    row and column strides (any layout: a heads-inner one has column stride H)."""
+    return all(
+        buffers[v.tensor].dtype is DType.F32 and buffers[v.tensor].role == "input" for v in (m.q, m.k, m.v)
+    )
 
 
 def _ptr(buf: Buffer, offset: Expr) -> Expr:
@@ -153,33 +168,45 @@ def _ptr(buf: Buffer, offset: Expr) -> Expr:
     return ir.raw(buf.name, DType.I64) + offset
 
 
-def _blas_body(m: AttentionMatch, buffers: dict[str, Buffer]) -> tuple[Stmt, ...]:
-    """Per task of BLAS_ROWS query rows: S = scale * Q K^T by one sgemm into the thread's
-    workspace slice, the masks and the exponentials row by row (keys past a causal diagonal
-    zeroed, 1/sum kept per row), O = P V by a second sgemm written through the output view, and
-    each output row scaled by its 1/sum (Dv multiplies per row instead of Sk)."""
+def _tiled_body(m: AttentionMatch, buffers: dict[str, Buffer]) -> tuple[Stmt, ...]:
+    """Per task (one head, or a chunk of its query row blocks when there are few heads): K^T and
+    V packed once into the thread's workspace (afa_pack_kt, afa_pack_v), then per block of
+    TILE_ROWS query rows S = scale * Q K^T (afa_qk) into the workspace, the masks and the
+    exponentials row by row (keys past a causal diagonal zeroed, 1/sum kept per row), and
+    O = diag(1/sum) P V (afa_pv) stored through the output view. A causal match packs and
+    multiplies only the keys up to its block's diagonal."""
     sq, sk, d, dv, heads = m.seq_q, m.seq_k, m.head_dim, m.value_dim, m.heads
     f32 = DType.F32
-    rows = BLAS_ROWS
+    rows = TILE_ROWS
     tiles = -(-sq // rows)
-    scores = Buffer("af_scores", f32, rows * sk, "scratch")
+    # enough tasks to keep every thread busy when the batch has few heads, whole heads otherwise
+    chunks = min(tiles, -(-MIN_TASKS // (m.batch * heads)))
+    per_chunk = -(-tiles // chunks)
+    chunks = -(-tiles // per_chunk)
+    lds = -(-sk // SCORE_QUANTUM) * SCORE_QUANTUM
+    scores = Buffer("af_scores", f32, rows * lds, "scratch")
     norms = Buffer("af_norms", f32, rows, "scratch")
-    t, r, j, e = ir.var("t"), ir.var("r"), ir.var("j"), ir.var("e")
-    b, h, i0, i, n, cols, end = (ir.var(x) for x in ("b", "h", "i0", "i", "n", "cols", "end"))
+    kt = Buffer("af_kt", f32, d * _panels(sk), "scratch")
+    vp = Buffer("af_vp", f32, sk * _panels(dv), "scratch")
+    t, r, j, g = ir.var("t"), ir.var("r"), ir.var("j"), ir.var("g")
+    b, h, c, i0, i, n, cols, end, span, keys = (
+        ir.var(x) for x in ("b", "h", "c", "i0", "i", "n", "cols", "end", "span", "keys")
+    )
     mx, total, p = (ir.var(x, f32) for x in ("mx", "total", "p"))
     fill = ir.const(m.fill, f32)
-    at = r * sk + j
+    at = r * lds + j
     s: Expr = ir.load(scores, at)
     if m.mask is not None and not m.where_first:
         s = s + _at(m.mask, buffers, b, h, i, j)
     if m.causal is not None:
         s = ir.select(ir.le(j, i + m.causal), s, fill)
     elif m.cond is not None:
-        c = ir.ne(_at(m.cond, buffers, b, h, i, j), ir.const(0, DType.BOOL))
-        s = ir.select(c, s, fill) if m.keep_if else ir.select(c, fill, s)
+        cond = ir.ne(_at(m.cond, buffers, b, h, i, j), ir.const(0, DType.BOOL))
+        s = ir.select(cond, s, fill) if m.keep_if else ir.select(cond, fill, s)
     if m.mask is not None and m.where_first:
         s = s + _at(m.mask, buffers, b, h, i, j)
-    x = ir.load(scores, at) - mx
+    # keys past the row's end (to the next multiple of SCORE_QUANTUM) come out as 0
+    x = ir.select(ir.lt(j, end), ir.load(scores, at) - mx, ir.const(float("-inf"), f32))
     floor = ir.const(_EXP_FLOOR, f32)
     keep = ir.select(ir.lt(x, floor), ir.const(0.0, f32), ir.const(1.0, f32))
     ex = ir.unary("exp", ir.select(ir.lt(x, floor), floor, x)) * keep
@@ -189,52 +216,70 @@ def _blas_body(m: AttentionMatch, buffers: dict[str, Buffer]) -> tuple[Stmt, ...
         sb, sh, sr, _ = view.strides
         return _ptr(buffers[view.tensor], view.offset + b * sb + h * sh + row * sr)
 
-    out = buffers[m.out.tensor]
-    at_out = _index(m.out, b, h, i0 + r, e)
+    def keys_to(last_row: Expr) -> Expr:
+        """Keys a block of rows up to `last_row` (exclusive) reads: to its diagonal when causal."""
+        if m.skips_blocks:
+            return ir.minimum(last_row + m.causal, sk)  # type: ignore[operator]
+        return ir.index(sk)
+
     if m.skips_blocks:
-        cols_of_block: Expr = ir.minimum(i0 + n + m.causal, sk)  # type: ignore[operator]
         end_of_row: Expr = ir.minimum(i + (m.causal + 1), sk)  # type: ignore[operator]
     else:
-        cols_of_block = ir.index(sk)
         end_of_row = ir.index(sk)
-    no, tr = ir.raw("AfNoTrans", DType.I64), ir.raw("AfTrans", DType.I64)
-    row_major = ir.raw("AfRowMajor", DType.I64)
-    # leading dimensions (a single row's stride is arbitrary: BLAS wants at least the row length)
+    # row strides (a single row's stride is arbitrary) and column strides
     sr_q, sr_k, sr_v, sr_o = (v.strides[2] if v.shape[2] > 1 else v.shape[3] for v in (m.q, m.k, m.v, m.out))
+    cs_q, cs_k, cs_v, cs_o = (v.strides[3] if v.shape[3] > 1 else 1 for v in (m.q, m.k, m.v, m.out))
     row: tuple[Stmt, ...] = (
         Let(i, i0 + r),
         Let(end, end_of_row),
+        Let(span, (end + (SCORE_QUANTUM - 1)) // SCORE_QUANTUM * SCORE_QUANTUM),
         Declare(mx, ir.const(float("-inf"), f32)),
-        Loop(j, end, (Let(p, s), Store(scores, at, p), Assign(mx, ir.maximum(mx, p))), vector=True,
-             reductions=(("max", mx),)),
+        # the max as a compare and select: gcc keeps fmaxf's NaN rule as a call per element
+        Loop(j, end, (Let(p, s), Store(scores, at, p), Assign(mx, ir.select(ir.gt(mx, p), mx, p))),
+             vector=True, reductions=(("max", mx),)),
         # a row of -inf scores only: keep 0 as its max so exp never sees inf - inf
         Assign(mx, ir.select(ir.eq(mx, ir.const(float("-inf"), f32)), zero, mx)),
         Declare(total, zero),
-        Loop(j, end, (Let(p, ex), Store(scores, at, p), Assign(total, total + p)), vector=True,
+        # whole vectors only (span): a scalar remainder would call the scalar expf
+        Loop(j, span, (Let(p, ex), Store(scores, at, p), Assign(total, total + p)), vector=True,
              reductions=(("sum", total),)),
         Store(norms, r, ir.const(1.0, f32) / total),
         # keys past this row's diagonal but inside the block's columns weigh nothing in P V
-        Loop(j, cols, (Store(scores, at, zero),), vector=True, start=end),
+        Loop(j, cols, (Store(scores, at, zero),), vector=True, start=span),
     )  # fmt: skip
-    # each output row times 1/sum of its exponentials, once P V is written (Dv, not Sk, per row)
-    normalize = Loop(r, n, (Loop(e, dv, (Store(out, at_out, ir.load(out, at_out) * ir.load(norms, r)),),
-                                 vector=True),))  # fmt: skip
-    task: tuple[Stmt, ...] = (
-        Let(b, t // (heads * tiles)),
-        Let(h, (t // tiles) % heads),
-        Let(i0, (t % tiles) * rows),
+    scratch0 = ir.index(0)
+    # tiles of rows skip the keys past their last row's diagonal (afa.c afa_keys); sk: none skipped
+    lead: Expr = i0 + m.causal if m.skips_blocks else ir.index(sk)  # type: ignore[operator]
+    block: tuple[Stmt, ...] = (
+        Let(i0, g * rows),
         Let(n, ir.minimum(ir.index(rows), sq - i0)),
-        Let(cols, cols_of_block),
-        Call("AF_SGEMM", (row_major, no, tr, n, cols, ir.index(d), ir.const(m.scale, f32), base(m.q, i0),
-                          ir.index(sr_q), base(m.k, ir.index(0)), ir.index(sr_k), zero,
-                          _ptr(scores, ir.index(0)), ir.index(sk))),
+        Let(cols, keys_to(i0 + n)),
+        Call("afa_qk", (n, cols, ir.index(d), ir.const(m.scale, f32), base(m.q, i0), ir.index(sr_q),
+                        ir.index(cs_q), _ptr(kt, scratch0), _ptr(scores, scratch0), ir.index(lds), lead)),
         Loop(r, n, row),
-        Call("AF_SGEMM", (row_major, no, no, n, ir.index(dv), cols, ir.const(1.0, f32),
-                          _ptr(scores, ir.index(0)), ir.index(sk), base(m.v, ir.index(0)), ir.index(sr_v),
-                          zero, base(m.out, i0), ir.index(sr_o))),
-        normalize,
+        Call("afa_pv", (n, ir.index(dv), cols, _ptr(scores, scratch0), ir.index(lds), _ptr(vp, scratch0),
+                        keys, _ptr(norms, scratch0), base(m.out, i0), ir.index(sr_o),
+                        ir.index(cs_o), lead)),
     )  # fmt: skip
-    return (Loop(t, m.batch * heads * tiles, task, parallel=True, scratch=(scores, norms)),)
+    last = ir.minimum((c + 1) * per_chunk, tiles)  # type: ignore[operator]
+    task: tuple[Stmt, ...] = (
+        Let(b, t // (heads * chunks)),
+        Let(h, (t // chunks) % heads),
+        Let(c, t % chunks),
+        Let(keys, keys_to(ir.minimum(last * rows, sq))),
+        Call("afa_pack_kt", (keys, ir.index(d), base(m.k, scratch0), ir.index(sr_k), ir.index(cs_k),
+                             _ptr(kt, scratch0))),
+        Call("afa_pack_v", (keys, ir.index(dv), base(m.v, scratch0), ir.index(sr_v), ir.index(cs_v),
+                            _ptr(vp, scratch0))),
+        Loop(g, last, block, start=c * per_chunk),
+    )  # fmt: skip
+    return (Loop(t, m.batch * heads * chunks, task, parallel=True, scratch=(scores, norms, kt, vp),
+                 dynamic=m.skips_blocks and chunks > 1),)  # fmt: skip
+
+
+def _panels(columns: int) -> int:
+    """Columns of the packed panels of `columns` columns on any ISA (afa.c: AFA_NR divides 32)."""
+    return -(-columns // PANEL_QUANTUM) * PANEL_QUANTUM
 
 
 def _index(view: View, b: Expr, h: Expr, r: Expr, c: Expr) -> Expr:
@@ -242,4 +287,4 @@ def _index(view: View, b: Expr, h: Expr, r: Expr, c: Expr) -> Expr:
     return view.offset + b * sb + h * sh + r * sr + c * sc
 
 
-__all__ = ["ROW_BLOCK", "lower_attention"]
+__all__ = ["ROW_BLOCK", "TILE_ROWS", "lower_attention"]

@@ -44,7 +44,7 @@ def test_fused_graph_surface(tmp_path) -> None:
     assert again.functions and {f.domain for f in again.functions} == {"ai.graph_autofusion"}
     for fn in again.functions:
         meta = json.loads(fn.doc_string)
-        assert meta["template"] in {"pointwise", "reduction", "anchor", "anchor_chain", "pool"}
+        assert meta["template"] in {"pointwise", "reduction", "anchor", "anchor_chain", "pool", "attention"}
     assert "kernels=" in repr(fused)
 
 

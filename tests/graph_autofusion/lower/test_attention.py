@@ -17,7 +17,7 @@ import pytest
 import graph_autofusion as gaf
 from graph_autofusion.backend.cpu.extract import extract
 from graph_autofusion.kernel_ir import Call, Loop
-from graph_autofusion.lower.attention import BLAS_ROWS, lower_attention
+from graph_autofusion.lower.attention import TILE_ROWS, lower_attention
 from graph_autofusion.testing.attention_graphs import attention_model
 from graph_autofusion.zoo import TINY
 
@@ -35,7 +35,10 @@ def _run_both(model, feeds):  # type: ignore[no-untyped-def]
 
 CASES = [(16, 16, None, "div", False), (13, 8, "padding", "div", False), (37, 16, "causal", "div", True),
          (9, 32, "bool", "mul", False), (11, 16, "causal_add", "q", True), (1, 4, "causal", "mul", False),
-         (70, 8, "causal", "mul", False)]  # fmt: skip
+         (70, 8, "causal", "mul", False),
+         # D and Dv of 40: a K^T panel and a V panel past the first (32 columns on AVX-512, 16 on
+         # AVX2), the second partial; 131 keys and rows: partial panels, row tiles and a short block
+         (131, 40, "causal", "div", False), (131, 40, "padding", "div", True)]  # fmt: skip
 
 
 @pytest.mark.parametrize("heads_inner", [False, True], ids=["sgemm", "loops"])
@@ -53,14 +56,28 @@ def test_attention_kernel_matches_onnxruntime(
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * max(scale_of, 1.0) * np.sqrt(head_dim))
 
 
+def _calls(body) -> list[str]:  # type: ignore[no-untyped-def]
+    out = []
+    for s in body:
+        if isinstance(s, Call):
+            out.append(s.function)
+        elif isinstance(s, Loop):
+            out += _calls(s.body)
+    return out
+
+
 @pytest.mark.parametrize(
     ("heads_inner", "scratch", "calls"),
     [
-        (False, {"af_scores": BLAS_ROWS * 20, "af_norms": BLAS_ROWS}, 2),
-        (True, {"af_scores": 20, "af_acc": 16}, 0),
+        # score rows padded to 32 floats; K^T (16 x 20 keys) and V (20 keys x 16) packed in
+        # 32-column panels, once per task
+        (False, {"af_scores": TILE_ROWS * 32, "af_norms": TILE_ROWS, "af_kt": 16 * 32, "af_vp": 20 * 32},
+         ["afa_pack_kt", "afa_pack_v", "afa_qk", "afa_pv"]),
+        (True, {"af_scores": TILE_ROWS * 32, "af_norms": TILE_ROWS, "af_kt": 16 * 32, "af_vp": 20 * 32},
+         ["afa_pack_kt", "afa_pack_v", "afa_qk", "afa_pv"]),
     ],
-)
-def test_kernel_takes_a_workspace_slice_and_a_parallel_loop(heads_inner: bool, scratch, calls: int) -> None:  # type: ignore[no-untyped-def]
+)  # fmt: skip
+def test_kernel_takes_a_workspace_slice_and_a_parallel_loop(heads_inner: bool, scratch, calls) -> None:  # type: ignore[no-untyped-def]
     model, _ = attention_model(seq=20, mask="padding", heads_inner=heads_inner)
     fused = gaf.fuse(model, gaf.FusionConfig(hardware="cuda"))
     (spec,) = [s for s in extract(fused.model).specs.values() if s.template == "attention"]
@@ -68,7 +85,7 @@ def test_kernel_takes_a_workspace_slice_and_a_parallel_loop(heads_inner: bool, s
     (loop,) = kernel.body
     assert isinstance(loop, Loop) and loop.parallel
     assert {b.name: b.size for b in loop.scratch} == scratch
-    assert sum(isinstance(s, Call) and s.function == "AF_SGEMM" for s in loop.body) == calls
+    assert _calls(loop.body) == calls
 
 
 @pytest.mark.parametrize("name", ["bert_base", "gpt2", "vit_b16"])

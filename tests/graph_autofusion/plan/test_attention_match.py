@@ -96,15 +96,20 @@ def test_match_refuses_a_group_without_attention() -> None:
         match_attention(group_spec(g, softmax))
 
 
-def test_cpu_profile_keeps_attention_unfused_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_profile_forms_attention_unless_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the cpu profile included: its attention kernel beat the unfused path (plan/patterns.py)
     model, _ = attention_model(seq=8, mask="padding")
     monkeypatch.delenv(Attention.ENV, raising=False)
-    assert "attention" not in [g.template for g in _fuse(model, "cpu").plan.groups]
-    assert "attention" in [g.template for g in _fuse(model, "ascend910").plan.groups]
+    for hardware in ("cpu", "ascend910", "cuda"):
+        assert "attention" in [g.template for g in _fuse(model, hardware).plan.groups]
     monkeypatch.setenv(Attention.ENV, "on")
     assert "attention" in [g.template for g in _fuse(model, "cpu").plan.groups]
     monkeypatch.setenv(Attention.ENV, "off")
-    assert "attention" not in [g.template for g in _fuse(model, "cuda").plan.groups]
+    for hardware in ("cpu", "cuda"):
+        assert "attention" not in [g.template for g in _fuse(model, hardware).plan.groups]
+    monkeypatch.delenv(Attention.ENV)
+    off = gaf.fuse(model, gaf.FusionConfig(hardware="cpu", disabled_patterns=["attention"]))
+    assert "attention" not in [g.template for g in off.plan.groups]
 
 
 @pytest.mark.parametrize(

@@ -68,7 +68,7 @@ def generate(spec: KernelSpec) -> GeneratedKernel:
         return GeneratedKernel(emit_reduction(spec), method="row")
     if template == "attention":
         source, blas = emit_attention(spec)
-        return GeneratedKernel(source, uses_blas=blas, method="sgemm rows" if blas else "rows")
+        return GeneratedKernel(source, uses_blas=blas, method="tiles" if "afa_qk(" in source else "rows")
     if template == "pool":
         return GeneratedKernel(pool.emit_pool(spec), method="window")
     if template == "single":

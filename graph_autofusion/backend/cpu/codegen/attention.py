@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ....kernel_ir import Call, If, Loop, Stmt
 from ....lower.attention import lower_attention
-from ..blas import BLAS_PREAMBLE
+from ..contraction import attention_source
 from ..kernel_spec import KernelSpec
 from ..render_c import render_kernel
 
@@ -12,12 +12,12 @@ __all__ = ["emit_attention"]
 
 
 def emit_attention(spec: KernelSpec) -> tuple[str, bool]:
-    """C source for an attention-template kernel, and whether it calls BLAS (the lowering calls
-    sgemm for the two contractions where the operands' rows are unit-stride)."""
+    """C source for an attention-template kernel, and whether it calls BLAS (it does not: where
+    the operands' rows are unit-stride the lowering calls the attention tiles of the contraction
+    library, whose text then heads the kernel)."""
     kernel = lower_attention(spec)
-    blas = _calls(kernel.body)
     source = render_kernel(kernel)
-    return (BLAS_PREAMBLE + source if blas else source), blas
+    return (attention_source() + "\n" + source if _calls(kernel.body) else source), False
 
 
 def _calls(body: tuple[Stmt, ...]) -> bool:

@@ -21,8 +21,12 @@ pixels fills 49 of 64 vector lanes). The micro-kernel alone runs at the FMA peak
 any of 8x32 / 12x32 / 14x32 / 8x48 / ymm 6x16) from L1/L2;
 what is left is im2col, the per-tile activation packing and lane waste at narrow tiles.
 
-Operands that are not constants (attention's Q x K^T and P x V) keep OpenBLAS: packing both per
-call in the library measured 0.78-0.94x OpenBLAS on the 128x128x64 and 128x64x128 head shapes.
+Operands that are not constants (attention's Q x K^T and P x V) do not fit `afc_gemm_*`: packing
+both per call measured 0.78-0.94x OpenBLAS on the 128x128x64 and 128x64x128 head shapes. The
+attention kernel has its own tiles instead (`afa.c`): K^T and V packed once per head and reused
+by every query row block, the other operand read in place by a micro-kernel that broadcasts its
+rows' elements, so nothing is packed per call (~100 GFLOP/s per core at BERT's and ViT's head
+shapes, against 65-95 for one-thread sgemm).
 
 What it holds (fixed C sources next to this module, compiled with each kernel's own -march, so
 the ISA is part of the cache key like every other kernel):
@@ -35,6 +39,7 @@ the ISA is part of the cache key like every other kernel):
   up to AFC_GEMV_ROWS rows (7 on AVX-512: a batch-1..7 Gemm/MatMul) `afc_gemm_bp` takes a GEMV
   path instead, each packed weight panel streamed once against register accumulators
   (0.33-0.47x the panel path's time at one row, afc.h).
+* `afa.c`: the attention tiles (afa.c documents them), the prelude of the CPU attention kernel.
 * `shim.py`: the library with exported entry points for ctypes (tests, benchmarks, FMA peak, and
   the OpenMP wake-up probe behind backend/cpu/threads.py PASSIVE_WAKE_NS).
 
@@ -97,3 +102,10 @@ def library_source() -> str:
     header = (_HERE / "afc.h").read_text(encoding="utf-8")
     body = (_HERE / "afc.c").read_text(encoding="utf-8")
     return f"{header}\n{body}"
+
+
+@lru_cache(maxsize=1)
+def attention_source() -> str:
+    """The attention tiles (afa.c: K^T and V packed per head, Q K^T and P V products) as C text,
+    a prelude for the CPU attention kernel (lower/attention.py)."""
+    return (_HERE / "afa.c").read_text(encoding="utf-8")

@@ -1,0 +1,176 @@
+/* afa.c - attention tiles for the CPU attention kernel (graph_autofusion.lower.attention).
+ *
+ * The two products of one (batch, head) of attention, for operands that are not constants:
+ *
+ *     S[n x cols] = alpha * Q[n x d] K^T        (afa_qk: K packed once per head by afa_pack_kt)
+ *     O[n x dv]   = diag(norm) * P[n x cols] V  (afa_pv: V packed once per head by afa_pack_v)
+ *
+ * Why not sgemm per row block: at attention's shapes (a 64 x 128 x 64 product per call) a BLAS
+ * call re-packs both operands on every call, and the packing and call overhead are a large part
+ * of the time. Here K^T and V of a head are packed once into AFA_NR-column panels that every row
+ * block of the head reuses, and the other operand (Q rows, or the rows of P in the caller's
+ * score workspace) is read in place: the micro-kernel broadcasts one element of each of its
+ * AFA_MR rows per depth step, so it needs no packing at all. afa_pv scales each output row by
+ * `norm` (1 / the row's softmax sum) as it stores it, so the output is written once.
+ *
+ * Packed layouts (panel p holds columns [p*AFA_NR, p*AFA_NR + AFA_NR), zero past the last):
+ *   afa_pack_kt: kt[(p * d + kk) * AFA_NR + j] = K[p*AFA_NR + j][kk]     (d x keys)
+ *   afa_pack_v:  vp[(p * keys + kk) * AFA_NR + j] = V[kk][p*AFA_NR + j]   (keys x dv)
+ * AFA_NR divides 32 on every ISA, so ceil(x / 32) * 32 columns always hold a packing: callers
+ * size their workspace that way without knowing the ISA.
+ *
+ * The micro-kernel is written with GCC vector extensions (a vector of AFA_VL floats, two per
+ * tile row), which gcc maps onto zmm registers for AVX-512 (8 x 32 tile: 16 accumulators), ymm
+ * for AVX2 (6 x 16: 12) and xmm elsewhere (4 x 8: 8). Rows past a tile's last valid row read the
+ * tile's first row again (computed, never stored), so no row beyond the operand is ever read.
+ * All functions are `static` and single-threaded: the kernel owns the parallel loop.
+ */
+#ifndef AFA_IMPL
+#define AFA_IMPL
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__AVX512F__)
+#define AFA_MR 8
+#define AFA_VL 16
+#elif defined(__AVX2__) && defined(__FMA__)
+#define AFA_MR 6
+#define AFA_VL 8
+#else
+#define AFA_MR 4
+#define AFA_VL 4
+#endif
+#define AFA_NR (2 * AFA_VL)
+
+typedef float afa_vf __attribute__((vector_size(AFA_VL * sizeof(float)), aligned(4), may_alias));
+
+/* acc + a * b as one fused multiply-add where the ISA has one: kernels build with
+ * -ffp-contract=off, under which `acc += a * b` stays a multiply and an add (measured 0.7x). */
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define AFA_FMA(a, b, acc) ((afa_vf)_mm512_fmadd_ps((__m512)(a), (__m512)(b), (__m512)(acc)))
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define AFA_FMA(a, b, acc) ((afa_vf)_mm256_fmadd_ps((__m256)(a), (__m256)(b), (__m256)(acc)))
+#else
+#define AFA_FMA(a, b, acc) ((acc) + (a) * (b))
+#endif
+
+/* C[mr x nr] (row stride ldc, column stride ccs) = scale_i * sum_kk A[i][kk] * panel[kk][0:nr],
+ * scale_i = rscale ? rscale[i] : alpha. Row i of A starts at rows[i]; its depth step is `acs`. */
+static inline __attribute__((always_inline)) void afa_tile(int64_t depth, const float *const *rows,
+                                                           int64_t acs, const float *restrict panel,
+                                                           float *restrict c, int64_t ldc,
+                                                           int64_t ccs, int mr, int nr, float alpha,
+                                                           const float *restrict rscale) {
+  afa_vf c0[AFA_MR], c1[AFA_MR];
+#pragma GCC unroll 8
+  for (int i = 0; i < AFA_MR; ++i) {
+    c0[i] = (afa_vf){0};
+    c1[i] = (afa_vf){0};
+  }
+  const float *r[AFA_MR];
+#pragma GCC unroll 8
+  for (int i = 0; i < AFA_MR; ++i) r[i] = rows[i];
+  for (int64_t kk = 0; kk < depth; ++kk) {
+    const afa_vf b0 = *(const afa_vf *)panel;
+    const afa_vf b1 = *(const afa_vf *)(panel + AFA_VL);
+#pragma GCC unroll 8
+    for (int i = 0; i < AFA_MR; ++i) {
+      const afa_vf a = (afa_vf){0} + r[i][kk * acs];
+      c0[i] = AFA_FMA(a, b0, c0[i]);
+      c1[i] = AFA_FMA(a, b1, c1[i]);
+    }
+    panel += AFA_NR;
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < AFA_MR; ++i) {
+    if (i >= mr) break;
+    const float s = rscale ? rscale[i] : alpha;
+    const afa_vf v0 = c0[i] * s, v1 = c1[i] * s;
+    float *row = c + i * ldc;
+    if (nr == AFA_NR && ccs == 1) {
+      *(afa_vf *)row = v0;
+      *(afa_vf *)(row + AFA_VL) = v1;
+    } else {
+      float tmp[AFA_NR];
+      memcpy(tmp, &v0, sizeof v0);
+      memcpy(tmp + AFA_VL, &v1, sizeof v1);
+      for (int j = 0; j < nr; ++j) row[j * ccs] = tmp[j];
+    }
+  }
+}
+
+/* K[keys x d] (row stride rs, column stride cs) into the d x keys panels of afa_qk. */
+static void afa_pack_kt(int64_t keys, int64_t d, const float *k, int64_t rs, int64_t cs, float *kt) {
+  for (int64_t p = 0; p < keys; p += AFA_NR) {
+    const int64_t cols = keys - p < AFA_NR ? keys - p : AFA_NR;
+    float *dst = kt + p * d;
+    if (cols < AFA_NR) memset(dst, 0, sizeof(float) * (size_t)(d * AFA_NR));
+    for (int64_t j = 0; j < cols; ++j) {
+      const float *src = k + (p + j) * rs;
+      for (int64_t kk = 0; kk < d; ++kk) dst[kk * AFA_NR + j] = src[kk * cs];
+    }
+  }
+}
+
+/* V[keys x dv] (row stride rs, column stride cs) into the keys x dv panels of afa_pv. */
+static void afa_pack_v(int64_t keys, int64_t dv, const float *v, int64_t rs, int64_t cs, float *vp) {
+  for (int64_t p = 0; p < dv; p += AFA_NR) {
+    const int64_t cols = dv - p < AFA_NR ? dv - p : AFA_NR;
+    float *dst = vp + p * keys;
+    for (int64_t kk = 0; kk < keys; ++kk) {
+      const float *src = v + kk * rs + p * cs;
+      float *d = dst + kk * AFA_NR;
+      if (cs == 1 && cols == AFA_NR) {
+        memcpy(d, src, sizeof(float) * AFA_NR);
+      } else {
+        for (int64_t j = 0; j < cols; ++j) d[j] = src[j * cs];
+        for (int64_t j = cols; j < AFA_NR; ++j) d[j] = 0.0f;
+      }
+    }
+  }
+}
+
+/* The keys a tile of rows [i0, i0 + mr) of a block needs: all `cols`, or for a causal block
+ * (lead: the block's first row plus the diagonal's offset) those up to its last row's diagonal. */
+static inline int64_t afa_keys(int64_t cols, int64_t lead, int64_t i0, int mr) {
+  const int64_t last = lead + i0 + mr;
+  return last < cols ? (last > 0 ? last : 0) : cols;
+}
+
+/* S[n x cols] (row stride lds) = alpha * Q[n x d] (row stride rs, column stride cs) x K^T, with
+ * K^T the panels of afa_pack_kt (depth d). Panels outer: one K^T panel stays in L1 while the
+ * row tiles of Q pass it. A tile of rows skips the panels past afa_keys (lead >= cols: none);
+ * the caller masks what a partial panel stores past a row's diagonal. */
+static void afa_qk(int64_t n, int64_t cols, int64_t d, float alpha, const float *q, int64_t rs,
+                   int64_t cs, const float *kt, float *s, int64_t lds, int64_t lead) {
+  for (int64_t p = 0; p < cols; p += AFA_NR) {
+    const int nr = (int)(cols - p < AFA_NR ? cols - p : AFA_NR);
+    for (int64_t i0 = 0; i0 < n; i0 += AFA_MR) {
+      const int mr = (int)(n - i0 < AFA_MR ? n - i0 : AFA_MR);
+      if (p >= afa_keys(cols, lead, i0, mr)) continue;
+      const float *rows[AFA_MR];
+      for (int i = 0; i < AFA_MR; ++i) rows[i] = q + (i0 + (i < mr ? i : 0)) * rs;
+      afa_tile(d, rows, cs, kt + p * d, s + i0 * lds + p, lds, 1, mr, nr, alpha, 0);
+    }
+  }
+}
+
+/* O[n x dv] (row stride ldo, column stride ocs) = diag(norm) * P[n x cols] (row stride ldp) x V, with
+ * V the panels of afa_pack_v over `keys` rows (keys >= cols: a causal block stops early). A tile
+ * of rows sums over afa_keys keys only (P is 0 past each row's diagonal). */
+static void afa_pv(int64_t n, int64_t dv, int64_t cols, const float *pm, int64_t ldp, const float *vp,
+                   int64_t keys, const float *norm, float *o, int64_t ldo, int64_t ocs, int64_t lead) {
+  for (int64_t p = 0; p < dv; p += AFA_NR) {
+    const int nr = (int)(dv - p < AFA_NR ? dv - p : AFA_NR);
+    for (int64_t i0 = 0; i0 < n; i0 += AFA_MR) {
+      const int mr = (int)(n - i0 < AFA_MR ? n - i0 : AFA_MR);
+      const float *rows[AFA_MR];
+      for (int i = 0; i < AFA_MR; ++i) rows[i] = pm + (i0 + (i < mr ? i : 0)) * ldp;
+      afa_tile(afa_keys(cols, lead, i0, mr), rows, 1, vp + p * keys, o + i0 * ldo + p * ocs, ldo, ocs, mr,
+               nr, 1.0f, norm + i0);
+    }
+  }
+}
+#endif
