@@ -2,10 +2,12 @@
 onnxruntime (ORT_ENABLE_ALL, which fuses Conv+Relu and MatMul+Add itself) on the same model.
 
 Shapes: the conv shape classes of ResNet-50 (stem 7x7/2, 1x1 reduce/expand, 3x3 at each stage,
-3x3 stride 2, 1x1 stride-2 downsample), two MobileNetV2 depthwise convs, and the three GEMMs of a
+3x3 stride 2, 1x1 stride-2 downsample), two MobileNetV2 depthwise convs, and the GEMMs of a
 BERT-base layer at sequence length 128 (as MatMul + Add + Relu), plus the FFN's first GEMM with
 its real epilogue, bias + exact GELU (Div, Erf, Add, Mul, Mul; onnxruntime fuses it into its own
-BiasGelu). Batch 1.
+BiasGelu); `transformer`: the projections of BERT-base / GPT-2 (128 tokens) and ViT-B/16 (197)
+with the epilogues those models have (bias; bias + GELU after the FFN's first GEMM), where the
+fused QKV projection is N = 2304. Batch 1.
 
 Our side is the one-node model fused and compiled by the runtime (`compile_model`, `threads` wide)
 and timed through `CompiledModel.run`, as a user runs it: the copy of the input into the arena and
@@ -13,13 +15,16 @@ of the output out are included, as they are in onnxruntime's `run`. For each sha
 count: the median latency of ours, of onnxruntime, and their
 ratio (ours / ort; below 1.0 means we are faster), the same for the fastest run (on a shared,
 busy machine the minimum shows the kernel, the median shows the neighbours too), GFLOP/s, the
-max abs difference of the outputs and the method the generator chose, and, where the shape is
+`peak%`: ours against the host's FMA peak on as many threads (`contraction.shim.peak_flops`:
+register-only FMA chains), the max abs difference of the outputs and the method the generator
+chose, and, where the shape is
 one plain GEMM (MatMul, 1x1 stride-1 conv), `blas/ours`: the speed of one OpenBLAS sgemm call on
 the same contraction with as many BLAS threads and no epilogue, relative to ours (1.0 = ours is as
 fast as the bare BLAS; the issue's target for a GEMM anchor is blas/ours >= 0.8). The two sides
 run in alternating blocks of runs (see `_time_pair`), so a noisy neighbour hurts both alike.
 
-Run: `.venv/bin/python benchmarks/anchors.py [--threads 1,2] [--reps 15] [--only resnet|bert|dw]
+Run: `.venv/bin/python benchmarks/anchors.py [--threads 1,2] [--reps 15]
+[--only resnet|bert|dw|transformer]
 [--omp-dynamic] [--no-ort-spin] [--json]` (under a minute on 2 cores).
 
 On a shared machine, 2-thread medians of any fork/join kernel suffer when the second thread is
@@ -55,17 +60,20 @@ from onnx import TensorProto, helper, numpy_helper
 import graph_autofusion as gaf
 from graph_autofusion.backend.cpu import blas
 from graph_autofusion.backend.cpu.cache import KernelCache
+from graph_autofusion.backend.cpu.contraction.shim import build_library, peak_flops
 from graph_autofusion.backend.cpu.runtime import CompiledModel, compile_model
+from graph_autofusion.backend.cpu.threads import set_omp_threads
 from graph_autofusion.hardware import describe_host
 
 
 @dataclass(frozen=True)
 class Shape:
     name: str
-    family: str  # resnet | dw | bert
+    family: str  # resnet | dw | bert | transformer
     kind: str  # conv | matmul
     dims: tuple[int, ...]  # conv: (cin, cout, hw, k, stride, group); matmul: (m, k, n)
-    epilogue: str = "relu"  # matmul only: "relu" (bias + ReLU) or "gelu" (bias + exact GELU, with erf)
+    # matmul only: "relu" (bias + ReLU), "bias" (bias only) or "gelu" (bias + exact GELU, with erf)
+    epilogue: str = "relu"
 
 
 SHAPES = [
@@ -85,6 +93,13 @@ SHAPES = [
     Shape("bert 128x768x3072", "bert", "matmul", (128, 768, 3072)),
     Shape("bert 128x768x3072 gelu", "bert", "matmul", (128, 768, 3072), "gelu"),
     Shape("bert 128x3072x768", "bert", "matmul", (128, 3072, 768)),
+    *(
+        Shape(
+            f"{net} {m}x{k}x{n}" + (" gelu" if epi == "gelu" else ""), "transformer", "matmul", (m, k, n), epi
+        )
+        for net, m in (("bert/gpt2", 128), ("vit", 197))
+        for k, n, epi in ((768, 768, "bias"), (768, 2304, "bias"), (768, 3072, "gelu"), (3072, 768, "bias"))
+    ),
 ]
 
 
@@ -111,7 +126,8 @@ def _model(shape: Shape, rng: np.random.Generator) -> tuple[onnx.ModelProto, dic
             "w": (rng.standard_normal((kk, n)) / np.sqrt(kk)).astype(np.float32),
             "b": rng.standard_normal(n).astype(np.float32),
         }
-        nodes = [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Add", ["y", "b"], ["z"])]
+        last = "o" if shape.epilogue == "bias" else "z"
+        nodes = [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Add", ["y", "b"], [last])]
         if shape.epilogue == "gelu":  # BERT's FFN: z * 0.5 * (1 + erf(z / sqrt(2))), as exporters write it
             inits.update(
                 sqrt2=np.array(np.sqrt(2.0), np.float32),
@@ -125,7 +141,7 @@ def _model(shape: Shape, rng: np.random.Generator) -> tuple[onnx.ModelProto, dic
                 helper.make_node("Mul", ["z", "g_add"], ["g_mul"]),
                 helper.make_node("Mul", ["g_mul", "half"], ["o"]),
             ]
-        else:
+        elif shape.epilogue == "relu":
             nodes.append(helper.make_node("Relu", ["z"], ["o"]))
     graph = helper.make_graph(
         nodes,
@@ -176,6 +192,7 @@ class Row:
     ours_min_ms: float  # the least disturbed run, for a busy machine
     ort_min_ms: float
     gflops: float
+    peak_pct: float  # gflops against the host's FMA peak on `threads` threads, in percent
     max_abs_err: float
     blas_ms: float | None  # median of one plain OpenBLAS sgemm, same GEMM, `threads` BLAS threads
 
@@ -242,6 +259,11 @@ def run(
 ) -> list[Row]:
     rng = np.random.default_rng(0)
     rows: list[Row] = []
+    peaks: dict[int, float] = {}
+    library = build_library(cache=cache)
+    for nt in thread_counts:
+        set_omp_threads(nt)
+        peaks[nt] = peak_flops(library)
     for shape in shapes:
         model, values = _model(shape, rng)
         feeds = {"x": values["x"]}
@@ -278,6 +300,7 @@ def run(
                     ours_min_ms=min(ours_t) * 1e3,
                     ort_min_ms=min(theirs_t) * 1e3,
                     gflops=flops / ours / 1e9,
+                    peak_pct=100 * flops / ours / peaks[nt],
                     max_abs_err=float(np.max(np.abs(got - want))),
                     blas_ms=None if blas_s is None else blas_s * 1e3,
                 )
@@ -292,7 +315,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
     parser.add_argument("--reps", type=int, default=15, help="timed runs per measurement (median)")
-    parser.add_argument("--only", choices=["resnet", "dw", "bert"], help="one shape family")
+    parser.add_argument("--only", choices=["resnet", "dw", "bert", "transformer"], help="one shape family")
     parser.add_argument("--json", action="store_true", help="print rows as JSON")
     parser.add_argument(
         "--omp-dynamic",
@@ -316,15 +339,17 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         print(json.dumps([asdict(r) for r in rows], indent=2))
         return
-    head = f"{'shape':22} {'method':17} {'thr':>3} {'ours ms':>8} {'ort ms':>8} {'ratio':>5}"
+    head = f"{'shape':27} {'method':17} {'thr':>3} {'ours ms':>8} {'ort ms':>8} {'ratio':>5}"
     print(
-        head + f" {'ours min':>8} {'ort min':>8} {'ratio':>5} {'GFLOP/s':>7} {'max err':>7} {'blas/ours':>9}"
+        head + f" {'ours min':>8} {'ort min':>8} {'ratio':>5} {'GFLOP/s':>7} {'peak%':>5} {'max err':>7}"
+        f" {'blas/ours':>9}"
     )
     for r in rows:
         print(
-            f"{r.shape:22} {r.method:17} {r.threads:3d} {r.ours_ms:8.3f} {r.ort_ms:8.3f} {r.ratio:5.2f} "
+            f"{r.shape:27} {r.method:17} {r.threads:3d} {r.ours_ms:8.3f} {r.ort_ms:8.3f} {r.ratio:5.2f} "
             f"{r.ours_min_ms:8.3f} {r.ort_min_ms:8.3f} {r.ours_min_ms / r.ort_min_ms:5.2f} {r.gflops:7.1f} "
-            f"{r.max_abs_err:7.1e} " + (f"{r.blas_ms / r.ours_ms:9.2f}" if r.blas_ms else f"{'-':>9}")
+            f"{r.peak_pct:5.0f} {r.max_abs_err:7.1e} "
+            + (f"{r.blas_ms / r.ours_ms:9.2f}" if r.blas_ms else f"{'-':>9}")
         )
     for nt in threads:
         ratios = [r.ratio for r in rows if r.threads == nt]
