@@ -2,21 +2,29 @@
 onnxruntime (ORT_ENABLE_ALL, which fuses Conv+Relu and MatMul+Add itself) on the same model.
 
 Shapes: the conv shape classes of ResNet-50 (stem 7x7/2, 1x1 reduce/expand, 3x3 at each stage,
-3x3 stride 2, 1x1 stride-2 downsample), two MobileNetV2 depthwise convs, and the three GEMMs of a
+3x3 stride 2, 1x1 stride-2 downsample), two MobileNetV2 depthwise convs, and the GEMMs of a
 BERT-base layer at sequence length 128 (as MatMul + Add + Relu), plus the FFN's first GEMM with
 its real epilogue, bias + exact GELU (Div, Erf, Add, Mul, Mul; onnxruntime fuses it into its own
-BiasGelu). Batch 1.
+BiasGelu); `transformer`: the projections of BERT-base / GPT-2 (128 tokens) and ViT-B/16 (197)
+with the epilogues those models have (bias; bias + GELU after the FFN's first GEMM), where the
+fused QKV projection is N = 2304. Batch 1.
 
-For each shape and thread count: the median latency of our kernel, of onnxruntime, and their
-ratio (ours / ort; below 1.0 means we are faster), the same for the fastest run (on a shared,
-busy machine the minimum shows the kernel, the median shows the neighbours too), GFLOP/s, the
-max abs difference of the outputs and the method the generator chose, and, where the shape is
-one plain GEMM (MatMul, 1x1 stride-1 conv), `blas/ours`: the speed of one OpenBLAS sgemm call on
-the same contraction with as many BLAS threads and no epilogue, relative to ours (1.0 = ours is as
-fast as the bare BLAS; the issue's target for a GEMM anchor is blas/ours >= 0.8). The two sides
-run in alternating blocks of runs (see `_time_pair`), so a noisy neighbour hurts both alike.
+Our side is the one-node model fused and compiled by the runtime (`compile_model`, `threads` wide)
+and timed through `CompiledModel.run`, as a user runs it: the copy of the input into the arena and
+of the output out are included, as they are in onnxruntime's `run`. For each shape and thread
+count: the median latency of ours, of onnxruntime, and their ratio (ours / ort; below 1.0 means
+we are faster), the same for the fastest run (on a shared, busy machine the minimum shows the
+kernel, the median shows the neighbours too), GFLOP/s, `peak%` (ours against the FMA peak of as
+many cores: `contraction.shim.peak_flops`, register-only FMA chains on one core timed by process
+CPU time, times the threads), the max abs difference of the outputs, the method the generator
+chose, and, where the shape is one plain GEMM (MatMul, 1x1 stride-1 conv), `blas/ours`: the speed
+of one OpenBLAS sgemm call on the same contraction with as many BLAS threads and no epilogue,
+relative to ours (1.0 = ours is as fast as the bare BLAS; the issue's target for a GEMM anchor is
+blas/ours >= 0.8). The two sides run in alternating blocks of runs (see `_time_pair`), so a noisy
+neighbour hurts both alike.
 
-Run: `.venv/bin/python benchmarks/anchors.py [--threads 1,2] [--reps 15] [--only resnet|bert|dw]
+Run: `.venv/bin/python benchmarks/anchors.py [--threads 1,2] [--reps 15]
+[--only resnet|bert|dw|transformer]
 [--omp-dynamic] [--no-ort-spin] [--json]` (under a minute on 2 cores).
 
 On a shared machine, 2-thread medians of any fork/join kernel suffer when the second thread is
@@ -49,11 +57,11 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+import graph_autofusion as gaf
 from graph_autofusion.backend.cpu import blas
 from graph_autofusion.backend.cpu.cache import KernelCache
-from graph_autofusion.backend.cpu.codegen.anchor import emit_anchor
-from graph_autofusion.backend.cpu.compiler import KernelSource, compile_kernels
-from graph_autofusion.backend.cpu.kernel_spec import KernelSpec, TensorInfo
+from graph_autofusion.backend.cpu.contraction.shim import build_library, peak_flops
+from graph_autofusion.backend.cpu.runtime import CompiledModel, compile_model
 from graph_autofusion.backend.cpu.threads import set_omp_threads
 from graph_autofusion.hardware import describe_host
 
@@ -61,10 +69,11 @@ from graph_autofusion.hardware import describe_host
 @dataclass(frozen=True)
 class Shape:
     name: str
-    family: str  # resnet | dw | bert
+    family: str  # resnet | dw | bert | transformer
     kind: str  # conv | matmul
     dims: tuple[int, ...]  # conv: (cin, cout, hw, k, stride, group); matmul: (m, k, n)
-    epilogue: str = "relu"  # matmul only: "relu" (bias + ReLU) or "gelu" (bias + exact GELU, with erf)
+    # matmul only: "relu" (bias + ReLU), "bias" (bias only) or "gelu" (bias + exact GELU, with erf)
+    epilogue: str = "relu"
 
 
 SHAPES = [
@@ -84,6 +93,13 @@ SHAPES = [
     Shape("bert 128x768x3072", "bert", "matmul", (128, 768, 3072)),
     Shape("bert 128x768x3072 gelu", "bert", "matmul", (128, 768, 3072), "gelu"),
     Shape("bert 128x3072x768", "bert", "matmul", (128, 3072, 768)),
+    *(
+        Shape(
+            f"{net} {m}x{k}x{n}" + (" gelu" if epi == "gelu" else ""), "transformer", "matmul", (m, k, n), epi
+        )
+        for net, m in (("bert/gpt2", 128), ("vit", 197))
+        for k, n, epi in ((768, 768, "bias"), (768, 2304, "bias"), (768, 3072, "gelu"), (3072, 768, "bias"))
+    ),
 ]
 
 
@@ -110,7 +126,8 @@ def _model(shape: Shape, rng: np.random.Generator) -> tuple[onnx.ModelProto, dic
             "w": (rng.standard_normal((kk, n)) / np.sqrt(kk)).astype(np.float32),
             "b": rng.standard_normal(n).astype(np.float32),
         }
-        nodes = [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Add", ["y", "b"], ["z"])]
+        last = "o" if shape.epilogue == "bias" else "z"
+        nodes = [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Add", ["y", "b"], [last])]
         if shape.epilogue == "gelu":  # BERT's FFN: z * 0.5 * (1 + erf(z / sqrt(2))), as exporters write it
             inits.update(
                 sqrt2=np.array(np.sqrt(2.0), np.float32),
@@ -124,7 +141,7 @@ def _model(shape: Shape, rng: np.random.Generator) -> tuple[onnx.ModelProto, dic
                 helper.make_node("Mul", ["z", "g_add"], ["g_mul"]),
                 helper.make_node("Mul", ["g_mul", "half"], ["o"]),
             ]
-        else:
+        elif shape.epilogue == "relu":
             nodes.append(helper.make_node("Relu", ["z"], ["o"]))
     graph = helper.make_graph(
         nodes,
@@ -136,26 +153,6 @@ def _model(shape: Shape, rng: np.random.Generator) -> tuple[onnx.ModelProto, dic
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return onnx.shape_inference.infer_shapes(model, strict_mode=True), {"x": x, **inits}
-
-
-def _spec(model: onnx.ModelProto, symbol: str) -> KernelSpec:
-    g = model.graph
-    infos = {}
-    for vi in (*g.input, *g.value_info, *g.output):
-        t = vi.type.tensor_type
-        infos[vi.name] = TensorInfo(vi.name, tuple(d.dim_value for d in t.shape.dim), t.elem_type)
-    for init in g.initializer:
-        infos[init.name] = TensorInfo(init.name, tuple(init.dims), init.data_type)
-    params = ["x", *(i.name for i in g.initializer)]
-    return KernelSpec(
-        symbol=symbol,
-        template="anchor",
-        nodes=tuple(g.node),
-        inputs=tuple(infos[n] for n in params),
-        outputs=(infos["o"],),
-        tensors=infos,
-        constants={i.name: numpy_helper.to_array(i) for i in g.initializer},
-    )
 
 
 def _time_pair(
@@ -195,6 +192,7 @@ class Row:
     ours_min_ms: float  # the least disturbed run, for a busy machine
     ort_min_ms: float
     gflops: float
+    peak_pct: float  # gflops against the host's FMA peak on `threads` threads, in percent
     max_abs_err: float
     blas_ms: float | None  # median of one plain OpenBLAS sgemm, same GEMM, `threads` BLAS threads
 
@@ -239,25 +237,37 @@ def _blas_time(mnk: tuple[int, int, int], threads: int, reps: int) -> float:
     return statistics.median(times)
 
 
+def _compile(model: onnx.ModelProto, threads: int, cache: KernelCache) -> tuple[CompiledModel, str]:
+    """The model fused and compiled by the runtime itself, and the anchor's method.
+
+    Through `compile_model`, not by calling a generated kernel by hand: the runtime is what builds
+    a kernel's arguments (its workspace, the weights it packs once with `<symbol>_prepack`), so
+    the benchmark times exactly what a user runs and cannot fall out of step when that changes.
+    """
+    compiled = compile_model(gaf.fuse(model).model, cache=cache, threads=threads)
+    kernels = compiled.stats["per_kernel"]
+    if len(kernels) != 1 or compiled.stats["host_ops"]:
+        raise RuntimeError(
+            f"expected one anchor kernel, got {[k['template'] for k in kernels]} and host ops "
+            f"{compiled.stats['host_ops']}: the benchmark would not time one anchor"
+        )
+    return compiled, kernels[0]["method"]
+
+
 def run(
     shapes: list[Shape], thread_counts: list[int], reps: int, cache: KernelCache, ort_spin: bool = True
 ) -> list[Row]:
     rng = np.random.default_rng(0)
     rows: list[Row] = []
-    for idx, shape in enumerate(shapes):
+    # One core's FMA peak by process CPU time (a busy neighbour cannot make it look lower, as it
+    # can a wall-clock figure), times the threads.
+    set_omp_threads(1)
+    core_peak = peak_flops(build_library(cache=cache), clock=time.process_time)
+    peaks = {nt: core_peak * nt for nt in thread_counts}
+    for shape in shapes:
         model, values = _model(shape, rng)
-        spec = _spec(model, f"bench_anchor_{idx}")
-        kernel = emit_anchor(spec)
-        (art,) = compile_kernels(
-            [KernelSource(spec.symbol, kernel.source, uses_blas=kernel.uses_blas)], cache=cache
-        )
-        fn = getattr(art.load(), spec.symbol)
-        fn.restype = None
-        fn.argtypes = [ctypes.c_void_p]
-        ins = [np.ascontiguousarray(values[t.name]) for t in spec.inputs]
-        out = np.empty(spec.outputs[0].shape, dtype=np.float32)
-        ptrs = (ctypes.c_void_p * (len(ins) + 1))(*[a.ctypes.data for a in (*ins, out)])
-        out_shape = spec.outputs[0].shape
+        feeds = {"x": values["x"]}
+        out_shape = tuple(d.dim_value for d in model.graph.output[0].type.tensor_type.shape.dim)
         if shape.kind == "conv":
             cin, _, _, k, _, group = shape.dims
             flops = 2 * int(np.prod(out_shape)) * (cin // group) * k * k
@@ -265,6 +275,7 @@ def run(
             m, kk, n = shape.dims
             flops = 2 * m * kk * n
         for nt in thread_counts:
+            compiled, method = _compile(model, nt, cache)
             opts = ort.SessionOptions()
             opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
             opts.intra_op_num_threads = nt
@@ -272,18 +283,16 @@ def run(
             if not ort_spin:
                 opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
             sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-            feeds = {"x": values["x"]}
-            set_omp_threads(nt)
-            ours_t, theirs_t = _time_pair(partial(fn, ptrs), partial(sess.run, None, feeds), reps)
+            ours_t, theirs_t = _time_pair(partial(compiled.run, feeds), partial(sess.run, None, feeds), reps)
             ours, theirs = statistics.median(ours_t), statistics.median(theirs_t)
             want = sess.run(None, feeds)[0]
-            fn(ptrs)
+            got = compiled.run(feeds)["o"]
             mnk = _plain_gemm(shape)
             blas_s = _blas_time(mnk, nt, reps) if mnk is not None else None
             rows.append(
                 Row(
                     shape=shape.name,
-                    method=kernel.method,
+                    method=method,
                     threads=nt,
                     ours_ms=ours * 1e3,
                     ort_ms=theirs * 1e3,
@@ -291,20 +300,22 @@ def run(
                     ours_min_ms=min(ours_t) * 1e3,
                     ort_min_ms=min(theirs_t) * 1e3,
                     gflops=flops / ours / 1e9,
-                    max_abs_err=float(np.max(np.abs(out - want))),
+                    peak_pct=100 * flops / ours / peaks[nt],
+                    max_abs_err=float(np.max(np.abs(got - want))),
                     blas_ms=None if blas_s is None else blas_s * 1e3,
                 )
             )
+            compiled.close()
     return rows
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
     parser.add_argument("--reps", type=int, default=15, help="timed runs per measurement (median)")
-    parser.add_argument("--only", choices=["resnet", "dw", "bert"], help="one shape family")
+    parser.add_argument("--only", choices=["resnet", "dw", "bert", "transformer"], help="one shape family")
     parser.add_argument("--json", action="store_true", help="print rows as JSON")
     parser.add_argument(
         "--omp-dynamic",
@@ -316,7 +327,7 @@ def main() -> None:
         action="store_true",
         help="stop onnxruntime's pool from spinning after a run (it can starve our OpenMP threads)",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     threads = [int(t) for t in args.threads.split(",")]
     if args.omp_dynamic:
         gomp = ctypes.CDLL(ctypes.util.find_library("gomp") or "libgomp.so.1", mode=ctypes.RTLD_GLOBAL)
@@ -328,15 +339,17 @@ def main() -> None:
     if args.json:
         print(json.dumps([asdict(r) for r in rows], indent=2))
         return
-    head = f"{'shape':22} {'method':17} {'thr':>3} {'ours ms':>8} {'ort ms':>8} {'ratio':>5}"
+    head = f"{'shape':27} {'method':17} {'thr':>3} {'ours ms':>8} {'ort ms':>8} {'ratio':>5}"
     print(
-        head + f" {'ours min':>8} {'ort min':>8} {'ratio':>5} {'GFLOP/s':>7} {'max err':>7} {'blas/ours':>9}"
+        head + f" {'ours min':>8} {'ort min':>8} {'ratio':>5} {'GFLOP/s':>7} {'peak%':>5} {'max err':>7}"
+        f" {'blas/ours':>9}"
     )
     for r in rows:
         print(
-            f"{r.shape:22} {r.method:17} {r.threads:3d} {r.ours_ms:8.3f} {r.ort_ms:8.3f} {r.ratio:5.2f} "
+            f"{r.shape:27} {r.method:17} {r.threads:3d} {r.ours_ms:8.3f} {r.ort_ms:8.3f} {r.ratio:5.2f} "
             f"{r.ours_min_ms:8.3f} {r.ort_min_ms:8.3f} {r.ours_min_ms / r.ort_min_ms:5.2f} {r.gflops:7.1f} "
-            f"{r.max_abs_err:7.1e} " + (f"{r.blas_ms / r.ours_ms:9.2f}" if r.blas_ms else f"{'-':>9}")
+            f"{r.peak_pct:5.0f} {r.max_abs_err:7.1e} "
+            + (f"{r.blas_ms / r.ours_ms:9.2f}" if r.blas_ms else f"{'-':>9}")
         )
     for nt in threads:
         ratios = [r.ratio for r in rows if r.threads == nt]

@@ -213,7 +213,9 @@ def tile_sizes(p: Contraction, full_rows: bool = False) -> tuple[int, int]:
     problem is worth parallelising, at least MIN_TILES tiles and an even count (two threads split
     them evenly), made by narrowing columns first, since rows amortize the packing of B.
     `full_rows`: every tile spans all N columns (a row-normalising epilogue), at most
-    ROW_TILE_BYTES of them, and only rows are split."""
+    ROW_TILE_BYTES of them, and only rows are split. Column tiles are whole panels
+    (`_panel_columns`) where that gives an even count; otherwise columns are narrowed to
+    16-column multiples, then rows split."""
     row_cap = TILE_ROWS
     if full_rows:
         row_cap = max(8, min(TILE_ROWS, ROW_TILE_BYTES // (4 * max(p.n, 1)) // 8 * 8))
@@ -223,6 +225,10 @@ def tile_sizes(p: Contraction, full_rows: bool = False) -> tuple[int, int]:
     def count() -> int:
         return p.batch_count * mct * nct
 
+    if p.macs >= PARALLEL_MIN_MACS and not full_rows:
+        nb = _panel_columns(p, p.batch_count * mct, nct)
+        if nb is not None:
+            return min(p.m, _round_up(-(-p.m // mct), 8)), nb
     if p.macs >= PARALLEL_MIN_MACS:
         while (
             not full_rows and (count() < MIN_TILES or count() % 2) and -(-p.n // (nct + 1)) >= MIN_TILE_COLS
@@ -233,6 +239,26 @@ def tile_sizes(p: Contraction, full_rows: bool = False) -> tuple[int, int]:
     mb = min(p.m, _round_up(-(-p.m // mct), 8))
     nb = min(p.n, _round_up(-(-p.n // nct), 16))
     return mb, nb
+
+
+def _panel_columns(p: Contraction, row_tiles: int, parts: int) -> int | None:
+    """Columns per tile in whole PANEL_QUANTUM-column panels that make an even count of at least
+    MIN_TILES tiles with `row_tiles` row tiles, trying `parts`, `parts + 1`, ... column tiles
+    while a tile keeps MIN_TILE_COLS columns; None when no such width exists.
+
+    The count that must be even is that of the tiles the widths really make. Splitting N into
+    `parts` and rounding each part up to 16 columns did not ensure it: N = 2304 (a fused QKV
+    projection) asked for 10 tiles and got 9 of 240 columns (7.5 panels each) and one of 144, so
+    on two threads one ran 5 x 240 columns and the other 4 x 240 + 144; it is now 12 tiles of
+    192 (6 panels), 6 per thread, and no tile ends in a half-empty panel."""
+    while True:
+        width = min(p.n, _round_up(-(-p.n // parts), PANEL_QUANTUM))
+        if width < MIN_TILE_COLS:
+            return None
+        tiles = row_tiles * -(-p.n // width)
+        if tiles >= MIN_TILES and tiles % 2 == 0:
+            return width
+        parts += 1
 
 
 def full_row_tiles(p: Contraction) -> bool:

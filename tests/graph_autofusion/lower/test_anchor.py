@@ -10,9 +10,11 @@ import numpy as np
 from lowered_kernels import anchor_spec, calls, check_strided_operand_matmul, run, strided_operand_matmul
 from onnx import helper
 
+from graph_autofusion.backend.cpu.contraction import PANEL_QUANTUM
 from graph_autofusion.backend.cpu.render_c import render_kernel
 from graph_autofusion.kernel_ir import Loop, format_kernel
-from graph_autofusion.lower.anchor import CONTRACTION_ROUTINE, lower_anchor, method_of
+from graph_autofusion.lower.anchor import CONTRACTION_ROUTINE, MIN_TILES, lower_anchor, method_of, tile_sizes
+from graph_autofusion.plan.anchor_match import match_anchor
 
 
 def test_tiles_are_dynamic_parallel_tasks_with_one_contraction_call_and_a_vector_epilogue() -> None:
@@ -34,6 +36,27 @@ def test_tiles_are_dynamic_parallel_tasks_with_one_contraction_call_and_a_vector
     assert "for n0 <= c < n1 vector:" in text  # the epilogue runs over the hot tile's columns
     assert "in2[c]" in text  # the bias: a unit-stride run along the row
     assert "scratch" not in text and method_of(kernel) == "gemm"
+
+
+def test_transformer_gemms_split_into_an_even_count_of_whole_panel_tiles() -> None:
+    """BERT / GPT-2 / ViT projections (S = 128, 197; K x N = 768 x 768 / 2304 / 3072, 3072 x 768):
+    two threads take equal shares of equal tiles, each a whole number of the library's panels.
+    N = 2304 used to make 9 tiles of 240 columns and one of 144 (5 against 4.6 tiles' work)."""
+    for m in (128, 197):
+        for k, n in ((768, 768), (768, 2304), (768, 3072), (3072, 768)):
+            spec = anchor_spec(
+                [helper.make_node("MatMul", ["x", "w"], ["o"])],
+                {"x": (1, m, k), "w": (k, n)},
+                {"o": (1, m, n)},
+            )
+            p = match_anchor(spec).contraction
+            assert p is not None
+            mb, nb = tile_sizes(p)
+            tiles = -(-m // mb) * -(-n // nb)
+            assert nb % PANEL_QUANTUM == 0 and n % nb == 0, (m, k, n, nb)
+            assert tiles >= MIN_TILES and tiles % 2 == 0, (m, k, n, mb, nb)
+            if (m, n) == (128, 2304):
+                assert (mb, nb) == (128, 192)
 
 
 def test_small_products_stay_on_the_calling_thread() -> None:

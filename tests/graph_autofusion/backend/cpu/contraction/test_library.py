@@ -48,10 +48,13 @@ def test_each_isa_builds_its_documented_micro_kernel(lib: Library) -> None:
     assert PANEL_QUANTUM % lib.nr == 0  # generators' column tiles are whole panels
 
 
-def test_packed_layouts_are_the_documented_ones(lib: Library) -> None:
-    rng = np.random.default_rng(0)
-    m, k, n = lib.mr * 2 + 3, 7, lib.nr + 5
-    a = rng.standard_normal((m, k)).astype(np.float32)
+# Depths below, at and past the 8-deep blocks that whole panels of a row-major A are packed in
+# (transposed in registers), and a column-major A (packed element by element).
+@pytest.mark.parametrize(("k", "order"), [(7, "C"), (8, "C"), (21, "C"), (21, "F")])
+def test_packed_layouts_are_the_documented_ones(lib: Library, k: int, order: str) -> None:
+    rng = np.random.default_rng(k)
+    m, n = lib.mr * 2 + 3, lib.nr + 5
+    a = np.asarray(rng.standard_normal((m, k)).astype(np.float32), order=order)
     b = rng.standard_normal((k, n)).astype(np.float32)
     ap, bp = lib.pack_a(a), lib.pack_b(b)
     mr, nr = lib.mr, lib.nr
