@@ -181,9 +181,10 @@ CONTRACTION_MACS_PER_NS = 47.0
 # `contraction.shim.team_wake_ns` (15 probes of 200 us of work after 50 us idle) on the 2-vCPU
 # Zen 4 host with neighbours running (load 2.5-4), ten runs: 46-105 us, most near 60 (spinning
 # workers: 2.6-3.6 us); with both cores taken by neighbours it exceeded the probe's 200 us of
-# work (229-232 us: the worker never joined). 50 us keeps the bar on the low side of that. A fixed figure, not a probe at load: one busy moment at start-up
-# would set a process's bar for its life, and kernels of tens of millions of multiply-adds (a
-# ResNet-50 1x1 conv) would then run on one thread on an idle machine.
+# work (229-232 us: the worker never joined). 50 us keeps the bar on the low side of that. A
+# fixed figure, not a probe at load: one busy moment at start-up would set a process's bar for
+# its life, and kernels of tens of millions of multiply-adds (a ResNet-50 1x1 conv) would then
+# run on one thread on an idle machine.
 PASSIVE_WAKE_NS = 50_000
 
 
