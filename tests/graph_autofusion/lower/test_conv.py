@@ -18,7 +18,7 @@ from onnx import helper, numpy_helper
 from graph_autofusion.backend.cpu.contraction import CONTRACTION_ENV
 from graph_autofusion.backend.cpu.kernel_spec import KernelSpec, TensorInfo
 from graph_autofusion.backend.cpu.render_c import render_kernel
-from graph_autofusion.kernel_ir import Loop
+from graph_autofusion.kernel_ir import Kernel, Loop
 from graph_autofusion.lower.anchor import CONTRACTION_ROUTINE, PACKED_A_ROUTINE, PACKED_B_ROUTINE, method_of
 from graph_autofusion.lower.conv import ConvGeometry, _makespan, conv_tiles, lower_conv
 
@@ -76,6 +76,17 @@ def _spec(model: onnx.ModelProto) -> tuple[KernelSpec, list[np.ndarray]]:
         weights=frozenset(inits),
     )
     return spec, list(inits.values())
+
+
+def _assert_matches_onnxruntime(
+    kernel: Kernel, weights: list[np.ndarray], model: onnx.ModelProto, feeds: dict, tmp_path: Path
+) -> None:
+    """The lowered kernel's output against onnxruntime's on the one-node model."""
+    (got,) = run(kernel, [feeds["x"], *weights], tmp_path)
+    (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, feeds
+    )
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-3)
 
 
 CASES = {
@@ -163,11 +174,7 @@ def test_odd_task_counts_take_the_tile_the_threads_finish_soonest(
     monkeypatch.setenv(CONTRACTION_ENV, "library")
     model, feeds = _model((1, 512, 28, 28), (128, 512, 1, 1), bias=True, relu=True)
     spec, weights = _spec(model)
-    (got,) = run(lower_conv(spec), [feeds["x"], *weights], tmp_path)
-    (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
-        None, feeds
-    )
-    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-3)
+    _assert_matches_onnxruntime(lower_conv(spec), weights, model, feeds, tmp_path)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -184,11 +191,7 @@ def test_split_channel_tiles_are_whole_a_panels(
     spec, weights = _spec(model)
     kernel = lower_conv(spec)
     assert "4 channel tiles of 40" in kernel.description
-    (got,) = run(kernel, [feeds["x"], *weights], tmp_path)
-    (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
-        None, feeds
-    )
-    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-3)
+    _assert_matches_onnxruntime(kernel, weights, model, feeds, tmp_path)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -213,11 +216,7 @@ def test_packed_1x1_splits_pixels_so_all_channels_share_one_packed_activation(
     # tiles of whole panels; it was one 1600-pixel tile x 4 channel tiles of 40, as OpenBLAS has it
     tiles = "4 pixel tiles of 416 x 1 channel tiles of 136" if mode == "library" else "4 channel tiles of 40"
     assert tiles in kernel.description
-    (got,) = run(kernel, [feeds["x"], *weights], tmp_path)
-    (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
-        None, feeds
-    )
-    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-3)
+    _assert_matches_onnxruntime(kernel, weights, model, feeds, tmp_path)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -238,11 +237,7 @@ def test_pixels_split_before_channel_tiles_thinner_than_32(
     kernel = lower_conv(spec)
     tiles = "2 pixel tiles of 128 x 2 channel tiles of 32" if mode == "library" else "pixel tiles of 112"
     assert tiles in kernel.description
-    (got,) = run(kernel, [feeds["x"], *weights], tmp_path)
-    (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
-        None, feeds
-    )
-    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-3)
+    _assert_matches_onnxruntime(kernel, weights, model, feeds, tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -269,11 +264,7 @@ def test_narrow_im2col_reads_a_padded_band(
     assert method_of(kernel) == IM2COL
     (task,) = [s for s in kernel.body if isinstance(s, Loop)]
     assert ("pad" in [b.name for b in task.scratch]) == padded
-    (got,) = run(kernel, [feeds["x"], *weights], tmp_path)
-    (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
-        None, feeds
-    )
-    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-3)
+    _assert_matches_onnxruntime(kernel, weights, model, feeds, tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -298,11 +289,7 @@ def test_narrow_convs_put_the_pixels_in_the_rows(
     assert {c.function for c in calls(kernel.body)} == {PACKED_B_ROUTINE if rows else PACKED_A_ROUTINE}
     (task,) = [s for s in kernel.body if isinstance(s, Loop)]
     assert ("tile" in [b.name for b in task.scratch]) == rows  # the transposed product's workspace
-    (got,) = run(kernel, [feeds["x"], *weights], tmp_path)
-    (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
-        None, feeds
-    )
-    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-3)
+    _assert_matches_onnxruntime(kernel, weights, model, feeds, tmp_path)
 
 
 def test_raw_conv_output_stores_the_product_without_an_epilogue(tmp_path: Path) -> None:
@@ -310,11 +297,7 @@ def test_raw_conv_output_stores_the_product_without_an_epilogue(tmp_path: Path) 
     spec, weights = _spec(model)
     kernel = lower_conv(spec)
     assert not any(isinstance(s, Loop) and s.var.name == "r" for s in _walk(kernel.body))
-    (got,) = run(kernel, [feeds["x"], *weights], tmp_path)
-    (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
-        None, feeds
-    )
-    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-3)
+    _assert_matches_onnxruntime(kernel, weights, model, feeds, tmp_path)
 
 
 def test_im2col_uses_a_workspace_slice_not_an_allocation() -> None:
@@ -354,11 +337,7 @@ def test_conv_transpose_matches_onnxruntime(
     assert {c.function for c in calls(kernel.body)} == {CONTRACTION_ROUTINE} and not kernel.packed
     (task,) = [s for s in kernel.body if isinstance(s, Loop)]
     assert [b.name for b in task.scratch] == ["col"]
-    (got,) = run(kernel, [feeds["x"], *weights], tmp_path)
-    (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
-        None, feeds
-    )
-    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-3)
+    _assert_matches_onnxruntime(kernel, weights, model, feeds, tmp_path)
 
 
 def _walk(body):
