@@ -78,6 +78,12 @@ def _spec(model: onnx.ModelProto) -> tuple[KernelSpec, list[np.ndarray]]:
     return spec, list(inits.values())
 
 
+def _geometry_1x1(cin: int, cout: int, hw: int) -> ConvGeometry:
+    """The geometry of a stride-1 1x1 conv of one hw x hw image, as the tiling tests ask for it."""
+    return ConvGeometry(n=1, cin=cin, cout=cout, group=1, h=hw, w=hw, oh=hw, ow=hw,
+                        kh=1, kw=1, sh=1, sw=1, dh=1, dw=1, pt=0, pl=0)  # fmt: skip
+
+
 def _assert_matches_onnxruntime(
     kernel: Kernel, weights: list[np.ndarray], model: onnx.ModelProto, feeds: dict, tmp_path: Path
 ) -> None:
@@ -167,8 +173,7 @@ def test_odd_task_counts_take_the_tile_the_threads_finish_soonest(
 ) -> None:
     # ResNet-50's 512 -> 128 1x1 conv at 28x28: 784 pixels in whole 32-wide panels, where 160-pixel
     # tiles make 5 tasks (one thread runs three) and six tiles round back up to five
-    g = ConvGeometry(n=1, cin=512, cout=128, group=1, h=28, w=28, oh=28, ow=28,
-                     kh=1, kw=1, sh=1, sw=1, dh=1, dw=1, pt=0, pl=0)  # fmt: skip
+    g = _geometry_1x1(512, 128, 28)
     assert conv_tiles(g, 32) == (192, 5, 128, 1)  # 4 x 192 + 16: two and a half tiles a thread
     assert _makespan(784, 192, 1, 32) < _makespan(784, 160, 1, 32)
     monkeypatch.setenv(CONTRACTION_ENV, "library")
@@ -183,8 +188,7 @@ def test_split_channel_tiles_are_whole_a_panels(
 ) -> None:
     # 132 channels of one 196-pixel tile in four tiles (tasks for the threads): 40 x 3 + 12, not
     # 33 x 4, each computed as whole panels of 8 rows
-    g = ConvGeometry(n=1, cin=64, cout=132, group=1, h=14, w=14, oh=14, ow=14,
-                     kh=1, kw=1, sh=1, sw=1, dh=1, dw=1, pt=0, pl=0)  # fmt: skip
+    g = _geometry_1x1(64, 132, 14)
     assert conv_tiles(g, 32) == (196, 1, 40, 4)
     monkeypatch.setenv(CONTRACTION_ENV, mode)
     model, feeds = _model((1, 64, 14, 14), (132, 64, 1, 1), bias=True, relu=True)
@@ -200,13 +204,11 @@ def test_packed_1x1_splits_pixels_so_all_channels_share_one_packed_activation(
 ) -> None:
     # ResNet-50's 64 -> 256 1x1 at 56x56 ran 4 pixel tiles of 800 x 4 channel tiles of 64, the
     # library packing each pixel tile's activation four times; now 14 tiles of 224 x 256 channels
-    g = ConvGeometry(n=1, cin=64, cout=256, group=1, h=56, w=56, oh=56, ow=56,
-                     kh=1, kw=1, sh=1, sw=1, dh=1, dw=1, pt=0, pl=0)  # fmt: skip
+    g = _geometry_1x1(64, 256, 56)
     assert conv_tiles(g, 32) == (224, 14, 256, 1)
     assert conv_tiles(g, 16) == (784, 4, 64, 4)  # OpenBLAS packs the weight per call: unchanged
     # 256 -> 1024 at 14x14 would still need two channel tiles at the narrowest pixel tile: unchanged
-    g = ConvGeometry(n=1, cin=256, cout=1024, group=1, h=14, w=14, oh=14, ow=14,
-                     kh=1, kw=1, sh=1, sw=1, dh=1, dw=1, pt=0, pl=0)  # fmt: skip
+    g = _geometry_1x1(256, 1024, 14)
     assert conv_tiles(g, 32) == (196, 1, 256, 4)
     monkeypatch.setenv(CONTRACTION_ENV, mode)
     model, feeds = _model((1, 24, 40, 40), (136, 24, 1, 1), bias=True, relu=True)
@@ -224,12 +226,10 @@ def test_pixels_split_before_channel_tiles_thinner_than_32(
     mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # MobileNetV2's 384 -> 64 1x1 at 14x14 ran 4 channel tiles of 16, each packing all 196 pixels
-    g = ConvGeometry(n=1, cin=384, cout=64, group=1, h=14, w=14, oh=14, ow=14,
-                     kh=1, kw=1, sh=1, sw=1, dh=1, dw=1, pt=0, pl=0)  # fmt: skip
+    g = _geometry_1x1(384, 64, 14)
     assert conv_tiles(g, 32) == (128, 2, 32, 2)
     # its 192 -> 32 at 28x28: 2 pixel tiles of 416 x 2 channel tiles of 16
-    g = ConvGeometry(n=1, cin=192, cout=32, group=1, h=28, w=28, oh=28, ow=28,
-                     kh=1, kw=1, sh=1, sw=1, dh=1, dw=1, pt=0, pl=0)  # fmt: skip
+    g = _geometry_1x1(192, 32, 28)
     assert conv_tiles(g, 32) == (224, 4, 32, 1)
     monkeypatch.setenv(CONTRACTION_ENV, mode)
     model, feeds = _model((1, 64, 14, 14), (64, 64, 1, 1), bias=True, relu=True)
