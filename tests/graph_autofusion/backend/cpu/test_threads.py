@@ -10,10 +10,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from graph_autofusion.backend.cpu import threads
 from graph_autofusion.backend.cpu.cache import KernelCache
 from graph_autofusion.backend.cpu.compiler import KernelSource, compile_kernels
+from graph_autofusion.backend.cpu.render_c import PARALLEL_MIN_MACS_SYMBOL
+from graph_autofusion.backend.cpu.runtime import compile_model
+from graph_autofusion.backend.cpu.threads import (
+    CONTRACTION_MACS_PER_NS,
+    PASSIVE_WAKE_NS,
+    WAKE_BREAK_EVEN,
+    omp_wait_policy,
+    parallel_min_macs,
+)
 
 
 def test_available_cpus_is_within_the_machine() -> None:
@@ -75,13 +85,6 @@ def test_configure_kernel_threads_gives_openmp_the_cores_and_blas_one() -> None:
 def test_the_wake_bar_is_the_documented_break_even_and_only_for_sleeping_workers() -> None:
     # parallel_min_macs: WAKE_BREAK_EVEN * wake * rate for sleeping workers of a team of 2+;
     # nothing for spinning workers (the compile-time floor covers them) or one thread.
-    from graph_autofusion.backend.cpu.threads import (
-        CONTRACTION_MACS_PER_NS,
-        PASSIVE_WAKE_NS,
-        WAKE_BREAK_EVEN,
-        parallel_min_macs,
-    )
-
     bar = parallel_min_macs(2, "passive")
     assert bar == int(WAKE_BREAK_EVEN * PASSIVE_WAKE_NS * CONTRACTION_MACS_PER_NS) == 4_700_000
     # at the bar a loop takes T1 = 2 W on one thread and (T1 + W) / 2 = 0.75 T1 on two with fine
@@ -94,15 +97,6 @@ def test_the_wake_bar_is_the_documented_break_even_and_only_for_sleeping_workers
 
 
 def test_the_runtime_sets_the_bar_in_every_loaded_unit(kernel_cache) -> None:
-    import ctypes
-
-    import numpy as np
-    from onnx import TensorProto, helper, numpy_helper
-
-    from graph_autofusion.backend.cpu.render_c import PARALLEL_MIN_MACS_SYMBOL
-    from graph_autofusion.backend.cpu.runtime import compile_model
-    from graph_autofusion.backend.cpu.threads import omp_wait_policy, parallel_min_macs
-
     w = numpy_helper.from_array(np.ones((64, 32), np.float32), "w")
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w"], ["y"])],
