@@ -55,11 +55,6 @@ static int64_t afc_packed_b_floats(int64_t k, int64_t n) {
  * loop did a strided store per float, about a cycle each: 6-8% of a 128 x 192 tile's time at
  * K = 768 on Zen 4, a tenth of that transposed. Returns the depths done (a multiple of 8). */
 static int64_t afc_pack_a_panel_rows(int64_t kc, const float *a, int64_t rs, float *dst) {
-#if AFC_MR == 8
-  const __m256i lanes = _mm256_set1_epi32(-1);
-#else
-  const __m256i lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32(AFC_MR), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-#endif
   int64_t kk = 0;
   for (; kk + 8 <= kc; kk += 8) {
     __m256 r[8];
@@ -75,6 +70,7 @@ static int64_t afc_pack_a_panel_rows(int64_t kc, const float *a, int64_t rs, flo
     const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
     /* column j of the 8 x 8 block: the panel's rows at depth kk + j */
     __m256 col[8];
+#if defined(__AVX512F__)
     col[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
     col[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
     col[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
@@ -83,16 +79,36 @@ static int64_t afc_pack_a_panel_rows(int64_t kc, const float *a, int64_t rs, flo
     col[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
     col[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
     col[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+#else
+    /* Halves moved by insert/extract: AMD's 128-bit-datapath AVX2 cores (Zen 1/Zen+) crack
+     * vperm2f128 into 8 uops at one per 3 cycles; insert/extract are 1-2 uops everywhere. */
+    col[0] = _mm256_insertf128_ps(u0, _mm256_castps256_ps128(u4), 1);
+    col[1] = _mm256_insertf128_ps(u1, _mm256_castps256_ps128(u5), 1);
+    col[2] = _mm256_insertf128_ps(u2, _mm256_castps256_ps128(u6), 1);
+    col[3] = _mm256_insertf128_ps(u3, _mm256_castps256_ps128(u7), 1);
+    col[4] = _mm256_insertf128_ps(u4, _mm256_extractf128_ps(u0, 1), 0);
+    col[5] = _mm256_insertf128_ps(u5, _mm256_extractf128_ps(u1, 1), 0);
+    col[6] = _mm256_insertf128_ps(u6, _mm256_extractf128_ps(u2, 1), 0);
+    col[7] = _mm256_insertf128_ps(u7, _mm256_extractf128_ps(u3, 1), 0);
+#endif
 #pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) {
 #if AFC_MR == 8
       _mm256_storeu_ps(dst + (kk + j) * AFC_MR, col[j]);
 #else
-      _mm256_maskstore_ps(dst + (kk + j) * AFC_MR, lanes, col[j]);
+      /* MR < 8 lanes per depth: a whole 8-lane store spills 8 - MR zeros into the next depth's
+       * slot, which the next store (or the tail loop) overwrites, so only the block's last depth
+       * is stored in parts, never past the panel. A masked store (vmaskmovps) instead is
+       * microcoded on AMD cores; with it, packing cost 5-7% of a 128 x 192 x 768 tile on Zen 1. */
+      if (j < 7) {
+        _mm256_storeu_ps(dst + (kk + j) * AFC_MR, col[j]);
+      } else {
+        _mm_storeu_ps(dst + (kk + j) * AFC_MR, _mm256_castps256_ps128(col[j]));
+        _mm_storel_pi((__m64 *)(dst + (kk + j) * AFC_MR + 4), _mm256_extractf128_ps(col[j], 1));
+      }
 #endif
     }
   }
-  (void)lanes;
   return kk;
 }
 #endif
@@ -513,8 +529,32 @@ static void afc_gemm_ap(int64_t m, int64_t n, int64_t k, float alpha, const floa
     for (int64_t n0 = 0; n0 < n; n0 += AFC_NC) {
       const int64_t nc = n - n0 < AFC_NC ? n - n0 : AFC_NC;
       afc_pack_b_block(kc, nc, b + k0 * b_rs + n0 * b_cs, b_rs, b_cs, buf);
+      /* The source rows of the next B block (the activation: from L3 or memory), one row per
+       * micro-kernel call of the first row block: packing them cold cost 10-19% of a conv's
+       * time on Zen 1 (AVX2; 64 x 3136 x 256 at 29.4 GF/s packing vs 34.7 not packing), as
+       * the packing walks the rows at the activation's row stride. With this prefetch: +7-9%
+       * on that shape, 0-3% on the others (ab of best-of-12 alternating rounds). Left out of
+       * AVX-512 builds, which were tuned without it and have not been measured with it. */
+      const float *next_b = 0;
+      int64_t next_kc = 0, next_step = 0;
+#if !defined(__AVX512F__)
+      if (b_cs == 1) {
+        int64_t next_nc = 0;
+        if (n0 + AFC_NC < n) {
+          next_b = b + k0 * b_rs + n0 + AFC_NC;
+          next_kc = kc;
+          next_nc = n - n0 - AFC_NC;
+        } else if (k0 + kc < k) {
+          next_b = b + (k0 + kc) * b_rs;
+          next_kc = k - k0 - kc < kb ? k - k0 - kc : kb;
+          next_nc = n;
+        }
+        next_step = ((next_nc < AFC_NC ? next_nc : AFC_NC) + kc - 1) / kc;
+      }
+#endif
       for (int64_t i1 = 0; i1 < m; i1 += AFC_MC) {
         const int64_t mc = m - i1 < AFC_MC ? m - i1 : AFC_MC;
+        const int64_t calls = (mc + AFC_MR - 1) / AFC_MR;
         for (int64_t j0 = 0; j0 < nc; j0 += AFC_NR) {
           const int nr = (int)(nc - j0 < AFC_NR ? nc - j0 : AFC_NR);
           for (int64_t i0 = i1; i0 < i1 + mc; i0 += AFC_MR) {
@@ -523,8 +563,14 @@ static void afc_gemm_ap(int64_t m, int64_t n, int64_t k, float alpha, const floa
             /* the first pass over the block's A panels fetches each one's successor */
             const int fetch = j0 == 0 && n0 == 0 && i0 + AFC_MR < m;
             const float *pf = fetch ? a_panel + AFC_MR * k : a_panel;
+            int64_t pfs = fetch ? AFC_MR : 0;
+            const int64_t row = j0 / AFC_NR * calls + (i0 - i1) / AFC_MR;
+            if (!fetch && next_b && i1 == 0 && row < next_kc) {
+              pf = next_b + row * b_rs;
+              pfs = next_step;
+            }
             afc_ukernel(kc, a_panel, buf + j0 * kc, c + i0 * ldc + n0 + j0, ldc, mr, nr, alpha, k0 > 0,
-                        pf, fetch ? AFC_MR : 0);
+                        pf, pfs);
           }
         }
       }
