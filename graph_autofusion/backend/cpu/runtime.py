@@ -475,10 +475,10 @@ class CompiledModel(PlannedModel):
     def _set_parallel_bar(self) -> None:
         """Give every loaded kernel unit the bar its contraction loops compare their work with
         before waking the thread team (`threads.parallel_min_macs`: from the wait policy in
-        effect and the team size). Units shared by models (a kernel cache path is loaded once
-        per process) share the bar: the last model loaded sets it. Units built before the bar
-        existed have none and always take the team."""
-        self.parallel_min_macs = parallel_min_macs(self.threads)
+        effect, the team size and the kernels' ISA). Units shared by models (a kernel cache path
+        is loaded once per process) share the bar: the last model loaded sets it. Units built
+        before the bar existed have none and always take the team."""
+        self.parallel_min_macs = parallel_min_macs(self.threads, isa_level=self.isa.level)
         for lib in self._libs.values():
             with contextlib.suppress(ValueError):
                 ctypes.c_int64.in_dll(lib, PARALLEL_MIN_MACS_SYMBOL).value = self.parallel_min_macs

@@ -172,11 +172,16 @@ _default_wait_policy()
 # is T1 > 2 W, that is macs > WAKE_BREAK_EVEN * W * rate.
 WAKE_BREAK_EVEN = 2.0
 # Single-thread multiply-adds per ns of the contraction library on the small tiles that sit near
-# the bar: 47 on the Zen 4 host (AVX-512; an 8x256x256 Gemm + bias + Relu kernel in 11.2 us). An
-# AVX2 host runs at about half that, so there the bar is up to 2x high (loops near it stay on one
-# thread where two would save a little), and the few-row GEMV path (afc.h) streams weights at a
-# third of it, so its loops near the bar would gain from the team and do not get it.
-CONTRACTION_MACS_PER_NS = 47.0
+# the bar, by the kernels' x86-64 level (`contraction_macs_per_ns`): 47 on the Zen 4 host
+# (AVX-512; an 8x256x256 Gemm + bias + Relu kernel in 11.2 us), 11 on the Zen 1 host (AVX2 on a
+# 128-bit datapath: the same kernel in 48.5 us, 8x512x512 at 11.7, 64x512x512 at 16.2; fastest
+# of 200 profiled runs, one thread). With the AVX-512 figure an AVX2 host's bar was 4x high:
+# loops of 1-5M multiply-adds, 100-430 us there, stayed on one thread. Intel's AVX2 cores (two
+# 256-bit FMA ports) run at about twice Zen 1's rate, so their bar is up to 2x low; the few-row
+# GEMV path (afc.h) streams weights at a third of the rate, so its loops near the bar would gain
+# from the team and do not get it. Levels below v3 run the portable micro-kernel, no faster than
+# AVX2, and take the AVX2 figure.
+CONTRACTION_MACS_PER_NS = {4: 47.0, 3: 11.0}
 # How late sleeping workers (OMP_WAIT_POLICY=PASSIVE) join a loop, W: the median of
 # `contraction.shim.team_wake_ns` (15 probes of 200 us of work after 50 us idle) on the 2-vCPU
 # Zen 4 host with neighbours running (load 2.5-4), ten runs: 46-105 us, most near 60 (spinning
@@ -188,10 +193,18 @@ CONTRACTION_MACS_PER_NS = 47.0
 PASSIVE_WAKE_NS = 50_000
 
 
-def parallel_min_macs(threads: int, policy: str | None = None, wake_ns: float = PASSIVE_WAKE_NS) -> int:
+def contraction_macs_per_ns(isa_level: int) -> float:
+    """CONTRACTION_MACS_PER_NS for kernels built for x86-64 level `isa_level`."""
+    return CONTRACTION_MACS_PER_NS[4 if isa_level >= 4 else 3]
+
+
+def parallel_min_macs(
+    threads: int, policy: str | None = None, wake_ns: float = PASSIVE_WAKE_NS, isa_level: int = 4
+) -> int:
     """The multiply-adds below which a parallel contraction loop runs on the calling thread alone
     (`af_parallel_min_macs`, the `if` clause render_c.py puts on its pragma, set by the runtime
-    in every loaded unit): WAKE_BREAK_EVEN * wake_ns * CONTRACTION_MACS_PER_NS (4.7M by default).
+    in every loaded unit): WAKE_BREAK_EVEN * wake_ns * the rate of kernels built for
+    `isa_level` (`contraction_macs_per_ns`): 4.7M for AVX-512 kernels, 1.1M for AVX2.
 
     Only sleeping workers (`policy` "PASSIVE", the default: `omp_wait_policy()`) make a wake-up
     worth a bar: a futex wake and, on a virtual machine, the wake of an idle vCPU. Gemm + Relu
@@ -203,7 +216,7 @@ def parallel_min_macs(threads: int, policy: str | None = None, wake_ns: float = 
     policy = omp_wait_policy() if policy is None else policy.upper()
     if threads < 2 or policy != "PASSIVE":
         return 0
-    return int(WAKE_BREAK_EVEN * wake_ns * CONTRACTION_MACS_PER_NS)
+    return int(WAKE_BREAK_EVEN * wake_ns * contraction_macs_per_ns(isa_level))
 
 
 def get_omp_threads() -> int:
