@@ -162,7 +162,38 @@ static void afa_pack_kt(int64_t keys, int64_t d, const float *k, int64_t rs, int
     const int64_t cols = keys - p < AFA_NR ? keys - p : AFA_NR;
     float *dst = kt + p * d;
     if (cols < AFA_NR) memset(dst, 0, sizeof(float) * (size_t)(d * AFA_NR));
-    for (int64_t j = 0; j < cols; ++j) {
+    int64_t j = 0;
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+    /* AVX2: 8 keys x 8 depth steps at a time through an 8 x 8 register transpose rather than
+     * one strided scalar store per element (ViT-B/16's K^T packing per layer 0.10-0.15 ms, 2-3%
+     * of the kernel, on AMD EPYC Zen 1). */
+    if (cs == 1)
+      for (; j + 8 <= cols; j += 8) {
+        const float *src = k + (p + j) * rs;
+        int64_t kk = 0;
+        for (; kk + 8 <= d; kk += 8) {
+          __m256 t[8], u[8];
+          for (int x = 0; x < 8; ++x) t[x] = _mm256_loadu_ps(src + x * rs + kk);
+          for (int x = 0; x < 8; x += 2) {
+            u[x] = _mm256_unpacklo_ps(t[x], t[x + 1]);
+            u[x + 1] = _mm256_unpackhi_ps(t[x], t[x + 1]);
+          }
+          for (int x = 0; x < 8; x += 4) {
+            t[x] = _mm256_shuffle_ps(u[x], u[x + 2], 0x44);
+            t[x + 1] = _mm256_shuffle_ps(u[x], u[x + 2], 0xEE);
+            t[x + 2] = _mm256_shuffle_ps(u[x + 1], u[x + 3], 0x44);
+            t[x + 3] = _mm256_shuffle_ps(u[x + 1], u[x + 3], 0xEE);
+          }
+          for (int x = 0; x < 4; ++x) {
+            _mm256_storeu_ps(dst + (kk + x) * AFA_NR + j, _mm256_permute2f128_ps(t[x], t[x + 4], 0x20));
+            _mm256_storeu_ps(dst + (kk + x + 4) * AFA_NR + j, _mm256_permute2f128_ps(t[x], t[x + 4], 0x31));
+          }
+        }
+        for (; kk < d; ++kk)
+          for (int x = 0; x < 8; ++x) dst[kk * AFA_NR + j + x] = src[x * rs + kk];
+      }
+#endif
+    for (; j < cols; ++j) {
       const float *src = k + (p + j) * rs;
       for (int64_t kk = 0; kk < d; ++kk) dst[kk * AFA_NR + j] = src[kk * cs];
     }
