@@ -40,6 +40,7 @@ the ISA is part of the cache key like every other kernel):
   path instead, each packed weight panel streamed once against register accumulators
   (0.33-0.47x the panel path's time at one row, afc.h).
 * `afa.c`: the attention tiles (afa.c documents them), the prelude of the CPU attention kernel.
+* `afv.h`: vector helpers both preludes start with (the 8 x 8 register transpose of the packing).
 * `shim.py`: the library with exported entry points for ctypes (tests, benchmarks, FMA peak, and
   the OpenMP wake-up probe behind backend/cpu/threads.py PASSIVE_WAKE_NS).
 
@@ -99,13 +100,15 @@ def contraction_mode() -> str:
 @lru_cache(maxsize=1)
 def library_source() -> str:
     """The library as C text (header, then implementation): a prelude for kernels that use it."""
+    helpers = (_HERE / "afv.h").read_text(encoding="utf-8")
     header = (_HERE / "afc.h").read_text(encoding="utf-8")
     body = (_HERE / "afc.c").read_text(encoding="utf-8")
-    return f"{header}\n{body}"
+    return f"{helpers}\n{header}\n{body}"
 
 
 @lru_cache(maxsize=1)
 def attention_source() -> str:
     """The attention tiles (afa.c: K^T and V packed per head, Q K^T and P V products) as C text,
     a prelude for the CPU attention kernel (lower/attention.py)."""
-    return (_HERE / "afa.c").read_text(encoding="utf-8")
+    helpers = (_HERE / "afv.h").read_text(encoding="utf-8")
+    return f"{helpers}\n" + (_HERE / "afa.c").read_text(encoding="utf-8")

@@ -177,22 +177,10 @@ static void afa_pack_kt(int64_t keys, int64_t d, const float *k, int64_t rs, int
         const float *src = k + (p + j) * rs;
         int64_t kk = 0;
         for (; kk + 8 <= d; kk += 8) {
-          __m256 t[8], u[8];
+          __m256 t[8];
           for (int x = 0; x < 8; ++x) t[x] = _mm256_loadu_ps(src + x * rs + kk);
-          for (int x = 0; x < 8; x += 2) {
-            u[x] = _mm256_unpacklo_ps(t[x], t[x + 1]);
-            u[x + 1] = _mm256_unpackhi_ps(t[x], t[x + 1]);
-          }
-          for (int x = 0; x < 8; x += 4) {
-            t[x] = _mm256_shuffle_ps(u[x], u[x + 2], 0x44);
-            t[x + 1] = _mm256_shuffle_ps(u[x], u[x + 2], 0xEE);
-            t[x + 2] = _mm256_shuffle_ps(u[x + 1], u[x + 3], 0x44);
-            t[x + 3] = _mm256_shuffle_ps(u[x + 1], u[x + 3], 0xEE);
-          }
-          for (int x = 0; x < 4; ++x) {
-            _mm256_storeu_ps(dst + (kk + x) * AFA_NR + j, _mm256_permute2f128_ps(t[x], t[x + 4], 0x20));
-            _mm256_storeu_ps(dst + (kk + x + 4) * AFA_NR + j, _mm256_permute2f128_ps(t[x], t[x + 4], 0x31));
-          }
+          afv_transpose8x8(t); /* t[x]: keys j..j+7 at depth kk + x */
+          for (int x = 0; x < 8; ++x) _mm256_storeu_ps(dst + (kk + x) * AFA_NR + j, t[x]);
         }
         for (; kk < d; ++kk)
           for (int x = 0; x < 8; ++x) dst[kk * AFA_NR + j + x] = src[x * rs + kk];

@@ -60,51 +60,21 @@ static int64_t afc_pack_a_panel_rows(int64_t kc, const float *a, int64_t rs, flo
     __m256 r[8];
 #pragma GCC unroll 8
     for (int i = 0; i < 8; ++i) r[i] = i < AFC_MR ? _mm256_loadu_ps(a + i * rs + kk) : _mm256_setzero_ps();
-    const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-    const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-    const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
-    const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
-    const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-    const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-    const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-    const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-    /* column j of the 8 x 8 block: the panel's rows at depth kk + j */
-    __m256 col[8];
-#if defined(__AVX512F__)
-    col[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
-    col[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
-    col[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
-    col[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
-    col[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
-    col[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
-    col[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
-    col[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
-#else
-    /* Halves moved by insert/extract: AMD's 128-bit-datapath AVX2 cores (Zen 1/Zen+) crack
-     * vperm2f128 into 8 uops at one per 3 cycles; insert/extract are 1-2 uops everywhere. */
-    col[0] = _mm256_insertf128_ps(u0, _mm256_castps256_ps128(u4), 1);
-    col[1] = _mm256_insertf128_ps(u1, _mm256_castps256_ps128(u5), 1);
-    col[2] = _mm256_insertf128_ps(u2, _mm256_castps256_ps128(u6), 1);
-    col[3] = _mm256_insertf128_ps(u3, _mm256_castps256_ps128(u7), 1);
-    col[4] = _mm256_insertf128_ps(u4, _mm256_extractf128_ps(u0, 1), 0);
-    col[5] = _mm256_insertf128_ps(u5, _mm256_extractf128_ps(u1, 1), 0);
-    col[6] = _mm256_insertf128_ps(u6, _mm256_extractf128_ps(u2, 1), 0);
-    col[7] = _mm256_insertf128_ps(u7, _mm256_extractf128_ps(u3, 1), 0);
-#endif
+    afv_transpose8x8(r); /* r[j]: the panel's rows at depth kk + j */
 #pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) {
 #if AFC_MR == 8
-      _mm256_storeu_ps(dst + (kk + j) * AFC_MR, col[j]);
+      _mm256_storeu_ps(dst + (kk + j) * AFC_MR, r[j]);
 #else
       /* MR < 8 lanes per depth: a whole 8-lane store spills 8 - MR zeros into the next depth's
        * slot, which the next store (or the tail loop) overwrites, so only the block's last depth
        * is stored in parts, never past the panel. A masked store (vmaskmovps) instead is
        * microcoded on AMD cores; with it, packing cost 5-7% of a 128 x 192 x 768 tile on Zen 1. */
       if (j < 7) {
-        _mm256_storeu_ps(dst + (kk + j) * AFC_MR, col[j]);
+        _mm256_storeu_ps(dst + (kk + j) * AFC_MR, r[j]);
       } else {
-        _mm_storeu_ps(dst + (kk + j) * AFC_MR, _mm256_castps256_ps128(col[j]));
-        _mm_storel_pi((__m64 *)(dst + (kk + j) * AFC_MR + 4), _mm256_extractf128_ps(col[j], 1));
+        _mm_storeu_ps(dst + (kk + j) * AFC_MR, _mm256_castps256_ps128(r[j]));
+        _mm_storel_pi((__m64 *)(dst + (kk + j) * AFC_MR + 4), _mm256_extractf128_ps(r[j], 1));
       }
 #endif
     }
