@@ -186,7 +186,10 @@ CONTRACTION_MACS_PER_NS = {4: 47.0, 3: 11.0}
 # `contraction.shim.team_wake_ns` (15 probes of 200 us of work after 50 us idle) on the 2-vCPU
 # Zen 4 host with neighbours running (load 2.5-4), ten runs: 46-105 us, most near 60 (spinning
 # workers: 2.6-3.6 us); with both cores taken by neighbours it exceeded the probe's 200 us of
-# work (229-232 us: the worker never joined). 50 us keeps the bar on the low side of that. A
+# work (229-232 us: the worker never joined). 50 us keeps the bar on the low side of that. On
+# the 2-vCPU Zen 1 host (AVX2, otherwise idle) the probe read 90-230 us (2 ms of work after
+# 50 us, 1 ms and 5 ms idle; three runs), so there the bar is up to 4x low and loops of 1-3M
+# multiply-adds wake a team that joins when they are half done: a small loss either way. A
 # fixed figure, not a probe at load: one busy moment at start-up would set a process's bar for
 # its life, and kernels of tens of millions of multiply-adds (a ResNet-50 1x1 conv) would then
 # run on one thread on an idle machine.
