@@ -278,8 +278,14 @@ def _tiled_body(m: AttentionMatch, buffers: dict[str, Buffer]) -> tuple[Stmt, ..
                             _ptr(vp, scratch0))),
         Loop(g, last, block, start=c * per_chunk),
     )  # fmt: skip
+    # handed out one at a time even when equal (non-causal): with sleeping workers (threads.py)
+    # a worker that joins late then costs at most the tasks it misses, where a static split made
+    # the whole kernel wait for its share. On a 2-vCPU AMD EPYC Zen 1 host at 2 threads, with
+    # the 12 heads split statically, fused ViT-B/16 ran 1.4x the unfused model in one run of
+    # runtime_speed.py although its attention kernels' fastest runs beat the unfused pair; with
+    # dynamic tasks attention_speed.py measures fused/unfused 0.94 (ViT-B/16) and 0.82 (BERT).
     return (Loop(t, m.batch * heads * chunks, task, parallel=True, scratch=(scores, norms, kt, vp),
-                 dynamic=m.skips_blocks and chunks > 1),)  # fmt: skip
+                 dynamic=True),)  # fmt: skip
 
 
 def _panels(columns: int) -> int:
