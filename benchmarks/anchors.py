@@ -31,9 +31,10 @@ On a shared machine, 2-thread medians of any fork/join kernel suffer when the se
 not scheduled in time: the team's closing barrier waits for it (stalls in multiples of the 4 ms
 scheduler tick were measured at load average 2.5 on 2 cores), while onnxruntime's caller thread
 simply does the work itself. Spinning idle workers made it worse (they hold the core the late
-thread needs), so the backend runs libgomp with `OMP_WAIT_POLICY=PASSIVE` (threads.py, which has
-the figures). `--omp-dynamic` lets libgomp size the team by the load average instead (dw 3x3
-144x56x56 at 2 threads: median 12 ms -> 0.26 ms), but on 2 cores that average includes this
+thread needs), so the backend lets libgomp's workers spin only briefly before they sleep
+(`GOMP_SPINCOUNT`, threads.py, which has the figures). `--omp-dynamic` lets libgomp size the
+team by the load average instead (dw 3x3 144x56x56 at 2 threads: median 12 ms -> 0.26 ms), but
+on 2 cores that average includes this
 process, so it nearly always means one thread, even on an idle machine: a diagnostic, not a
 setting for the runtime.
 """

@@ -94,7 +94,7 @@ NORM_ROWS = 16
 # Below this many multiply-adds a kernel runs on the calling thread (an OpenMP fork/join costs
 # more than it saves, DESIGN.md §1): the floor, for workers that spin between regions (a fork/join
 # of 0.5-0.8 us). Loops above it carry their multiply-adds (`Loop.macs`), so that where workers
-# sleep (OMP_WAIT_POLICY=PASSIVE, backend/cpu/threads.py) and a wake-up costs tens of
+# sleep at once (OMP_WAIT_POLICY=PASSIVE, backend/cpu/threads.py) and a wake-up costs tens of
 # microseconds, the runtime raises the bar from the measured wake-up cost without recompiling.
 PARALLEL_MIN_MACS = 1 << 19
 

@@ -16,24 +16,33 @@ OpenMP thread, and `set_omp_threads` keeps it there (with a warning). Celery's p
 case that matters: load and run kernels in the worker children (inside tasks or
 `worker_process_init`), never in the parent before it forks, and children keep full threads.
 
-Waiting: idle OpenMP workers sleep (`OMP_WAIT_POLICY=PASSIVE`, set here, before libgomp loads,
-unless the environment already names a policy). libgomp's default spins up to ~300k iterations at
-every barrier; on a machine shared with other busy processes a spinning worker takes the core
-its descheduled team mate needs, and the kernels' closing barriers then wait whole scheduler
-slices. Measured on 2 cores with one busy neighbour process (`python -c "while True: pass"`),
-2 OpenMP threads, median of 15 runs: BERT-base 2 layers 80.5 ms (p90 271) spinning vs 51.3 ms
-(p90 83) passive, ResNet-50 209 ms vs 120 ms; passive then matches one thread (49.1 / 116 ms).
-On an otherwise idle machine passive costs a futex wake per parallel region: medians 4-8%
-higher (three alternating pairs: BERT 2 layers 26.6-29.8 vs 25.4-27.0 ms, ResNet-50 58-68 vs
-56-66 ms), a price worth paying where neighbours are the norm (several workers per host); on a
-dedicated machine set `AUTOFUSION_OMP_WAIT_POLICY=default` (libgomp's spin-then-sleep) or
-`OMP_WAIT_POLICY=ACTIVE`. A short spin (`GOMP_SPINCOUNT=10000`/`20000`)
-was worse than both on ResNet-50 (101-173 ms). `omp_set_dynamic(1)` was tried and
-rejected: libgomp sizes the team as cores minus the 1-minute load average, which counts this
-process itself, so on 2 cores it always ran one thread and gave up the idle-machine speedup
-(BERT 2 layers 46-54 ms instead of 26-28 ms). A policy set in the environment is left alone,
-and one that libgomp had already read (another library loaded it first) cannot be changed:
-`omp_wait_policy()` reports what is in effect.
+Waiting: idle OpenMP workers spin briefly, then sleep (`GOMP_SPINCOUNT=BRIEF_SPINCOUNT`, set
+here, before libgomp loads, unless the environment already names a policy or a spin count). A
+model run is a chain of parallel regions a few microseconds apart, so a worker that spins for a
+few tens of microseconds is still awake for the next kernel and joins it at once, while between
+runs, and whenever its team mate is descheduled for longer than that, it sleeps instead of holding
+a core. Either extreme costs: libgomp's default spins up to ~300k iterations at every barrier (a
+millisecond or more); on a machine shared with other busy processes a spinning worker takes the
+core its descheduled team mate needs, and the kernels' closing barriers then wait whole scheduler
+slices. Measured on 2 cores (Zen 4) with one busy neighbour process (`python -c "while True:
+pass"`), 2 OpenMP threads, median of 15 runs: BERT-base 2 layers 80.5 ms (p90 271) spinning vs 51.3
+ms (p90 83) sleeping at once (`OMP_WAIT_POLICY=PASSIVE`), ResNet-50 209 ms vs 120 ms. Sleeping at
+once instead pays a futex wake, and on a virtual machine the wake of an idle vCPU, at every
+kernel: on the 2-vCPU Intel Xeon AVX-512 host (2026-12-04), idle, fused ResNet-50 on 2 threads
+(medians of 10-15 runs, onnxruntime in the same rounds) ran 38.9-39.0 ms passive, 36.2 ms with
+GOMP_SPINCOUNT=1000, 35.0 with 10000 and 100000, 34.9-35.6 with libgomp's default; with
+BRIEF_SPINCOUNT (2000) `benchmarks/runtime_speed.py` moved, fused/onnxruntime, ResNet-50 1.30 ->
+1.23, MobileNetV2 1.05 -> 0.93, BERT-base 0.91 -> 0.87, GPT-2 0.96 -> 0.92, ViT-B/16 1.02 -> 0.99.
+With the busy neighbour the brief spin costs 4-5% against passive (ResNet-50 67.8-69.6 vs
+64.0-66.7 ms), a fraction of what full spinning costs there. `AUTOFUSION_OMP_WAIT_POLICY=passive`
+sleeps at once (hosts packed with busy workers), `active` spins always, `default` leaves libgomp's
+spin-then-sleep. The count is in iterations of a `pause` loop, so its duration follows the CPU's
+`pause` latency (about 140 cycles on Intel cores since Skylake, fewer on AMD): 2000 is some 80 us
+on the Intel host. `omp_set_dynamic(1)` was tried and rejected: libgomp sizes the team as cores
+minus the 1-minute load average, which counts this process itself, so on 2 cores it always ran
+one thread and gave up the idle-machine speedup (BERT 2 layers 46-54 ms instead of 26-28 ms). A
+policy set in the environment is left alone, and one that libgomp had already read (another
+library loaded it first) cannot be changed: `omp_wait_policy()` reports what is in effect.
 """
 
 from __future__ import annotations
@@ -134,31 +143,41 @@ if hasattr(os, "register_at_fork"):
 
 
 WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
-# Our own knob: "passive" (the default), "active", or "default" to leave libgomp's spin-then-sleep.
+SPINCOUNT_ENV = "GOMP_SPINCOUNT"
+# Our own knob: "brief" (the default: spin BRIEF_SPINCOUNT iterations, then sleep), "passive",
+# "active", or "default" to leave libgomp's own spin-then-sleep.
 BACKEND_WAIT_POLICY_ENV = "AUTOFUSION_OMP_WAIT_POLICY"
-DEFAULT_WAIT_POLICY = "PASSIVE"
+DEFAULT_WAIT_POLICY = "BRIEF"
+BRIEF_SPINCOUNT = 2000
 _wait_policy: str | None = None  # what libgomp read, when known
 
 
 def _default_wait_policy() -> None:
-    """Ask for sleeping workers before libgomp loads (it reads the variable once, at load)."""
+    """Choose how workers wait before libgomp loads (it reads the variables once, at load)."""
     global _wait_policy
     if _libgomp_mapped():
         _wait_policy = os.environ.get(WAIT_POLICY_ENV)  # already read: whatever was set then
         return
     wanted = os.environ.get(BACKEND_WAIT_POLICY_ENV, DEFAULT_WAIT_POLICY).strip().upper()
-    if wanted not in ("PASSIVE", "ACTIVE", "DEFAULT"):
-        log.warning("ignoring %s=%r (expected passive, active or default)", BACKEND_WAIT_POLICY_ENV, wanted)
+    if wanted not in ("BRIEF", "PASSIVE", "ACTIVE", "DEFAULT"):
+        log.warning(
+            "ignoring %s=%r (expected brief, passive, active or default)", BACKEND_WAIT_POLICY_ENV, wanted
+        )
         wanted = DEFAULT_WAIT_POLICY
-    if wanted == "DEFAULT":
-        _wait_policy = os.environ.get(WAIT_POLICY_ENV)
+    if wanted == "DEFAULT" or WAIT_POLICY_ENV in os.environ:
+        _wait_policy = os.environ.get(WAIT_POLICY_ENV)  # the environment's choice stands
+        return
+    if wanted == "BRIEF":
+        os.environ.setdefault(SPINCOUNT_ENV, str(BRIEF_SPINCOUNT))
+        _wait_policy = wanted
         return
     _wait_policy = os.environ.setdefault(WAIT_POLICY_ENV, wanted)
 
 
 def omp_wait_policy() -> str:
-    """How idle OpenMP workers of this process wait: "PASSIVE", "ACTIVE", or "DEFAULT" (libgomp's
-    spin-then-sleep: asked for, or libgomp was loaded before this module could choose)."""
+    """How idle OpenMP workers of this process wait: "BRIEF" (a short spin, then sleep:
+    `GOMP_SPINCOUNT`), "PASSIVE", "ACTIVE", or "DEFAULT" (libgomp's spin-then-sleep: asked for,
+    or libgomp was loaded before this module could choose)."""
     return (_wait_policy or "default").upper()
 
 
@@ -209,9 +228,10 @@ def parallel_min_macs(
     in every loaded unit): WAKE_BREAK_EVEN * wake_ns * the rate of kernels built for
     `isa_level` (`contraction_macs_per_ns`): 4.7M for AVX-512 kernels, 1.1M for AVX2.
 
-    Only sleeping workers (`policy` "PASSIVE", the default: `omp_wait_policy()`) make a wake-up
-    worth a bar: a futex wake and, on a virtual machine, the wake of an idle vCPU. Gemm + Relu
-    kernels alternating in one process on the Zen 4 host with neighbours running, 2 vs 1 thread,
+    Only workers that sleep at once (`policy` "PASSIVE"; `omp_wait_policy()` by default) make a
+    wake-up worth a bar: a futex wake and, on a virtual machine, the wake of an idle vCPU (with
+    "BRIEF", the default, a worker is still spinning when the next kernel of a run starts). Gemm
+    + Relu kernels alternating in one process on the Zen 4 host with neighbours running, 2 vs 1 thread,
     medians: 8x256x256 (524K multiply-adds) 48.9 vs 10.5 us, 8x512x512 (2.1M) 74.8 vs 40.1 us,
     64x512x512 (16.8M) 236 vs 313 us. Spinning workers (a fork/join of 0.5-0.8 us, which the
     compile-time floor lower/anchor.py PARALLEL_MIN_MACS covers) or one thread: 0, no bar.

@@ -5,6 +5,8 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -95,6 +97,31 @@ def test_the_wake_bar_is_the_documented_break_even_and_only_for_sleeping_workers
     assert parallel_min_macs(2, "passive", wake_ns=10_000) == 940_000
     assert parallel_min_macs(1, "passive") == 0
     assert parallel_min_macs(2, "active") == parallel_min_macs(2, "default") == 0
+
+
+@pytest.mark.parametrize(
+    ("env", "policy", "omp", "spin"),
+    [
+        ({}, "BRIEF", None, str(threads.BRIEF_SPINCOUNT)),
+        ({"AUTOFUSION_OMP_WAIT_POLICY": "passive"}, "PASSIVE", "PASSIVE", None),
+        ({"AUTOFUSION_OMP_WAIT_POLICY": "default"}, "DEFAULT", None, None),
+        ({"OMP_WAIT_POLICY": "ACTIVE"}, "ACTIVE", "ACTIVE", None),  # the environment's choice
+        ({"GOMP_SPINCOUNT": "50"}, "BRIEF", None, "50"),
+    ],
+)
+def test_the_wait_policy_is_chosen_before_libgomp_loads(env: dict, policy: str, omp: str, spin: str) -> None:
+    # a fresh interpreter: libgomp reads the variables once, when it loads
+    code = (
+        "import os; from graph_autofusion.backend.cpu import threads as t; "
+        "print(t.omp_wait_policy(), os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'))"
+    )
+    clean = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    clean.pop("AUTOFUSION_OMP_WAIT_POLICY", None)
+    out = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [policy, str(omp), str(spin)]
+    # only workers that sleep at once raise the bar for waking the team
+    assert (parallel_min_macs(2, policy) > 0) == (policy == "PASSIVE")
 
 
 def test_the_wake_bar_follows_the_kernels_isa() -> None:
