@@ -37,8 +37,9 @@ With the busy neighbour the brief spin costs 4-5% against passive (ResNet-50 67.
 64.0-66.7 ms), a fraction of what full spinning costs there. `AUTOFUSION_OMP_WAIT_POLICY=passive`
 sleeps at once (hosts packed with busy workers), `active` spins always, `default` leaves libgomp's
 spin-then-sleep. The count is in iterations of a `pause` loop, so its duration follows the CPU's
-`pause` latency (about 140 cycles on Intel cores since Skylake, fewer on AMD): 2000 is some 80 us
-on the Intel host. `omp_set_dynamic(1)` was tried and rejected: libgomp sizes the team as cores
+`pause` latency: 11.7 ns an iteration on the Intel host, so 2000 is some 23 us there. On the
+Zen 4 host, loaded, a longer spin (`GOMP_SPINCOUNT=10000`/`20000`) had measured 101-173 ms on
+ResNet-50 against passive's 120. `omp_set_dynamic(1)` was tried and rejected: libgomp sizes the team as cores
 minus the 1-minute load average, which counts this process itself, so on 2 cores it always ran
 one thread and gave up the idle-machine speedup (BERT 2 layers 46-54 ms instead of 26-28 ms). A
 policy set in the environment is left alone, and one that libgomp had already read (another
