@@ -34,9 +34,8 @@ simply does the work itself. Spinning idle workers made it worse (they hold the 
 thread needs), so the backend lets libgomp's workers spin only briefly before they sleep
 (`GOMP_SPINCOUNT`, threads.py, which has the figures). `--omp-dynamic` lets libgomp size the
 team by the load average instead (dw 3x3 144x56x56 at 2 threads: median 12 ms -> 0.26 ms), but
-on 2 cores that average includes this
-process, so it nearly always means one thread, even on an idle machine: a diagnostic, not a
-setting for the runtime.
+on 2 cores that average includes this process, so it nearly always means one thread, even on an
+idle machine: a diagnostic, not a setting for the runtime.
 """
 
 from __future__ import annotations

@@ -170,9 +170,9 @@ def _default_wait_policy() -> None:
         return
     if wanted == "BRIEF":
         os.environ.setdefault(SPINCOUNT_ENV, str(BRIEF_SPINCOUNT))
-        _wait_policy = wanted
-        return
-    _wait_policy = os.environ.setdefault(WAIT_POLICY_ENV, wanted)
+    else:
+        os.environ[WAIT_POLICY_ENV] = wanted
+    _wait_policy = wanted
 
 
 def omp_wait_policy() -> str:
