@@ -105,6 +105,7 @@ PACKED_B_ROUTINE = "afc_gemm_bp"
 PACK_B_ROUTINE = "afc_pack_b"
 PACKED_A_ROUTINE = "afc_gemm_ap"
 PACK_A_ROUTINE = "afc_pack_a"
+DIRECT_CONV_ROUTINE = "afc_conv_ap"  # lower/conv.py's `conv_direct`: taps read from the input band
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,13 @@ convention (`Kernel.packed` / `prepack`) and the epilogue loop nest (`epilogue_n
             call contraction(W_g[c0:c1, :], col or X[n, g][:, p0:p1] -> Y[n, g*cog + c0.., p0:p1])
             epilogue over rows (n, g*cog + c0..c1) x pixels [p0, p1)
 
+* `conv_direct`: a stride-1 conv whose weight the library packs, with output rows wide enough
+  (`_direct_shape`): per task (image, group, tile of whole output rows), the zero-padded band of
+  the input rows the tile reads, then one `afc_conv_ap` call that reads each tap of the implicit
+  im2col from the band in place (the band's flat rows: a 32-column panel runs across output rows,
+  the (kw - 1) * dw columns between them computed and dropped), then the epilogue: no im2col tile
+  and no per-tile B packing (ResNet-50's 56x56 3x3 convs, 9-13% faster than im2col on Zen 4).
+
 * `conv_transpose_col2im` (ConvTranspose): per (image, group, block of output channels), one
   contraction `col = W_g^T x X[n, g]` into a per-thread workspace slice, then a scatter-add
   (col2im) into the output block, then the epilogue on that block.
@@ -67,6 +74,7 @@ from ..kernel_ir import Buffer, Call, DType, Expr, If, Kernel, Let, Loop, Stmt, 
 from ..kernel_ir import nodes as ir
 from ..plan.anchor_match import AnchorMatch, OperandView, dense_strides, match_anchor
 from .anchor import (
+    DIRECT_CONV_ROUTINE,
     PACK_A_ROUTINE,
     PARALLEL_MIN_MACS,
     PackedPanels,
@@ -118,6 +126,19 @@ DEPTHWISE_FLAT_WIDTH = 8
 # the rows of the product (`pixels_as_rows`); im2col convs up to ROWS_MAX_IM2COL_PIXELS as well.
 ROWS_MAX_PIXELS = 64
 ROWS_MAX_IM2COL_PIXELS = 256
+# Stride-1 convs whose weight the library packs read their taps straight from the zero-padded
+# input band (`conv_direct`) where the band columns computed and dropped per output row ((kw - 1)
+# * dw) are at most 1/DIRECT_MAX_DROP of the band width and the rows at least DIRECT_MIN_WIDTH
+# wide (afc_conv_ap's masked stores put a 16-lane vector in at most two rows), with more than
+# ROWS_MAX_IM2COL_PIXELS pixels. Measured in C, one thread, Zen 4 AVX-512, direct vs im2col: 3x3
+# at 56-pixel rows (2 of 58 columns dropped) 102-106 vs 94-98 GFLOP/s; at 28-pixel rows (2 of 30)
+# 95-101 vs 102-104, so those keep im2col. A tile of whole output rows spans at least
+# DIRECT_TILE_COLUMNS flat band columns (output rows times the band width) and its band at most
+# DIRECT_BAND_FLOATS floats (256 KiB: in L2 next to the weight's A-panels and the output tile).
+DIRECT_MAX_DROP = 16
+DIRECT_MIN_WIDTH = 16
+DIRECT_TILE_COLUMNS = 256
+DIRECT_BAND_FLOATS = 64 * 1024
 # Pixel tiles of at most this many rows with the pixels as rows, a multiple of ROWS_QUANTUM.
 ROWS_PIXEL_TILE = 128
 ROWS_QUANTUM = 8
@@ -275,7 +296,47 @@ def conv_method(g: ConvGeometry) -> str:
     pointwise = (g.kd, g.kh, g.kw, g.sd, g.sh, g.sw, g.pf, g.pt, g.pl) == (1, 1, 1, 1, 1, 1, 0, 0, 0)
     if pointwise and (g.od, g.oh, g.ow) == (g.d, g.h, g.w):
         return "conv1x1_gemm"
+    if _direct_shape(g):
+        return "conv_direct"
     return "conv_im2col_tiled"
+
+
+def _direct_shape(g: ConvGeometry) -> bool:
+    """Whether a conv's taps are read from its input band in place (`conv_direct`, when the
+    library packs its weight): stride 1 over 1-D or 2-D planes, output rows wide enough that the
+    (kw - 1) * dw band columns computed and dropped per row cost little (2 of 58 on ResNet-50's
+    56-pixel rows; its 28-pixel rows, 2 of 30, keep im2col)."""
+    return (
+        g.d == g.od == g.kd == 1
+        and g.sh == g.sw == 1
+        and g.ow >= DIRECT_MIN_WIDTH
+        and (g.kw - 1) * g.dw * DIRECT_MAX_DROP <= _band_width(g)
+        and g.pixels > ROWS_MAX_IM2COL_PIXELS
+    )
+
+
+def direct_tiles(g: ConvGeometry) -> tuple[int, int, int, int]:
+    """(output rows per tile, row tiles, channel tile, channel tiles) of `conv_direct`: tiles of
+    whole output rows, at least DIRECT_TILE_COLUMNS band columns wide and with a band of at most
+    DIRECT_BAND_FLOATS, the one whose tasks BALANCE_THREADS threads finish soonest (`_makespan`
+    over the flat band columns; the widest wins ties). Output channels split in two tiles only
+    when the rows make fewer tasks than threads."""
+    wp, reach = _band_width(g), (g.kh - 1) * g.dh
+    images = g.n * g.group
+    best, best_span = 1, None
+    for rt in range(1, g.oh + 1):
+        if rt > 1 and g.cig * (rt + reach) * wp > DIRECT_BAND_FLOATS:
+            break
+        if rt * wp < DIRECT_TILE_COLUMNS and rt < g.oh:
+            continue
+        span = _makespan(g.oh * wp, rt * wp, images, 1)
+        if best_span is None or span <= best_span:
+            best, best_span = rt, span
+    rtn = -(-g.oh // best)
+    ct = g.cog
+    if images * rtn < BALANCE_THREADS and g.cog >= 2 * CHANNEL_QUANTUM:
+        ct = _round_up(-(-g.cog // BALANCE_THREADS), CHANNEL_QUANTUM)
+    return best, rtn, ct, -(-g.cog // ct)
 
 
 def pixels_as_rows(g: ConvGeometry) -> bool:
@@ -456,6 +517,8 @@ def lower_conv(spec: KernelSpec, match: AnchorMatch | None = None) -> Kernel:
 
     transpose = node.op_type == "ConvTranspose"
     method = "conv_transpose_col2im" if transpose else conv_method(g)
+    if method == "conv_direct" and not _packs_weight(values, w):
+        method = "conv_im2col_tiled"  # the band is read by the library's afc_conv_ap only
     weights: tuple[Buffer, Loop, int] | None = None
     body: list[Stmt] = []
     if math.prod(match.domain) and transpose:
@@ -465,10 +528,15 @@ def lower_conv(spec: KernelSpec, match: AnchorMatch | None = None) -> Kernel:
             body = _depthwise(
                 g, values.buffer_of(x.tensor), values.buffer_of(w.tensor), out_buf[dest], finish
             )
+        elif method == "conv_direct":
+            _, _, ct, ctn = direct_tiles(g)
+            weights = _packed_weights(values, g, w, (ct, ctn))
+            assert weights is not None
+            body = _direct(g, values.buffer_of(x.tensor), out_buf[dest], weights, finish)
         else:
             weights = _packed_weights(values, g, w)
             body = _gemm_tiles(values, g, method, x, w, out_buf[dest], weights, finish)
-    rows = weights is not None and pixels_as_rows(g)
+    rows = weights is not None and method != "conv_direct" and pixels_as_rows(g)
     what = (
         f"method: {method}; {_schedule(g, method, weights is not None)}; "
         f"{node.op_type} {g.n}x{g.cin}x{g.d}x{g.h}x{g.w} -> {g.cout}x{g.od}x{g.oh}x{g.ow}, "
@@ -490,6 +558,12 @@ def _schedule(g: ConvGeometry, method: str, packed: bool) -> str:
         )
     if method == "conv_depthwise":
         return f"{g.n * g.cout} channel planes, {g.kh}x{g.kw} window in {g.sw} column phase(s)"
+    if method == "conv_direct":
+        rt, rtn, ct, ctn = direct_tiles(g)
+        return (
+            f"{g.n} images x {g.group} groups x {rtn} tiles of {rt} output rows x {ctn} channel tiles "
+            f"of {ct}; K = {g.kdim} read from a band of {_band_width(g)}-column rows"
+        )
     pt, ptn, ct, ctn = conv_tiles(g, PANEL_QUANTUM if packed else 16, packed and pixels_as_rows(g))
     return (
         f"{g.n} images x {g.group} groups x {ptn} pixel tiles of {pt} x {ctn} channel tiles of {ct}; "
@@ -497,19 +571,29 @@ def _schedule(g: ConvGeometry, method: str, packed: bool) -> str:
     )
 
 
-def _packed_weights(values: _ConvValues, g: ConvGeometry, w: OperandView) -> tuple[Buffer, Loop, int] | None:
-    """The weight as the library's A-panels, one block per (group, channel tile of `conv_tiles`),
-    filled once at load (with the pixels as rows: `W^T[K x Cout]` as B-panels, one block per
-    channel tile); None when OpenBLAS contracts (not a weight, or the `blas` mode)."""
+def _packs_weight(values: _ConvValues, w: OperandView) -> bool:
+    """Whether the library contracts with this conv's weight packed once at load (an fp32
+    constant, the `library` mode); otherwise OpenBLAS reads it in place."""
     if contraction_mode() != "library" or w.tensor not in values.spec.weights:
+        return False
+    b = values.buffer_of(w.tensor)
+    return b.role == "input" and b.dtype is DType.F32
+
+
+def _packed_weights(
+    values: _ConvValues, g: ConvGeometry, w: OperandView, tiles: tuple[int, int] | None = None
+) -> tuple[Buffer, Loop, int] | None:
+    """The weight as the library's A-panels, one block per (group, channel tile of `conv_tiles`,
+    or of `tiles` = (channel tile, channel tiles) where given), filled once at load (with the
+    pixels as rows: `W^T[K x Cout]` as B-panels, one block per channel tile); None when OpenBLAS
+    contracts (not a weight, or the `blas` mode)."""
+    if not _packs_weight(values, w):
         return None
     b = values.buffer_of(w.tensor)
-    if b.role != "input" or b.dtype is not DType.F32:
-        return None
-    if pixels_as_rows(g):
+    if tiles is None and pixels_as_rows(g):
         _, _, ct, _ = conv_tiles(g, PANEL_QUANTUM, rows=True)
         return pack_weights(k=g.kdim, n=g.cog, nb=ct, b=b, offset=0, rs=1, cs=g.kdim)
-    _, _, ct, ctn = conv_tiles(g, PANEL_QUANTUM)
+    ct, ctn = tiles if tiles is not None else conv_tiles(g, PANEL_QUANTUM)[2:]
     block = _round_up(_round_up(ct, A_PANEL_QUANTUM) * max(g.kdim, 1), 16)
     packed = Buffer("packed_w", DType.F32, g.group * ctn * block, "packed")
     gi, t, c0 = ir.var("g"), ir.var("t"), ir.var("c0")
@@ -736,40 +820,10 @@ def _im2col_padded(
     the tile is then a plain (strided) copy. On ResNet-50's 14- and 7-pixel rows the per-row
     bounds of `_im2col` (a 7-float copy each) cost more than the copy."""
     wpd = _band_width(g)
-    lo = min(g.pl, wpd)  # padded columns [lo, hi) hold input columns [0, w)
-    hi = max(lo, min(g.w + g.pl, wpd))
-    ci, yy, iy, xx, rowd = ir.var("ci"), ir.var("yy"), ir.var("iy"), ir.var("xx"), ir.var("rowd")
-    r0, r1, y0 = ir.var("r0"), ir.var("r1"), ir.var("y0")
+    ci, r0, r1, y0 = ir.var("ci"), ir.var("r0"), ir.var("r1"), ir.var("y0")
     kk, ky, kx, orow = ir.var("kk"), ir.var("ky"), ir.var("kx"), ir.var("orow")
     q0, q1, dst, src, ox = ir.var("q0"), ir.var("q1"), ir.var("dst"), ir.var("src"), ir.var("ox")
-    zero = ir.const(0.0, DType.F32)
-
-    def fill(start: int, stop: int, value: Expr | None) -> list[Stmt]:
-        if stop <= start:
-            return []
-        v = value if value is not None else zero
-        return [Loop(xx, stop, (Store(pad, rowd + xx, v),), vector=True, start=start)]
-
-    copy = ir.load(x, xg + ci * g.plane + iy * g.w + (xx - g.pl))
-    band_fill = Loop(
-        ci,
-        g.cig,
-        (
-            Loop(
-                yy,
-                (r1 - r0 - 1) * g.sh + ((g.kh - 1) * g.dh + 1),
-                (
-                    Let(iy, y0 + yy),
-                    Let(rowd, (ci * band + yy) * wpd),
-                    If(
-                        ir.logical_and(ir.ge(iy, 0), ir.lt(iy, g.h)),
-                        (*fill(0, lo, None), *fill(lo, hi, copy), *fill(hi, wpd, None)),
-                        tuple(fill(0, wpd, None)),
-                    ),
-                ),
-            ),
-        ),
-    )
+    band_fill = _fill_band(g, x, xg, pad, band * wpd, (r1 - r0 - 1) * g.sh + ((g.kh - 1) * g.dh + 1), y0)
     gather = Loop(
         kk,
         g.kdim,
@@ -800,6 +854,111 @@ def _im2col_padded(
         band_fill,
         gather,
     ]
+
+
+def _fill_band(
+    g: ConvGeometry, x: Buffer, xg: Expr, pad: Buffer, plane: Expr | int, rows: Expr, y0: Expr
+) -> Loop:
+    """The zero-padded band of one group's input channels: `rows` rows from input row `y0` on
+    (rows off the image are zeros), `_band_width` columns each (the left padding's zeros, the
+    input row, zeros), channel c's rows from `pad[c * plane]` on. The bounds are worked out once
+    per row and the column runs are compile-time constants."""
+    wpd = _band_width(g)
+    lo = min(g.pl, wpd)  # padded columns [lo, hi) hold input columns [0, w)
+    hi = max(lo, min(g.w + g.pl, wpd))
+    ci, yy, iy, xx, rowd = ir.var("ci"), ir.var("yy"), ir.var("iy"), ir.var("xx"), ir.var("rowd")
+    zero = ir.const(0.0, DType.F32)
+
+    def fill(start: int, stop: int, value: Expr | None) -> list[Stmt]:
+        if stop <= start:
+            return []
+        v = value if value is not None else zero
+        return [Loop(xx, stop, (Store(pad, rowd + xx, v),), vector=True, start=start)]
+
+    copy = ir.load(x, xg + ci * g.plane + iy * g.w + (xx - g.pl))
+    return Loop(
+        ci,
+        g.cig,
+        (
+            Loop(
+                yy,
+                rows,
+                (
+                    Let(iy, y0 + yy),
+                    Let(rowd, ci * plane + yy * wpd),
+                    If(
+                        ir.logical_and(ir.ge(iy, 0), ir.lt(iy, g.h)),
+                        (*fill(0, lo, None), *fill(lo, hi, copy), *fill(hi, wpd, None)),
+                        tuple(fill(0, wpd, None)),
+                    ),
+                ),
+            ),
+        ),
+    )
+
+
+def _direct(
+    g: ConvGeometry, x: Buffer, dest: Buffer, weights: tuple[Buffer, Loop, int], finish: _Finish
+) -> list[Stmt]:
+    """`conv_direct`: per task (image, group, tile of `rt` whole output rows, channel tile), the
+    zero-padded band of the input rows the tile reads (`_fill_band`, the only copy of the
+    activation), then one `afc_conv_ap` call that reads every tap of the implicit im2col from the
+    band in place and writes the output rows, then the epilogue on them. Against im2col + B
+    packing (`conv_im2col_tiled`) this drops two copies of K x pixels floats per tile: measured
+    in C on ResNet-50's 64-channel 3x3 conv at 56x56, one thread, Zen 4: 96-98 -> 102-106
+    GFLOP/s on AVX-512, 91-95 -> 96-101 on AVX2 (the FMA peak is 117)."""
+    rt, rtn, ct, ctn = direct_tiles(g)
+    packed, _, block = weights
+    wp, reach = _band_width(g), (g.kh - 1) * g.dh
+    # the library reads junk columns up to a panel and a tap's reach past the last channel
+    slack = PANEL_QUANTUM + (g.kw - 1) * g.dw
+    pad = Buffer("pad", DType.F32, g.cig * (rt + reach) * wp + slack, "scratch")
+    pixels = g.pixels
+    tasks = g.n * g.group * rtn * ctn
+    macs = g.n * g.cout * pixels * g.kdim
+    parallel = tasks > 1 and macs >= PARALLEL_MIN_MACS
+    task, key, cb, ri, gi, ni = (ir.var(v) for v in ("task", "key", "cb", "ri", "gi", "ni"))
+    r0, rows, plane, p0, ch0, ch1, row0, xx = (
+        ir.var(v) for v in ("r0", "rows", "plane", "p0", "ch0", "ch1", "row0", "xx")
+    )
+    zero = ir.const(0.0, DType.F32)
+    body: list[Stmt] = [
+        Let(cb, task % ctn),
+        Let(key, task // ctn),
+        Let(ri, key % rtn),
+        Let(gi, (key // rtn) % g.group),
+        Let(ni, key // (rtn * g.group)),
+        Let(r0, ri * rt),
+        Let(rows, ir.minimum(r0 + rt, g.oh) - r0),
+        Let(plane, (rows + reach) * wp),
+        Let(p0, r0 * g.ow),
+        _fill_band(g, x, (ni * g.cin + gi * g.cig) * g.plane, pad, plane, rows + reach, r0 - g.pt),
+        Loop(xx, plane * g.cig + slack, (Store(pad, xx, zero),), vector=True, start=plane * g.cig),
+        Let(ch0, cb * ct),
+        Let(ch1, ir.minimum(ch0 + ct, g.cog)),
+        Let(row0, ni * g.cout + gi * g.cog + ch0),
+        Call(
+            DIRECT_CONV_ROUTINE,
+            (
+                ch1 - ch0,
+                rows,
+                ir.index(g.ow),
+                ir.index(g.kdim),
+                ir.addr(packed, (gi * ctn + cb) * block),
+                ir.addr(pad, 0),
+                plane,
+                ir.index(wp),
+                ir.index(g.kh),
+                ir.index(g.kw),
+                ir.index(g.dh),
+                ir.index(g.dw),
+                ir.addr(dest, row0 * pixels + p0),
+                ir.index(pixels),
+            ),
+        ),
+        *finish((row0, row0 + (ch1 - ch0)), (p0, p0 + rows * g.ow)),
+    ]
+    return [Loop(task, tasks, tuple(body), parallel=parallel, dynamic=parallel, scratch=(pad,), macs=macs)]
 
 
 def _depthwise(g: ConvGeometry, x: Buffer, w: Buffer, dest: Buffer, finish: _Finish) -> list[Stmt]:

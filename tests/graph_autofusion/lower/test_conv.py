@@ -19,12 +19,19 @@ from graph_autofusion.backend.cpu.contraction import CONTRACTION_ENV
 from graph_autofusion.backend.cpu.kernel_spec import KernelSpec, TensorInfo
 from graph_autofusion.backend.cpu.render_c import render_kernel
 from graph_autofusion.kernel_ir import Kernel, Loop
-from graph_autofusion.lower.anchor import CONTRACTION_ROUTINE, PACKED_A_ROUTINE, PACKED_B_ROUTINE, method_of
-from graph_autofusion.lower.conv import ConvGeometry, _makespan, conv_tiles, lower_conv
+from graph_autofusion.lower.anchor import (
+    CONTRACTION_ROUTINE,
+    DIRECT_CONV_ROUTINE,
+    PACKED_A_ROUTINE,
+    PACKED_B_ROUTINE,
+    method_of,
+)
+from graph_autofusion.lower.conv import ConvGeometry, _makespan, conv_tiles, direct_tiles, lower_conv
 
 F = onnx.TensorProto.FLOAT
 MODES = ("library", "blas")
 IM2COL, GEMM1X1, DEPTHWISE = "conv_im2col_tiled", "conv1x1_gemm", "conv_depthwise"
+DIRECT = "conv_direct"  # with the library; OpenBLAS has no band to read, so im2col there
 
 
 def _model(
@@ -131,7 +138,17 @@ CASES = {
     "depthwise_9x9_looped": ((1, 4, 12, 12), (4, 1, 9, 9), {"group": 4, "pads": [4, 4, 4, 4]}, DEPTHWISE),
     "conv1d": ((2, 6, 30), (8, 6, 3), {"strides": [2], "pads": [1, 2]}, IM2COL),
     "conv3d": ((1, 3, 6, 7, 8), (5, 3, 3, 3, 3), {"pads": [1, 0, 1, 1, 2, 1]}, IM2COL),
-    "big_parallel": ((1, 32, 40, 40), (64, 32, 3, 3), {"pads": [1, 1, 1, 1]}, IM2COL),
+    "big_parallel": ((1, 32, 40, 40), (64, 32, 3, 3), {"pads": [1, 1, 1, 1]}, DIRECT),
+    # the taps read from the input band: dilated, asymmetric padding, rows of unequal tiles
+    "direct_dilated_asym": (
+        (2, 6, 20, 70), (10, 6, 3, 5), {"dilations": [2, 1], "pads": [2, 0, 1, 3]}, DIRECT
+    ),
+    "direct_grouped": ((1, 8, 16, 32), (12, 4, 3, 3), {"group": 2, "pads": [1, 1, 1, 1]}, DIRECT),
+    "direct_valid_k5_few_channels": ((1, 3, 20, 80), (5, 3, 5, 5), {"auto_pad": "VALID"}, DIRECT),
+    # 28-pixel rows: 2 of every 30 band columns would be dropped, so im2col
+    "3x3_28_rows": ((1, 8, 28, 28), (16, 8, 3, 3), {"pads": [1, 1, 1, 1]}, IM2COL),
+    # one row: the output channels split in two tasks
+    "direct_conv1d": ((1, 8, 300), (40, 8, 5), {"pads": [2, 2]}, DIRECT),
 }  # fmt: skip
 
 
@@ -142,6 +159,8 @@ def test_conv_matches_onnxruntime(
 ) -> None:
     monkeypatch.setenv(CONTRACTION_ENV, mode)
     x_shape, w_shape, attrs, method = CASES[name]
+    if method == DIRECT and mode == "blas":
+        method = IM2COL
     model, feeds = _model(x_shape, w_shape, bias=True, relu=True, **attrs)
     spec, weights = _spec(model)
     kernel = lower_conv(spec)
@@ -149,6 +168,8 @@ def test_conv_matches_onnxruntime(
     routines = {c.function for c in calls(kernel.body)}
     if method == "conv_depthwise":
         assert not routines and not kernel.packed  # a direct loop, no contraction
+    elif method == DIRECT:
+        assert routines == {DIRECT_CONV_ROUTINE} and len(kernel.packed) == 1
     elif mode == "library":
         # pixels as rows (B-panels of W^T) for one group of fewer than 64 pixels, not 32 (up to
         # 256 when im2col builds the operand)
@@ -261,9 +282,11 @@ def test_narrow_im2col_reads_a_padded_band(
     model, feeds = _model(x_shape, w_shape, bias=False, relu=True, **attrs)
     spec, weights = _spec(model)
     kernel = lower_conv(spec)
-    assert method_of(kernel) == IM2COL
+    # a stride-1 conv of rows this wide reads the band in place where the library contracts
+    direct = x_shape == (1, 64, 2000) and mode == "library"  # the only stride-1 conv of wide rows
+    assert method_of(kernel) == (DIRECT if direct else IM2COL)
     (task,) = [s for s in kernel.body if isinstance(s, Loop)]
-    assert ("pad" in [b.name for b in task.scratch]) == padded
+    assert ("pad" in [b.name for b in task.scratch]) == (padded or direct)
     _assert_matches_onnxruntime(kernel, weights, model, feeds, tmp_path)
 
 
@@ -362,3 +385,20 @@ def test_small_depthwise_planes_share_a_task_and_a_zeroed_border() -> None:
     spec, _ = _spec(model)
     (task,) = [s for s in lower_conv(spec).body if isinstance(s, Loop) and s.parallel]
     assert task.stop == 96
+
+
+def test_direct_tiles_are_whole_rows_the_threads_finish_together() -> None:
+    # ResNet-50's 3x3 convs: 56-pixel rows in a 58-column band, 28-pixel rows in a 30-column one
+    g56 = ConvGeometry(n=1, cin=64, cout=64, group=1, h=56, w=56, oh=56, ow=56,
+                       kh=3, kw=3, sh=1, sw=1, dh=1, dw=1, pt=1, pl=1)  # fmt: skip
+    rt, rtn, ct, ctn = direct_tiles(g56)
+    assert (ct, ctn) == (64, 1)
+    assert rtn % 2 == 0 and rt * rtn == 56  # equal tiles, as many for each thread
+    assert rt * 58 >= 256 and 64 * (rt + 2) * 58 <= 64 * 1024  # wide enough, band within L2
+    g64 = ConvGeometry(n=1, cin=128, cout=128, group=1, h=64, w=64, oh=64, ow=64,
+                       kh=3, kw=3, sh=1, sw=1, dh=1, dw=1, pt=1, pl=1)  # fmt: skip
+    assert direct_tiles(g64) == (4, 16, 128, 1)  # 128 x 6 x 66 floats of band; 8 tasks a thread
+    # one output row: too few tasks, so the channels split
+    g1 = ConvGeometry(n=1, cin=8, cout=40, group=1, h=1, w=300, oh=1, ow=300,
+                      kh=1, kw=5, sh=1, sw=1, dh=1, dw=1, pt=0, pl=2)  # fmt: skip
+    assert direct_tiles(g1) == (1, 1, 24, 2)

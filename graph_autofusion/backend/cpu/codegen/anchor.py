@@ -50,7 +50,7 @@ class AnchorKernel:
 
     `source` is a complete C translation unit defining `void <spec.symbol>(void *const *args)`;
     `method` names how the contraction is computed ("gemm", "batched_gemm", "conv1x1_gemm",
-    "conv_im2col_tiled", "conv_depthwise", "conv_transpose_col2im", "matmul_chain", or
+    "conv_im2col_tiled", "conv_direct", "conv_depthwise", "conv_transpose_col2im", "matmul_chain", or
     "matmul_chain_staged" when a chain's layout rules out row blocks; a "_packed" suffix means an
     operand view needed a per-tile copy); `uses_blas` says whether the unit must be linked with
     BLAS.

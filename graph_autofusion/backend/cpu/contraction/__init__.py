@@ -32,7 +32,9 @@ What it holds (fixed C sources next to this module, compiled with each kernel's 
 the ISA is part of the cache key like every other kernel):
 
 * `afc.h`: the ABI (documented there): packed layouts, `afc_pack_a/_b`, `afc_gemm_ap` (A packed,
-  conv weights `[Cout, Cin*kh*kw]`) and `afc_gemm_bp` (B packed, MatMul/Gemm weights).
+  conv weights `[Cout, Cin*kh*kw]`), `afc_gemm_bp` (B packed, MatMul/Gemm weights) and
+  `afc_conv_ap` (A packed, B a stride-1 conv's implicit im2col read from its zero-padded input
+  band: the micro-kernel's B rows at a per-depth offset, no copy of the activation but the band).
 * `afc.c`: micro-kernels (AVX-512 8x32 with 16 zmm accumulators, AVX2+FMA 6x16, portable 4x16),
   the packing routines and the single-threaded tile drivers with K blocking (at most KC=256,
   split evenly), the Goto loop order and a software prefetch of the next weight panel (afc.h);

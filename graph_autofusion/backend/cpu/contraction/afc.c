@@ -146,6 +146,11 @@ static void afc_pack_b(int64_t k, int64_t n, const float *b, int64_t rs, int64_t
   afc_pack_b_block(k, n, b, rs, cs, bp);
 }
 
+/* Row kk of the micro-kernel's B operand: of a packed panel (`offs` null; a compile-time constant
+ * in every driver but afc_conv_ap, so the micro-kernels inlined there index the panel directly), or
+ * at `offs[kk]` floats from `bp` (afc_conv_ap: a tap of a conv's input band). */
+#define AFC_BROW(bp, offs, kk) ((offs) ? (bp) + (offs)[kk] : (bp) + (kk) * AFC_NR)
+
 /* The micro-kernel: C[mr x nr] (= or +=) alpha * sum_kk ap[kk][0:MR] (x) bp[kk][0:NR].
  * `ap`, `bp` are panels of depth kc; mr <= MR and nr <= NR say how much of the tile is stored.
  * `pf` (advancing `pfs` floats per depth step, one prefetch per step: a new line every 16 / pfs
@@ -155,17 +160,18 @@ static void afc_pack_b(int64_t k, int64_t n, const float *b, int64_t rs, int64_t
 #if defined(__AVX512F__)
 /* A tile of at most 16 columns (the tail of a row of panels: 196 = 6 x 32 + 4 pixels) runs on
  * one vector per row, half the FMAs of the full kernel. */
-static void afc_ukernel_16(int64_t kc, const float *restrict ap, const float *restrict bp,
-                           float *restrict c, int64_t ldc, int mr, int nr, float alpha, int acc) {
+static inline __attribute__((always_inline)) void afc_ukernel_16(int64_t kc, const float *restrict ap,
+                                                                 const float *restrict bp, const int32_t *offs,
+                                                                 float *restrict c, int64_t ldc, int mr, int nr,
+                                                                 float alpha, int acc) {
   __m512 c0[AFC_MR];
 #pragma GCC unroll 8
   for (int i = 0; i < AFC_MR; ++i) c0[i] = _mm512_setzero_ps();
   for (int64_t kk = 0; kk < kc; ++kk) {
-    const __m512 b0 = _mm512_loadu_ps(bp);
+    const __m512 b0 = _mm512_loadu_ps(AFC_BROW(bp, offs, kk));
 #pragma GCC unroll 8
     for (int i = 0; i < AFC_MR; ++i) c0[i] = _mm512_fmadd_ps(_mm512_set1_ps(ap[i]), b0, c0[i]);
     ap += AFC_MR;
-    bp += AFC_NR;
   }
   const __m512 va = _mm512_set1_ps(alpha);
   const __mmask16 k0 = (__mmask16)(nr >= 16 ? 0xFFFFu : (1u << nr) - 1u);
@@ -179,11 +185,12 @@ static void afc_ukernel_16(int64_t kc, const float *restrict ap, const float *re
   }
 }
 
-static inline void afc_ukernel(int64_t kc, const float *restrict ap, const float *restrict bp,
-                               float *restrict c, int64_t ldc, int mr, int nr, float alpha, int acc,
-                               const float *pf, int64_t pfs) {
+static inline __attribute__((always_inline)) void afc_ukernel(int64_t kc, const float *restrict ap,
+                                                              const float *restrict bp, const int32_t *offs,
+                                                              float *restrict c, int64_t ldc, int mr, int nr,
+                                                              float alpha, int acc, const float *pf, int64_t pfs) {
   if (nr <= 16) {
-    afc_ukernel_16(kc, ap, bp, c, ldc, mr, nr, alpha, acc);
+    afc_ukernel_16(kc, ap, bp, offs, c, ldc, mr, nr, alpha, acc);
     return;
   }
   __m512 c0[AFC_MR], c1[AFC_MR];
@@ -195,7 +202,8 @@ static inline void afc_ukernel(int64_t kc, const float *restrict ap, const float
   for (int64_t kk = 0; kk < kc; ++kk) {
     _mm_prefetch((const char *)pf, _MM_HINT_T0);
     pf += pfs;
-    const __m512 b0 = _mm512_loadu_ps(bp), b1 = _mm512_loadu_ps(bp + 16);
+    const float *b = AFC_BROW(bp, offs, kk);
+    const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
 #pragma GCC unroll 8
     for (int i = 0; i < AFC_MR; ++i) {
       const __m512 a = _mm512_set1_ps(ap[i]);
@@ -203,7 +211,6 @@ static inline void afc_ukernel(int64_t kc, const float *restrict ap, const float
       c1[i] = _mm512_fmadd_ps(a, b1, c1[i]);
     }
     ap += AFC_MR;
-    bp += AFC_NR;
   }
   const __m512 va = _mm512_set1_ps(alpha);
   const __mmask16 k0 = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1u);
@@ -242,17 +249,18 @@ static inline void afc_ukernel(int64_t kc, const float *restrict ap, const float
 }
 #elif defined(__AVX2__) && defined(__FMA__)
 /* A tile of at most 8 columns runs on one vector per row (see the AVX-512 twin). */
-static void afc_ukernel_8(int64_t kc, const float *restrict ap, const float *restrict bp,
-                          float *restrict c, int64_t ldc, int mr, int nr, float alpha, int acc) {
+static inline __attribute__((always_inline)) void afc_ukernel_8(int64_t kc, const float *restrict ap,
+                                                                const float *restrict bp, const int32_t *offs,
+                                                                float *restrict c, int64_t ldc, int mr, int nr,
+                                                                float alpha, int acc) {
   __m256 c0[AFC_MR];
 #pragma GCC unroll 8
   for (int i = 0; i < AFC_MR; ++i) c0[i] = _mm256_setzero_ps();
   for (int64_t kk = 0; kk < kc; ++kk) {
-    const __m256 b0 = _mm256_loadu_ps(bp);
+    const __m256 b0 = _mm256_loadu_ps(AFC_BROW(bp, offs, kk));
 #pragma GCC unroll 8
     for (int i = 0; i < AFC_MR; ++i) c0[i] = _mm256_fmadd_ps(_mm256_broadcast_ss(ap + i), b0, c0[i]);
     ap += AFC_MR;
-    bp += AFC_NR;
   }
   float tile[AFC_MR * 8];
 #pragma GCC unroll 8
@@ -266,11 +274,12 @@ static void afc_ukernel_8(int64_t kc, const float *restrict ap, const float *res
   }
 }
 
-static inline void afc_ukernel(int64_t kc, const float *restrict ap, const float *restrict bp,
-                               float *restrict c, int64_t ldc, int mr, int nr, float alpha, int acc,
-                               const float *pf, int64_t pfs) {
+static inline __attribute__((always_inline)) void afc_ukernel(int64_t kc, const float *restrict ap,
+                                                              const float *restrict bp, const int32_t *offs,
+                                                              float *restrict c, int64_t ldc, int mr, int nr,
+                                                              float alpha, int acc, const float *pf, int64_t pfs) {
   if (nr <= 8) {
-    afc_ukernel_8(kc, ap, bp, c, ldc, mr, nr, alpha, acc);
+    afc_ukernel_8(kc, ap, bp, offs, c, ldc, mr, nr, alpha, acc);
     return;
   }
   __m256 c0[AFC_MR], c1[AFC_MR];
@@ -282,7 +291,8 @@ static inline void afc_ukernel(int64_t kc, const float *restrict ap, const float
   for (int64_t kk = 0; kk < kc; ++kk) {
     _mm_prefetch((const char *)pf, _MM_HINT_T0);
     pf += pfs;
-    const __m256 b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + 8);
+    const float *b = AFC_BROW(bp, offs, kk);
+    const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
 #pragma GCC unroll 8
     for (int i = 0; i < AFC_MR; ++i) {
       const __m256 a = _mm256_broadcast_ss(ap + i);
@@ -290,7 +300,6 @@ static inline void afc_ukernel(int64_t kc, const float *restrict ap, const float
       c1[i] = _mm256_fmadd_ps(a, b1, c1[i]);
     }
     ap += AFC_MR;
-    bp += AFC_NR;
   }
   const __m256 va = _mm256_set1_ps(alpha);
   if (alpha != 1.0f) {
@@ -326,20 +335,20 @@ static inline void afc_ukernel(int64_t kc, const float *restrict ap, const float
 }
 #else
 static inline void afc_ukernel(int64_t kc, const float *restrict ap, const float *restrict bp,
-                               float *restrict c, int64_t ldc, int mr, int nr, float alpha, int acc,
-                               const float *pf, int64_t pfs) {
+                               const int32_t *offs, float *restrict c, int64_t ldc, int mr, int nr, float alpha,
+                               int acc, const float *pf, int64_t pfs) {
   (void)pf;
   (void)pfs;
   float tile[AFC_MR][AFC_NR];
   for (int i = 0; i < AFC_MR; ++i)
     for (int j = 0; j < AFC_NR; ++j) tile[i][j] = 0.0f;
   for (int64_t kk = 0; kk < kc; ++kk) {
+    const float *b = AFC_BROW(bp, offs, kk);
     for (int i = 0; i < AFC_MR; ++i) {
       const float a = ap[i];
-      for (int j = 0; j < AFC_NR; ++j) tile[i][j] += a * bp[j];
+      for (int j = 0; j < AFC_NR; ++j) tile[i][j] += a * b[j];
     }
     ap += AFC_MR;
-    bp += AFC_NR;
   }
   for (int i = 0; i < mr; ++i) {
     float *row = c + i * ldc;
@@ -539,7 +548,7 @@ static void afc_gemm_ap(int64_t m, int64_t n, int64_t k, float alpha, const floa
               pf = next_b + row * b_rs;
               pfs = next_step;
             }
-            afc_ukernel(kc, a_panel, buf + j0 * kc, c + i0 * ldc + n0 + j0, ldc, mr, nr, alpha, k0 > 0,
+            afc_ukernel(kc, a_panel, buf + j0 * kc, 0, c + i0 * ldc + n0 + j0, ldc, mr, nr, alpha, k0 > 0,
                         pf, pfs);
           }
         }
@@ -579,7 +588,7 @@ static void afc_gemm_bp_panels(int64_t m, int64_t n, int64_t k, float alpha, con
           const int mr = (int)(mc - ii < AFC_MR ? mc - ii : AFC_MR);
           const int64_t first = ii / AFC_MR * per;
           const int go = fetch && first < lines;
-          afc_ukernel(kc, buf + ii * kc, b_panel, c + (i0 + ii) * ldc + j0, ldc, mr, nr, alpha, k0 > 0,
+          afc_ukernel(kc, buf + ii * kc, b_panel, 0, c + (i0 + ii) * ldc + j0, ldc, mr, nr, alpha, k0 > 0,
                       go ? next + first * 16 : b_panel, go ? (per * 16 + kc - 1) / kc : 0);
         }
       }
@@ -599,5 +608,98 @@ static void afc_gemm_bp(int64_t m, int64_t n, int64_t k, float alpha, const floa
     return;
   }
   afc_gemm_bp_panels(m, n, k, alpha, a, a_rs, a_cs, bp, c, ldc);
+}
+#if defined(__AVX512F__)
+/* afc_conv_ap's store of a panel that straddles a row end, from the register tile's buffer: the
+ * 16 lanes of each half fall in at most two output rows (wp >= ow >= 16, lower/conv.py
+ * DIRECT_MIN_WIDTH), so each half is two masked stores (loads and adds too when accumulating a
+ * later K block), the dropped columns masked off. A per-row scalar copy measured 5-10% of the
+ * conv's time at 28-pixel rows, where nearly every 32-column panel straddles one. */
+static inline void afc_conv_store(const float *tile, int mr, int nr, int64_t j0, int64_t wp, int64_t ow, float *c,
+                                  int64_t ldc, int acc) {
+#pragma GCC unroll 2
+  for (int h = 0; h < AFC_NR / 16; ++h) {
+    const int lanes = nr - 16 * h;
+    if (lanes <= 0) break;
+    const uint32_t valid = lanes >= 16 ? 0xFFFFu : (1u << lanes) - 1u;
+    const int64_t q = j0 + 16 * h, r = q / wp, x = q % wp;
+    const int64_t na = x < ow ? (ow - x < 16 ? ow - x : 16) : 0, nb = wp - x;
+    const __mmask16 ma = (__mmask16)(((1u << na) - 1u) & valid);
+    const __mmask16 mb = (__mmask16)(nb < 16 ? ~((1u << nb) - 1u) & valid : 0u);
+    float *da = c + r * ow + x, *db = c + (r + 1) * ow + x - wp;
+    for (int i = 0; i < mr; ++i) {
+      const __m512 v = _mm512_load_ps(tile + i * AFC_NR + 16 * h);
+      float *ra = da + i * ldc, *rb = db + i * ldc;
+      if (ma) _mm512_mask_storeu_ps(ra, ma, acc ? _mm512_add_ps(v, _mm512_maskz_loadu_ps(ma, ra)) : v);
+      if (mb) _mm512_mask_storeu_ps(rb, mb, acc ? _mm512_add_ps(v, _mm512_maskz_loadu_ps(mb, rb)) : v);
+    }
+  }
+}
+#endif
+
+/* A packed once (a conv's weight, Cout x Cin*kh*kw), B the implicit im2col of a stride-1 conv,
+ * read straight from a zero-padded band of its input rows: no im2col copy and no B packing
+ * (afc.h gives the contract). Output row r's pixels are the band's flat positions r*wp .. r*wp+ow-1
+ * (a tap (c, ky, kx) of every pixel of all the rows is one run at c*plane + ky*dh*wp + kx*dw
+ * from it), so a 32-column panel runs across rows; its wp - ow columns past each row's end are
+ * computed and dropped. A panel wholly inside one output row is stored by the micro-kernel; one
+ * that straddles a row end goes through a register-tile buffer and is stored in its row pieces.
+ * The B micro-panel (one band run per depth step) stays in L1 while the weight's A-panels of the
+ * K block stream past it from L2, the Goto order of afc_gemm_ap. */
+static void afc_conv_ap(int64_t m, int64_t rows, int64_t ow, int64_t k, const float *ap, const float *band,
+                        int64_t plane, int64_t wp, int64_t kh, int64_t kw, int64_t dh, int64_t dw, float *c,
+                        int64_t ldc) {
+  if (m <= 0 || rows <= 0 || ow <= 0) return;
+  if (k <= 0) {
+    for (int64_t i = 0; i < m; ++i) memset(c + i * ldc, 0, sizeof(float) * (size_t)(rows * ow));
+    return;
+  }
+  const int64_t n = (rows - 1) * wp + ow, taps = kh * kw, kb = afc_kc(k);
+  int32_t offs[AFC_KC];
+  for (int64_t k0 = 0; k0 < k; k0 += kb) {
+    const int64_t kc = k - k0 < kb ? k - k0 : kb;
+    for (int64_t kk = 0; kk < kc; ++kk) {
+      const int64_t q = k0 + kk;
+      offs[kk] = (int32_t)(q / taps * plane + q / kw % kh * dh * wp + q % kw * dw);
+    }
+    for (int64_t j0 = 0; j0 < n; j0 += AFC_NR) {
+      const int nr = (int)(n - j0 < AFC_NR ? n - j0 : AFC_NR);
+      const int64_t r = j0 / wp, x = j0 % wp;
+      const int whole = x + nr <= ow;
+      for (int64_t i0 = 0; i0 < m; i0 += AFC_MR) {
+        const int mr = (int)(m - i0 < AFC_MR ? m - i0 : AFC_MR);
+        const float *a_panel = ap + i0 * k + k0 * AFC_MR;
+        float *ci = c + i0 * ldc;
+        if (whole) {
+          afc_ukernel(kc, a_panel, band + j0, offs, ci + r * ow + x, ldc, mr, nr, 1.0f, k0 > 0, a_panel, 0);
+          continue;
+        }
+        float tile[AFC_MR * AFC_NR] __attribute__((aligned(64)));
+        afc_ukernel(kc, a_panel, band + j0, offs, tile, AFC_NR, mr, nr, 1.0f, 0, a_panel, 0);
+#if defined(__AVX512F__)
+        afc_conv_store(tile, mr, nr, j0, wp, ow, ci, ldc, k0 > 0);
+#else
+        for (int j = 0; j < nr;) {
+          const int64_t rr = (j0 + j) / wp, xx = (j0 + j) % wp;
+          if (xx >= ow) { /* the dropped columns between two rows */
+            j += (int)(wp - xx);
+            continue;
+          }
+          const int len = (int)(ow - xx < nr - j ? ow - xx : nr - j);
+          for (int i = 0; i < mr; ++i) {
+            float *d = ci + i * ldc + rr * ow + xx;
+            const float *t = tile + i * AFC_NR + j;
+            if (k0 > 0) {
+              for (int l = 0; l < len; ++l) d[l] += t[l];
+            } else {
+              memcpy(d, t, sizeof(float) * (size_t)len);
+            }
+          }
+          j += len;
+        }
+#endif
+      }
+    }
+  }
 }
 #endif /* AFC_IMPL */

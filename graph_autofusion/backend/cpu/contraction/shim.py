@@ -13,7 +13,7 @@ import numpy as np
 from ..cache import KernelCache
 from ..compiler import KernelSource, compile_kernels
 from ..isa import IsaTarget, target_isa
-from . import library_source
+from . import PANEL_QUANTUM, library_source
 
 EXPORTS = r"""
 #include <omp.h>
@@ -115,6 +115,11 @@ void afcx_gemm_bp_panels(int64_t m, int64_t n, int64_t k, float alpha, const flo
   afc_gemm_bp_panels(m, n, k, alpha, a, a_rs, a_cs, bp, c, ldc);
 }
 int64_t afcx_gemv_rows(void) { return AFC_GEMV_ROWS; }
+void afcx_conv_ap(int64_t m, int64_t rows, int64_t ow, int64_t k, const float *ap, const float *band,
+                  int64_t plane, int64_t wp, int64_t kh, int64_t kw, int64_t dh, int64_t dw, float *c,
+                  int64_t ldc) {
+  afc_conv_ap(m, rows, ow, k, ap, band, plane, wp, kh, kw, dh, dw, c, ldc);
+}
 /* tiles of a whole GEMM over OpenMP threads, as an anchor kernel runs them (benchmarks) */
 void afcx_gemm_ap_parallel(int64_t m, int64_t n, int64_t k, const float *ap, const float *b, float *c,
                            int64_t mb, int64_t nb) {
@@ -155,6 +160,7 @@ _SIGNATURES: dict[str, tuple[list[type], type | None]] = {
     "afcx_gemv_bp": ([_I64, _I64, _I64, ctypes.c_float, _PTR, _I64, _I64, _PTR, _PTR, _I64], None),
     "afcx_gemm_bp_panels": ([_I64, _I64, _I64, ctypes.c_float, _PTR, _I64, _I64, _PTR, _PTR, _I64], None),
     "afcx_gemv_rows": ([], _I64),
+    "afcx_conv_ap": ([_I64, _I64, _I64, _I64, _PTR, _PTR, *[_I64] * 6, _PTR, _I64], None),
     "afcx_gemm_ap_parallel": ([_I64, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64], None),
     "afcx_gemm_bp_parallel": ([_I64, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64], None),
 }
@@ -217,6 +223,22 @@ class Library:
         paths = {"auto": "afcx_gemm_bp", "gemv": "afcx_gemv_bp", "panels": "afcx_gemm_bp_panels"}
         fn = getattr(self.lib, paths[path])
         fn(m, n, k, alpha, a.ctypes.data, rs, cs, bp.ctypes.data, c.ctypes.data, n)
+        return c
+
+    def conv_ap(
+        self, ap: np.ndarray, band: np.ndarray, m: int, kernel: tuple[int, int], dilations: tuple[int, int]
+    ) -> np.ndarray:
+        """A stride-1 conv (afc.h: afc_conv_ap) of the packed weight `ap` (A-panels of m x
+        channels*kh*kw) over `band[channels, band rows, wp]`, the zero-padded input rows, as
+        C[m, rows * ow]; the band is passed with the zeros the library may read past it."""
+        (channels, brows, wp), (kh, kw), (dh, dw) = band.shape, kernel, dilations
+        ow, rows = wp - (kw - 1) * dw, brows - (kh - 1) * dh
+        flat = np.zeros(band.size + PANEL_QUANTUM + (kw - 1) * dw, np.float32)
+        flat[: band.size] = band.ravel()
+        c = np.full((m, rows * ow), np.nan, np.float32)
+        k = channels * kh * kw
+        args = (ap.ctypes.data, flat.ctypes.data, brows * wp, wp, kh, kw, dh, dw, c.ctypes.data, rows * ow)
+        self.lib.afcx_conv_ap(m, rows, ow, k, *args)
         return c
 
 

@@ -85,6 +85,29 @@ def test_conv3x3_stride2_with_batchnorm_affine_and_residual(rng: np.random.Gener
     check(case, "conv3x3_s2_bn_res", k=_k((12, 8, 3, 3)), method="conv_im2col_tiled")
 
 
+def test_conv3x3_direct_with_batchnorm_affine_and_residual(rng: np.random.Generator) -> None:
+    # ResNet-50's 3x3 in miniature: stride 1, 40-pixel rows, the taps read from the input band
+    # (several row tiles, panels straddling row ends), with the whole epilogue
+    case = _conv_case(
+        rng,
+        (2, 16, 40, 40),
+        (24, 16, 3, 3),
+        bias=False,
+        relu=False,
+        pads=[1, 1, 1, 1],
+        extra=[
+            helper.make_node("Mul", ["y", "scale"], ["ys"]),
+            helper.make_node("Add", ["ys", "shift"], ["yb"]),
+            helper.make_node("Add", ["yb", "res"], ["ya"]),
+            helper.make_node("Relu", ["ya"], ["o"]),
+        ],
+        extra_inits={"scale": rand(rng, 24, 1, 1), "shift": rand(rng, 24, 1, 1)},
+        extra_inputs={"res": rand(rng, 2, 24, 40, 40)},
+    )
+    kernel = check(case, "conv3x3_direct_bn_res", k=_k((24, 16, 3, 3)), method="conv_direct", weights=True)
+    assert "afc_conv_ap(" in kernel.source and "tiles of" in kernel.source
+
+
 def test_conv_many_pixel_tiles_stem(rng: np.random.Generator) -> None:
     # ResNet stem in miniature: 7x7 stride 2 pad 3, 3 input channels, many pixel tiles.
     case = _conv_case(rng, (1, 3, 96, 96), (16, 3, 7, 7), strides=[2, 2], pads=[3, 3, 3, 3])

@@ -185,3 +185,34 @@ def test_the_wake_probe_reports_a_late_join_in_ns(lib: Library) -> None:
     # help, which the probe reports as a join later than the whole work (W = 2 T2 - work >= work).
     assert team_wake_ns(lib, threads=2, probes=3, gap_ns=1000, work_ns=20_000) >= 0
     assert team_wake_ns(lib, threads=1, probes=3, gap_ns=1000, work_ns=20_000) >= 20_000
+
+
+# afc_conv_ap: rows narrower and wider than a panel (every panel straddling a row end, or some),
+# K in one block and in several (accumulated across the straddling stores), dilation, a kernel
+# wider than tall, output channels not a whole number of panels.
+@pytest.mark.parametrize(
+    ("channels", "m", "rows", "ow", "kernel", "dilations"),
+    [
+        (3, 5, 4, 16, (3, 3), (1, 1)),
+        (40, 19, 3, 50, (3, 3), (1, 1)),
+        (12, 8, 2, 37, (2, 5), (2, 3)),
+        (7, 9, 1, 70, (1, 1), (1, 1)),
+    ],
+)
+def test_conv_reads_the_band_as_its_implicit_im2col(
+    lib: Library,
+    channels: int,
+    m: int,
+    rows: int,
+    ow: int,
+    kernel: tuple[int, int],
+    dilations: tuple[int, int],
+) -> None:
+    rng = np.random.default_rng(rows * ow)
+    (kh, kw), (dh, dw) = kernel, dilations
+    band = rng.standard_normal((channels, rows + (kh - 1) * dh, ow + (kw - 1) * dw)).astype(np.float32)
+    w = rng.standard_normal((m, channels * kh * kw)).astype(np.float32)
+    # the im2col the library must not build: col[(c, ky, kx), (r, x)] = band[c, r + ky*dh, x + kx*dw]
+    taps = [band[:, y * dh : y * dh + rows, x * dw : x * dw + ow] for y in range(kh) for x in range(kw)]
+    col = np.stack(taps, axis=1).reshape(channels * kh * kw, rows * ow)
+    _check(lib.conv_ap(lib.pack_a(w), band, m, kernel, dilations), w, col)
