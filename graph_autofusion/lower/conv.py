@@ -75,6 +75,7 @@ from ..kernel_ir import nodes as ir
 from ..plan.anchor_match import AnchorMatch, OperandView, dense_strides, match_anchor
 from .anchor import (
     DIRECT_CONV_ROUTINE,
+    DIRECT_ROWS_CONV_ROUTINE,
     PACK_A_ROUTINE,
     PARALLEL_MIN_MACS,
     PackedPanels,
@@ -653,7 +654,15 @@ def _gemm_tiles(
     ]
     xg = (ni * g.cin + gi * g.cig) * g.plane
     scratch: tuple[Buffer, ...] = ()
-    if im2col:
+    # pixels as rows over a padded band: the library gathers each A block from the band itself
+    band_rows = rows and im2col and _padded_im2col(g, pt)
+    if band_rows:
+        band = _band_rows(g, pt)
+        pad = Buffer("pad", DType.F32, g.cig * band * _band_width(g), "scratch")
+        scratch = (pad,)
+        head += _im2col_padded(g, x_buf, xg, None, pad, band, p0, p1)
+        b_ptr, ldb = ir.addr(x_buf, 0), ir.index(0)  # unused: the band is the operand
+    elif im2col:
         col = Buffer("col", DType.F32, g.kdim * pt, "scratch")
         scratch = (col,)
         if _padded_im2col(g, pt):
@@ -676,8 +685,27 @@ def _gemm_tiles(
         tile = Buffer("tile", DType.F32, pt * ldt, "scratch")
         scratch += (tile,)
         c, q = ir.var("c"), ir.var("q")
-        product = [
-            contraction(
+        if band_rows:
+            wpd = _band_width(g)
+            geometry = (g.ow, g.sh, g.sw)
+            taps = (band * wpd, wpd, g.kh, g.kw, g.dh, g.dw)
+            tile_product: Stmt = Call(
+                DIRECT_ROWS_CONV_ROUTINE,
+                (
+                    p1 - p0,
+                    ch1 - ch0,
+                    ir.index(g.kdim),
+                    p0,
+                    *(ir.index(v) for v in geometry),
+                    ir.addr(pad, 0),
+                    *(ir.index(v) for v in taps),
+                    ir.addr(packed, cb * block),
+                    ir.addr(tile, 0),
+                    ir.index(ldt),
+                ),
+            )
+        else:
+            tile_product = contraction(
                 trans_a=True,
                 m=p1 - p0,
                 n=ch1 - ch0,
@@ -688,7 +716,9 @@ def _gemm_tiles(
                 b=PackedPanels(ir.addr(packed, cb * block)),
                 c=ir.addr(tile, 0),
                 ldc=ldt,
-            ),
+            )
+        product = [
+            tile_product,
             Loop(
                 c,
                 ch1 - ch0,
@@ -812,18 +842,22 @@ def _band_width(g: ConvGeometry) -> int:
 
 
 def _im2col_padded(
-    g: ConvGeometry, x: Buffer, xg: Expr, col: Buffer, pad: Buffer, band: int, p0: Expr, p1: Expr
+    g: ConvGeometry, x: Buffer, xg: Expr, col: Buffer | None, pad: Buffer, band: int, p0: Expr, p1: Expr
 ) -> list[Stmt]:
     """`_im2col` through a zero-padded copy of the input rows that output pixels [p0, p1) read
     (`pad[c][row][column]`, `band` rows per channel, in this thread's workspace): the bounds are
     worked out once per input channel row, with compile-time column runs, and every tap's row of
     the tile is then a plain (strided) copy. On ResNet-50's 14- and 7-pixel rows the per-row
-    bounds of `_im2col` (a 7-float copy each) cost more than the copy."""
+    bounds of `_im2col` (a 7-float copy each) cost more than the copy. Without `col`, only the band
+    (the library's `afc_conv_bp` gathers from it)."""
     wpd = _band_width(g)
     ci, r0, r1, y0 = ir.var("ci"), ir.var("r0"), ir.var("r1"), ir.var("y0")
     kk, ky, kx, orow = ir.var("kk"), ir.var("ky"), ir.var("kx"), ir.var("orow")
     q0, q1, dst, src, ox = ir.var("q0"), ir.var("q1"), ir.var("dst"), ir.var("src"), ir.var("ox")
     band_fill = _fill_band(g, x, xg, pad, band * wpd, (r1 - r0 - 1) * g.sh + ((g.kh - 1) * g.dh + 1), y0)
+    head = [Let(r0, p0 // g.ow), Let(r1, (p1 - 1) // g.ow + 1), Let(y0, r0 * g.sh - g.pt), band_fill]
+    if col is None:
+        return head
     gather = Loop(
         kk,
         g.kdim,
@@ -840,20 +874,18 @@ def _im2col_padded(
                     Let(dst, kk * (p1 - p0) + orow * g.ow - p0),
                     Let(src, (ci * band + (orow - r0) * g.sh + ky * g.dh) * wpd + kx * g.dw),
                     Loop(
-                        ox, q1, (Store(col, dst + ox, ir.load(pad, src + ox * g.sw)),), vector=True, start=q0
+                        ox,
+                        q1,
+                        (Store(col, dst + ox, ir.load(pad, src + ox * g.sw)),),
+                        vector=True,
+                        start=q0,
                     ),
                 ),
                 start=r0,
             ),
         ),
     )
-    return [
-        Let(r0, p0 // g.ow),
-        Let(r1, (p1 - 1) // g.ow + 1),
-        Let(y0, r0 * g.sh - g.pt),
-        band_fill,
-        gather,
-    ]
+    return [*head, gather]
 
 
 def _fill_band(

@@ -557,8 +557,38 @@ static void afc_gemm_ap(int64_t m, int64_t n, int64_t k, float alpha, const floa
   }
 }
 
-/* A strided, B packed once (weights): A is packed per (MC x KC) block into the thread buffer;
- * each KC x NR slice of B is reused from L1 across the block's rows. m, n, k > 0. */
+/* One packed (mc x kc) block of A-panels (`buf`) against every panel of packed B at depths
+ * [k0, k0 + kc), into C rows [0, mc) (`c`): each KC x NR slice of B is reused from L1 across the
+ * block's rows. `first` says this is the first row block, whose calls prefetch the next B panel. */
+static inline void afc_bp_block(int64_t mc, int64_t n, int64_t k, int64_t k0, int64_t kc, int first,
+                                const float *buf, const float *bp, float *c, int64_t ldc, float alpha) {
+  for (int64_t j0 = 0; j0 < n; j0 += AFC_NR) {
+    const int nr = (int)(n - j0 < AFC_NR ? n - j0 : AFC_NR);
+    const float *b_panel = bp + j0 * k + k0 * AFC_NR;
+    /* The next B panel (a weight, from L3 or memory on the first row block), its `lines` cache
+     * lines spread evenly over all the block's A-panel calls: each call prefetches its share of
+     * `per` lines, advancing (per * 16) / kc floats per depth step (several prefetches of one line
+     * are free). Fetching the whole panel over the first two calls, a line every 16 cycles, asked
+     * for more lines in flight than one core can have from memory (about 14 GB/s); spread over a
+     * 128-row block it is a line every ~130 cycles. Measured with weights from memory (96 MiB of
+     * copies, 1 thread, process CPU time): 128x768x768 in 128x192 tiles 106 -> 111 GF/s,
+     * 128x3072x768 in 128x256 tiles 105 -> 111, 128x768x3072 105 -> 110 (host FMA peak 117). */
+    const float *next = j0 + AFC_NR < n ? b_panel + AFC_NR * k : k0 + kc < k ? bp + (k0 + kc) * AFC_NR : 0;
+    const int fetch = next && first;
+    const int64_t calls = (mc + AFC_MR - 1) / AFC_MR, lines = kc * AFC_NR / 16;
+    const int64_t per = (lines + calls - 1) / calls;
+    for (int64_t ii = 0; ii < mc; ii += AFC_MR) {
+      const int mr = (int)(mc - ii < AFC_MR ? mc - ii : AFC_MR);
+      const int64_t at = ii / AFC_MR * per;
+      const int go = fetch && at < lines;
+      afc_ukernel(kc, buf + ii * kc, b_panel, 0, c + ii * ldc + j0, ldc, mr, nr, alpha, k0 > 0,
+                  go ? next + at * 16 : b_panel, go ? (per * 16 + kc - 1) / kc : 0);
+    }
+  }
+}
+
+/* A strided, B packed once (weights): A is packed per (MC x KC) block into the thread buffer,
+ * then `afc_bp_block`. m, n, k > 0. */
 static void afc_gemm_bp_panels(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t a_rs,
                                int64_t a_cs, const float *bp, float *c, int64_t ldc) {
   float *buf = afc_buffer();
@@ -568,30 +598,7 @@ static void afc_gemm_bp_panels(int64_t m, int64_t n, int64_t k, float alpha, con
     for (int64_t i0 = 0; i0 < m; i0 += mb) {
       const int64_t mc = m - i0 < mb ? m - i0 : mb;
       afc_pack_a_block(mc, kc, a + i0 * a_rs + k0 * a_cs, a_rs, a_cs, buf);
-      for (int64_t j0 = 0; j0 < n; j0 += AFC_NR) {
-        const int nr = (int)(n - j0 < AFC_NR ? n - j0 : AFC_NR);
-        const float *b_panel = bp + j0 * k + k0 * AFC_NR;
-        /* The next B panel (a weight, from L3 or memory on the first row block), its `lines`
-         * cache lines spread evenly over all the block's A-panel calls: each call prefetches its
-         * share of `per` lines, advancing (per * 16) / kc floats per depth step (several
-         * prefetches of one line are free). Fetching the whole panel over the first two calls,
-         * a line every 16 cycles, asked for more lines in flight than one core can have from
-         * memory (about 14 GB/s); spread over a 128-row block it is a line every ~130 cycles.
-         * Measured with weights from memory (96 MiB of copies, 1 thread, process CPU time):
-         * 128x768x768 in 128x192 tiles 106 -> 111 GF/s, 128x3072x768 in 128x256 tiles
-         * 105 -> 111, 128x768x3072 105 -> 110 (host FMA peak 117). */
-        const float *next = j0 + AFC_NR < n ? b_panel + AFC_NR * k : k0 + kc < k ? bp + (k0 + kc) * AFC_NR : 0;
-        const int fetch = next && i0 == 0;
-        const int64_t calls = (mc + AFC_MR - 1) / AFC_MR, lines = kc * AFC_NR / 16;
-        const int64_t per = (lines + calls - 1) / calls;
-        for (int64_t ii = 0; ii < mc; ii += AFC_MR) {
-          const int mr = (int)(mc - ii < AFC_MR ? mc - ii : AFC_MR);
-          const int64_t first = ii / AFC_MR * per;
-          const int go = fetch && first < lines;
-          afc_ukernel(kc, buf + ii * kc, b_panel, 0, c + (i0 + ii) * ldc + j0, ldc, mr, nr, alpha, k0 > 0,
-                      go ? next + first * 16 : b_panel, go ? (per * 16 + kc - 1) / kc : 0);
-        }
-      }
+      afc_bp_block(mc, n, k, k0, kc, i0 == 0, buf, bp, c + i0 * ldc, ldc, alpha);
     }
   }
 }
@@ -699,6 +706,53 @@ static void afc_conv_ap(int64_t m, int64_t rows, int64_t ow, int64_t k, const fl
         }
 #endif
       }
+    }
+  }
+}
+/* B packed once (a conv's weight as W^T, K x Cout B-panels), A the implicit im2col^T of a conv
+ * with its pixels as rows (afc.h gives the contract): per (MC x KC) block, the A-panels are
+ * gathered straight from the zero-padded band of input rows (8 pixels of a panel at one depth:
+ * one 8-float copy where they are consecutive in the band, eight loads where the panel straddles
+ * a row end or strides), then `afc_bp_block`. This replaces an im2col tile of pixels x K floats
+ * (at ResNet-50's 14x14 3x3, 104 x 2304: 0.9 MiB, more than a Zen 4 core's L2) and its packing. */
+static void afc_conv_bp(int64_t m, int64_t n, int64_t k, int64_t p0, int64_t ow, int64_t sh, int64_t sw,
+                        const float *band, int64_t plane, int64_t wp, int64_t kh, int64_t kw, int64_t dh,
+                        int64_t dw, const float *bp, float *c, int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {
+    for (int64_t i = 0; i < m; ++i) memset(c + i * ldc, 0, sizeof(float) * (size_t)n);
+    return;
+  }
+  float *buf = afc_buffer();
+  const int64_t kb = afc_kc(k), mb = afc_mc(m), taps = kh * kw, r0 = p0 / ow;
+  int32_t offs[AFC_KC];
+  for (int64_t k0 = 0; k0 < k; k0 += kb) {
+    const int64_t kc = k - k0 < kb ? k - k0 : kb;
+    for (int64_t kk = 0; kk < kc; ++kk) {
+      const int64_t q = k0 + kk;
+      offs[kk] = (int32_t)(q / taps * plane + q / kw % kh * dh * wp + q % kw * dw);
+    }
+    for (int64_t i0 = 0; i0 < m; i0 += mb) {
+      const int64_t mc = m - i0 < mb ? m - i0 : mb;
+      for (int64_t ii = 0; ii < mc; ii += AFC_MR) {
+        const int rows = (int)(mc - ii < AFC_MR ? mc - ii : AFC_MR);
+        int64_t poff[AFC_MR];
+        for (int i = 0; i < AFC_MR; ++i) {
+          const int64_t p = p0 + i0 + ii + (i < rows ? i : 0);
+          poff[i] = (p / ow - r0) * sh * wp + p % ow * sw;
+        }
+        float *dst = buf + ii * kc;
+        if (rows == AFC_MR && poff[AFC_MR - 1] - poff[0] == AFC_MR - 1) {
+          const float *src = band + poff[0];
+          for (int64_t kk = 0; kk < kc; ++kk) memcpy(dst + kk * AFC_MR, src + offs[kk], sizeof(float) * AFC_MR);
+        } else {
+          for (int64_t kk = 0; kk < kc; ++kk) {
+            const float *src = band + offs[kk];
+            for (int i = 0; i < AFC_MR; ++i) dst[kk * AFC_MR + i] = i < rows ? src[poff[i]] : 0.0f;
+          }
+        }
+      }
+      afc_bp_block(mc, n, k, k0, kc, i0 == 0, buf, bp, c + i0 * ldc, ldc, 1.0f);
     }
   }
 }

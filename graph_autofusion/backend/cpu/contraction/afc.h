@@ -45,6 +45,13 @@
  *       band[ch * plane + (r + ky * dh) * wp + x + kx * dw]. C[i][r * ow + x] at c + i * ldc.
  *       Columns past a row's end are computed and dropped, so every band must be readable up to
  *       channels * plane + AFC_NR + (kw - 1) * dw floats, with finite values (zeros) there.
+ *   void afc_conv_bp(m, n, k, p0, ow, sh, sw, band, plane, wp, kh, kw, dh, dw, bp, c, ldc)
+ *       a conv's tile with its pixels as rows: C[i][j] (at c + i * ldc) for output pixels
+ *       p0 .. p0 + m - 1 (row-major over output rows of width `ow`) and output channels j < n,
+ *       B packed (the weight as W^T, k x n), A[i][(ch, ky, kx)] read from the zero-padded band of
+ *       input rows from output row p0 / ow's first one on: band[ch * plane + (r * sh + ky * dh)
+ *       * wp + x * sw + kx * dw] for pixel p0 + i at output row p0 / ow + r, column x. Any
+ *       stride; nothing outside those addresses is read.
  * Sizes are int64_t, strides in elements. Buffers from the caller need no particular alignment;
  * packed buffers of 64-byte alignment are faster.
  */
@@ -111,4 +118,7 @@ static void afc_gemv_bp(int64_t m, int64_t n, int64_t k, float alpha, const floa
 static void afc_conv_ap(int64_t m, int64_t rows, int64_t ow, int64_t k, const float *ap, const float *band,
                         int64_t plane, int64_t wp, int64_t kh, int64_t kw, int64_t dh, int64_t dw, float *c,
                         int64_t ldc);
+static void afc_conv_bp(int64_t m, int64_t n, int64_t k, int64_t p0, int64_t ow, int64_t sh, int64_t sw,
+                        const float *band, int64_t plane, int64_t wp, int64_t kh, int64_t kw, int64_t dh,
+                        int64_t dw, const float *bp, float *c, int64_t ldc);
 #endif

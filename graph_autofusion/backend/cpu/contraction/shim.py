@@ -120,6 +120,11 @@ void afcx_conv_ap(int64_t m, int64_t rows, int64_t ow, int64_t k, const float *a
                   int64_t ldc) {
   afc_conv_ap(m, rows, ow, k, ap, band, plane, wp, kh, kw, dh, dw, c, ldc);
 }
+void afcx_conv_bp(int64_t m, int64_t n, int64_t k, int64_t p0, int64_t ow, int64_t sh, int64_t sw,
+                  const float *band, int64_t plane, int64_t wp, int64_t kh, int64_t kw, int64_t dh,
+                  int64_t dw, const float *bp, float *c, int64_t ldc) {
+  afc_conv_bp(m, n, k, p0, ow, sh, sw, band, plane, wp, kh, kw, dh, dw, bp, c, ldc);
+}
 /* tiles of a whole GEMM over OpenMP threads, as an anchor kernel runs them (benchmarks) */
 void afcx_gemm_ap_parallel(int64_t m, int64_t n, int64_t k, const float *ap, const float *b, float *c,
                            int64_t mb, int64_t nb) {
@@ -161,6 +166,7 @@ _SIGNATURES: dict[str, tuple[list[type], type | None]] = {
     "afcx_gemm_bp_panels": ([_I64, _I64, _I64, ctypes.c_float, _PTR, _I64, _I64, _PTR, _PTR, _I64], None),
     "afcx_gemv_rows": ([], _I64),
     "afcx_conv_ap": ([_I64, _I64, _I64, _I64, _PTR, _PTR, *[_I64] * 6, _PTR, _I64], None),
+    "afcx_conv_bp": ([*[_I64] * 7, _PTR, *[_I64] * 6, _PTR, _PTR, _I64], None),
     "afcx_gemm_ap_parallel": ([_I64, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64], None),
     "afcx_gemm_bp_parallel": ([_I64, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64], None),
 }
@@ -239,6 +245,31 @@ class Library:
         k = channels * kh * kw
         args = (ap.ctypes.data, flat.ctypes.data, brows * wp, wp, kh, kw, dh, dw, c.ctypes.data, rows * ow)
         self.lib.afcx_conv_ap(m, rows, ow, k, *args)
+        return c
+
+    def conv_bp(
+        self,
+        band: np.ndarray,
+        bp: np.ndarray,
+        n: int,
+        pixels: tuple[int, int, int],
+        kernel: tuple[int, int],
+        strides: tuple[int, int],
+        dilations: tuple[int, int],
+    ) -> np.ndarray:
+        """A conv's tile with its pixels as rows (afc.h: afc_conv_bp): output pixels [p0, p1) of
+        rows `ow` wide (`pixels` = (p0, p1, ow)) against the packed W^T `bp` (n columns), the taps
+        read from `band[channels, band rows, wp]` (its row 0 is output row p0 // ow's first), as
+        C[p1 - p0, n]."""
+        (channels, brows, wp), (p0, p1, ow), (kh, kw) = band.shape, pixels, kernel
+        c = np.full((p1 - p0, n), np.nan, np.float32)
+        flat = np.ascontiguousarray(band)
+        geometry = (p0, ow, *strides)
+        taps = (brows * wp, wp, kh, kw, *dilations)
+        k = channels * kh * kw
+        self.lib.afcx_conv_bp(
+            p1 - p0, n, k, *geometry, flat.ctypes.data, *taps, bp.ctypes.data, c.ctypes.data, n
+        )
         return c
 
 

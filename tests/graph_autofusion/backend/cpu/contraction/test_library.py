@@ -216,3 +216,38 @@ def test_conv_reads_the_band_as_its_implicit_im2col(
     taps = [band[:, y * dh : y * dh + rows, x * dw : x * dw + ow] for y in range(kh) for x in range(kw)]
     col = np.stack(taps, axis=1).reshape(channels * kh * kw, rows * ow)
     _check(lib.conv_ap(lib.pack_a(w), band, m, kernel, dilations), w, col)
+
+
+# afc_conv_bp: pixel tiles starting mid-row and whole rows, rows narrower than a panel, stride 2
+# and dilation, K in one block and several, output channels not a whole number of panels.
+@pytest.mark.parametrize(
+    ("channels", "n", "pixels", "kernel", "strides", "dilations"),
+    [
+        (4, 24, (0, 49, 7), (3, 3), (1, 1), (1, 1)),
+        (30, 40, (5, 101, 14), (3, 3), (1, 1), (1, 1)),
+        (3, 70, (11, 60, 9), (7, 7), (2, 2), (1, 1)),
+        (6, 9, (3, 20, 6), (3, 2), (2, 1), (2, 3)),
+    ],
+)
+def test_conv_rows_gather_the_band_as_the_implicit_im2col(
+    lib: Library,
+    channels: int,
+    n: int,
+    pixels: tuple[int, int, int],
+    kernel: tuple[int, int],
+    strides: tuple[int, int],
+    dilations: tuple[int, int],
+) -> None:
+    (p0, p1, ow), (kh, kw), (sh, sw), (dh, dw) = pixels, kernel, strides, dilations
+    rows = (p1 - 1) // ow - p0 // ow + 1
+    rng = np.random.default_rng(p1)
+    shape = (channels, (rows - 1) * sh + (kh - 1) * dh + 1, (ow - 1) * sw + (kw - 1) * dw + 1)
+    band = rng.standard_normal(shape).astype(np.float32)
+    w = rng.standard_normal((channels * kh * kw, n)).astype(np.float32)  # W^T
+    r, x = np.divmod(np.arange(p0, p1), ow)
+    r -= p0 // ow
+    # colt[pixel, (c, ky, kx)] = band[c, r * sh + ky * dh, x * sw + kx * dw]
+    taps = [band[:, r * sh + y * dh, x * sw + z * dw] for y in range(kh) for z in range(kw)]
+    colt = np.stack(taps, axis=1).reshape(channels * kh * kw, p1 - p0).T
+    got = lib.conv_bp(band, lib.pack_b(w), n, pixels, kernel, strides, dilations)
+    _check(got, np.ascontiguousarray(colt), w)
