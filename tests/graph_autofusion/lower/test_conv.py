@@ -289,7 +289,9 @@ def test_narrow_im2col_reads_a_padded_band(
     direct = x_shape == (1, 64, 2000) and mode == "library"  # the only stride-1 conv of wide rows
     assert method_of(kernel) == (DIRECT if direct else IM2COL)
     (task,) = [s for s in kernel.body if isinstance(s, Loop)]
-    assert ("pad" in [b.name for b in task.scratch]) == (padded or direct)
+    # 196 pixels as rows (library): the band is the only copy of the activation, so it is built
+    gathers = x_shape == (1, 16, 28, 28) and mode == "library"
+    assert ("pad" in [b.name for b in task.scratch]) == (padded or direct or gathers)
     _assert_matches_onnxruntime(kernel, weights, model, feeds, tmp_path)
 
 
