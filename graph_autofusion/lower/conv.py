@@ -304,14 +304,22 @@ def conv_method(g: ConvGeometry) -> str:
 
 def _direct_shape(g: ConvGeometry) -> bool:
     """Whether a conv's taps are read from its input band in place (`conv_direct`, when the
-    library packs its weight): stride 1 over 1-D or 2-D planes, output rows wide enough that the
-    (kw - 1) * dw band columns computed and dropped per row cost little (2 of 58 on ResNet-50's
-    56-pixel rows; its 28-pixel rows, 2 of 30, keep im2col)."""
+    library packs its weight): 1-D or 2-D planes, output rows wide enough that the band columns
+    computed and dropped per row ((kw - 1) * dw at stride 1; a strided conv's band is split in
+    phase planes, `_fill_band`) cost little: 2 of 58 on ResNet-50's 56-pixel rows, 3 of 115 on
+    its stem, 1 of 29 on its stride-2 3x3 into 28-pixel rows; its 28-pixel stride-1 rows, 2 of 30,
+    keep im2col."""
+    wq = _phase_width(g, g.sw)
+    # a strided conv's band is all of its input rows: every phase plane must feed some tap (a
+    # stride-2 1x1 would copy four times the pixels it reads)
+    rows_read = {ky * g.dh % g.sh for ky in range(g.kh)} == set(range(g.sh))
+    cols_read = {kx * g.dw % g.sw for kx in range(g.kw)} == set(range(g.sw))
     return (
         g.d == g.od == g.kd == 1
-        and g.sh == g.sw == 1
+        and rows_read
+        and cols_read
         and g.ow >= DIRECT_MIN_WIDTH
-        and (g.kw - 1) * g.dw * DIRECT_MAX_DROP <= _band_width(g)
+        and (wq - g.ow) * DIRECT_MAX_DROP <= wq
         and g.pixels > ROWS_MAX_IM2COL_PIXELS
     )
 
@@ -322,11 +330,11 @@ def direct_tiles(g: ConvGeometry) -> tuple[int, int, int, int]:
     DIRECT_BAND_FLOATS, the one whose tasks BALANCE_THREADS threads finish soonest (`_makespan`
     over the flat band columns; the widest wins ties). Output channels split in two tiles only
     when the rows make fewer tasks than threads."""
-    wp, reach = _band_width(g), (g.kh - 1) * g.dh
+    wp, reach = _phase_width(g, g.sw), (g.kh - 1) * g.dh // g.sh
     images = g.n * g.group
     best, best_span = 1, None
     for rt in range(1, g.oh + 1):
-        if rt > 1 and g.cig * (rt + reach) * wp > DIRECT_BAND_FLOATS:
+        if rt > 1 and g.cig * g.sh * g.sw * (rt + reach) * wp > DIRECT_BAND_FLOATS:
             break
         if rt * wp < DIRECT_TILE_COLUMNS and rt < g.oh:
             continue
@@ -563,7 +571,8 @@ def _schedule(g: ConvGeometry, method: str, packed: bool) -> str:
         rt, rtn, ct, ctn = direct_tiles(g)
         return (
             f"{g.n} images x {g.group} groups x {rtn} tiles of {rt} output rows x {ctn} channel tiles "
-            f"of {ct}; K = {g.kdim} read from a band of {_band_width(g)}-column rows"
+            f"of {ct}; K = {g.kdim} read from a band of {g.sh}x{g.sw} phases of "
+            f"{_phase_width(g, g.sw)}-column rows"
         )
     pt, ptn, ct, ctn = conv_tiles(g, PANEL_QUANTUM if packed else 16, packed and pixels_as_rows(g))
     return (
@@ -902,16 +911,29 @@ def _im2col_padded(
 
 
 def _fill_band(
-    g: ConvGeometry, x: Buffer, xg: Expr, pad: Buffer, plane: Expr | int, rows: Expr, y0: Expr
+    g: ConvGeometry,
+    x: Buffer,
+    xg: Expr,
+    pad: Buffer,
+    plane: Expr | int,
+    rows: Expr,
+    y0: Expr,
+    phases: tuple[int, int] = (1, 1),
+    phase: Expr | int = 0,
 ) -> Loop:
     """The zero-padded band of one group's input channels: `rows` rows from input row `y0` on
     (rows off the image are zeros), `_band_width` columns each (the left padding's zeros, the
     input row, zeros), channel c's rows from `pad[c * plane]` on. The bounds are worked out once
-    per row and the column runs are compile-time constants."""
-    wpd = _band_width(g)
-    lo = min(g.pl, wpd)  # padded columns [lo, hi) hold input columns [0, w)
-    hi = max(lo, min(g.w + g.pl, wpd))
-    ci, yy, iy, xx, rowd = ir.var("ci"), ir.var("yy"), ir.var("iy"), ir.var("xx"), ir.var("rowd")
+    per row and the column runs are compile-time constants.
+
+    With `phases` = (sh, sw) (`conv_direct` of a strided conv) the band is split into sh x sw
+    phase planes of `phase` floats, row phase a and column phase b at `(a * sw + b) * phase`:
+    padded row a + i * sh, column b + j * sw at row i, column j of its plane (`_phase_width`
+    columns), and `rows` counts the rows of a plane; the taps of a strided conv then read unit
+    stride runs, as a stride-1 conv's do."""
+    rs, cs = phases
+    wq = _phase_width(g, cs)
+    ci, i, xx = ir.var("ci"), ir.var("yy"), ir.var("xx")
     zero = ir.const(0.0, DType.F32)
 
     def fill(start: int, stop: int, value: Expr | None) -> list[Stmt]:
@@ -920,26 +942,31 @@ def _fill_band(
         v = value if value is not None else zero
         return [Loop(xx, stop, (Store(pad, rowd + xx, v),), vector=True, start=start)]
 
-    copy = ir.load(x, xg + ci * g.plane + iy * g.w + (xx - g.pl))
-    return Loop(
-        ci,
-        g.cig,
-        (
-            Loop(
-                yy,
-                rows,
-                (
-                    Let(iy, y0 + yy),
-                    Let(rowd, ci * plane + yy * wpd),
-                    If(
-                        ir.logical_and(ir.ge(iy, 0), ir.lt(iy, g.h)),
-                        (*fill(0, lo, None), *fill(lo, hi, copy), *fill(hi, wpd, None)),
-                        tuple(fill(0, wpd, None)),
-                    ),
+    body: list[Stmt] = []
+    for a in range(rs):
+        for b in range(cs):
+            suffix = "" if rs * cs == 1 else f"_{a}_{b}"
+            iy, rowd = ir.var("iy" + suffix), ir.var("rowd" + suffix)
+            # plane columns [lo, hi) hold input columns (j * cs + b - pl) in [0, w)
+            lo = min(max(0, -(-(g.pl - b) // cs)), wq)
+            hi = max(lo, min(-(-(g.w + g.pl - b) // cs), wq))
+            copy = ir.load(x, xg + ci * g.plane + iy * g.w + (xx * cs + (b - g.pl)))
+            body += [
+                Let(iy, y0 + i * rs + a),
+                Let(rowd, ci * plane + (a * cs + b) * phase + i * wq),
+                If(
+                    ir.logical_and(ir.ge(iy, 0), ir.lt(iy, g.h)),
+                    (*fill(0, lo, None), *fill(lo, hi, copy), *fill(hi, wq, None)),
+                    tuple(fill(0, wq, None)),
                 ),
-            ),
-        ),
-    )
+            ]
+    return Loop(ci, g.cig, (Loop(i, rows, tuple(body)),))
+
+
+def _phase_width(g: ConvGeometry, sw: int) -> int:
+    """Columns of a band's rows split into `sw` column phases (`_fill_band`): the band width
+    rounded up to whole phases, over `sw`."""
+    return -(-_band_width(g) // sw)
 
 
 def _direct(
@@ -954,17 +981,17 @@ def _direct(
     GFLOP/s on AVX-512, 91-95 -> 96-101 on AVX2 (the FMA peak is 117)."""
     rt, rtn, ct, ctn = direct_tiles(g)
     packed, _, block = weights
-    wp, reach = _band_width(g), (g.kh - 1) * g.dh
-    # the library reads junk columns up to a panel and a tap's reach past the last channel
-    slack = PANEL_QUANTUM + (g.kw - 1) * g.dw
-    pad = Buffer("pad", DType.F32, g.cig * (rt + reach) * wp + slack, "scratch")
+    wp, reach, nph = _phase_width(g, g.sw), (g.kh - 1) * g.dh // g.sh, g.sh * g.sw
+    # the library reads dropped columns up to a panel and a plane row past the last channel
+    slack = PANEL_QUANTUM + wp
+    pad = Buffer("pad", DType.F32, g.cig * nph * (rt + reach) * wp + slack, "scratch")
     pixels = g.pixels
     tasks = g.n * g.group * rtn * ctn
     macs = g.n * g.cout * pixels * g.kdim
     parallel = tasks > 1 and macs >= PARALLEL_MIN_MACS
     task, key, cb, ri, gi, ni = (ir.var(v) for v in ("task", "key", "cb", "ri", "gi", "ni"))
-    r0, rows, plane, p0, ch0, ch1, row0, xx = (
-        ir.var(v) for v in ("r0", "rows", "plane", "p0", "ch0", "ch1", "row0", "xx")
+    r0, rows, phase, plane, p0, ch0, ch1, row0, xx = (
+        ir.var(v) for v in ("r0", "rows", "phase", "plane", "p0", "ch0", "ch1", "row0", "xx")
     )
     zero = ir.const(0.0, DType.F32)
     body: list[Stmt] = [
@@ -975,9 +1002,20 @@ def _direct(
         Let(ni, key // (rtn * g.group)),
         Let(r0, ri * rt),
         Let(rows, ir.minimum(r0 + rt, g.oh) - r0),
-        Let(plane, (rows + reach) * wp),
+        Let(phase, (rows + reach) * wp),
+        Let(plane, phase * nph),
         Let(p0, r0 * g.ow),
-        _fill_band(g, x, (ni * g.cin + gi * g.cig) * g.plane, pad, plane, rows + reach, r0 - g.pt),
+        _fill_band(
+            g,
+            x,
+            (ni * g.cin + gi * g.cig) * g.plane,
+            pad,
+            plane,
+            rows + reach,
+            r0 * g.sh - g.pt,
+            (g.sh, g.sw),
+            phase,
+        ),
         Loop(xx, plane * g.cig + slack, (Store(pad, xx, zero),), vector=True, start=plane * g.cig),
         Let(ch0, cb * ct),
         Let(ch1, ir.minimum(ch0 + ct, g.cog)),
@@ -992,7 +1030,10 @@ def _direct(
                 ir.addr(packed, (gi * ctn + cb) * block),
                 ir.addr(pad, 0),
                 plane,
+                phase,
                 ir.index(wp),
+                ir.index(g.sh),
+                ir.index(g.sw),
                 ir.index(g.kh),
                 ir.index(g.kw),
                 ir.index(g.dh),

@@ -148,6 +148,12 @@ CASES = {
     "direct_valid_k5_few_channels": ((1, 3, 20, 80), (5, 3, 5, 5), {"auto_pad": "VALID"}, DIRECT),
     # 28-pixel rows: 2 of every 30 band columns would be dropped, so im2col
     "3x3_28_rows": ((1, 8, 28, 28), (16, 8, 3, 3), {"pads": [1, 1, 1, 1]}, IM2COL),
+    # strided: the band in phase planes (a stem, a dilated stride-2 with asymmetric padding, mixed)
+    "direct_stem_s2": ((1, 3, 100, 100), (16, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}, DIRECT),
+    "direct_s2_dilated": (
+        (2, 5, 40, 70), (12, 5, 3, 3), {"strides": [2, 2], "pads": [1, 0, 1, 2], "dilations": [2, 1]}, IM2COL
+    ),
+    "direct_s1x2": ((1, 6, 20, 66), (10, 6, 3, 3), {"strides": [1, 2], "pads": [1, 1, 1, 1]}, DIRECT),
     # one row: the output channels split in two tasks
     "direct_conv1d": ((1, 8, 300), (40, 8, 5), {"pads": [2, 2]}, DIRECT),
 }  # fmt: skip

@@ -644,18 +644,18 @@ static inline void afc_conv_store(const float *tile, int mr, int nr, int64_t j0,
 }
 #endif
 
-/* A packed once (a conv's weight, Cout x Cin*kh*kw), B the implicit im2col of a stride-1 conv,
- * read straight from a zero-padded band of its input rows: no im2col copy and no B packing
- * (afc.h gives the contract). Output row r's pixels are the band's flat positions r*wp .. r*wp+ow-1
- * (a tap (c, ky, kx) of every pixel of all the rows is one run at c*plane + ky*dh*wp + kx*dw
- * from it), so a 32-column panel runs across rows; its wp - ow columns past each row's end are
+/* A packed once (a conv's weight, Cout x Cin*kh*kw), B the implicit im2col of a conv, read
+ * straight from a zero-padded band of its input rows: no im2col copy and no B packing (afc.h gives
+ * the contract). Output row r's pixels are the band's flat positions r*wp .. r*wp+ow-1 (a tap
+ * (c, ky, kx) of every pixel of all the rows is one run from there, in the band's phase plane of
+ * (ky*dh % sh, kx*dw % sw) for a strided conv), so a 32-column panel runs across rows; its wp - ow columns past each row's end are
  * computed and dropped. A panel wholly inside one output row is stored by the micro-kernel; one
  * that straddles a row end goes through a register-tile buffer and is stored in its row pieces.
  * The B micro-panel (one band run per depth step) stays in L1 while the weight's A-panels of the
  * K block stream past it from L2, the Goto order of afc_gemm_ap. */
 static void afc_conv_ap(int64_t m, int64_t rows, int64_t ow, int64_t k, const float *ap, const float *band,
-                        int64_t plane, int64_t wp, int64_t kh, int64_t kw, int64_t dh, int64_t dw, float *c,
-                        int64_t ldc) {
+                        int64_t plane, int64_t phase, int64_t wp, int64_t sh, int64_t sw, int64_t kh, int64_t kw,
+                        int64_t dh, int64_t dw, float *c, int64_t ldc) {
   if (m <= 0 || rows <= 0 || ow <= 0) return;
   if (k <= 0) {
     for (int64_t i = 0; i < m; ++i) memset(c + i * ldc, 0, sizeof(float) * (size_t)(rows * ow));
@@ -667,7 +667,8 @@ static void afc_conv_ap(int64_t m, int64_t rows, int64_t ow, int64_t k, const fl
     const int64_t kc = k - k0 < kb ? k - k0 : kb;
     for (int64_t kk = 0; kk < kc; ++kk) {
       const int64_t q = k0 + kk;
-      offs[kk] = (int32_t)(q / taps * plane + q / kw % kh * dh * wp + q % kw * dw);
+      const int64_t y = q / kw % kh * dh, x = q % kw * dw;
+      offs[kk] = (int32_t)(q / taps * plane + (y % sh * sw + x % sw) * phase + y / sh * wp + x / sw);
     }
     for (int64_t j0 = 0; j0 < n; j0 += AFC_NR) {
       const int nr = (int)(n - j0 < AFC_NR ? n - j0 : AFC_NR);

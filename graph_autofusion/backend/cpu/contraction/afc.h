@@ -37,14 +37,17 @@
  *   void afc_gemm_ap(m, n, k, alpha, ap, b, b_rs, b_cs, c, ldc)   A packed, B strided
  *   void afc_gemm_bp(m, n, k, alpha, a, a_rs, a_cs, bp, c, ldc)   A strided, B packed
  *   void afc_gemv_bp(m, n, k, alpha, a, a_rs, a_cs, bp, c, ldc)   the same for m <= AFC_GEMV_ROWS
- *   void afc_conv_ap(m, rows, ow, k, ap, band, plane, wp, kh, kw, dh, dw, c, ldc)
- *       a stride-1 conv's tile of `rows` whole output rows of width `ow`, A packed (the weight,
- *       m x k with k = channels * kh * kw), B read from a zero-padded band of input rows (no
- *       im2col): channel ch's band is `band + ch * plane`, `wp` floats a row (wp >= ow +
- *       (kw - 1) * dw), and output (r, x) of tap (ch, ky, kx) reads
- *       band[ch * plane + (r + ky * dh) * wp + x + kx * dw]. C[i][r * ow + x] at c + i * ldc.
- *       Columns past a row's end are computed and dropped, so every band must be readable up to
- *       channels * plane + AFC_NR + (kw - 1) * dw floats, with finite values (zeros) there.
+ *   void afc_conv_ap(m, rows, ow, k, ap, band, plane, phase, wp, sh, sw, kh, kw, dh, dw, c, ldc)
+ *       a conv's tile of `rows` whole output rows of width `ow`, A packed (the weight, m x k with
+ *       k = channels * kh * kw), B read from a zero-padded band of input rows (no im2col):
+ *       channel ch's band at `band + ch * plane`, in sh x sw phase planes of `phase` floats (one
+ *       plane for a stride-1 conv), plane (a, b) holding padded rows a, a + sh, ... and columns b,
+ *       b + sw, ..., `wp` floats a row (wp >= ow + ((kw - 1) * dw) / sw, ow >= 16). Output (r, x)
+ *       of tap (ch, ky, kx), with y = ky * dh and z = kx * dw, reads
+ *       band[ch * plane + (y % sh * sw + z % sw) * phase + (r + y / sh) * wp + x + z / sw].
+ *       C[i][r * ow + x] at c + i * ldc. Columns past a row's end are computed and dropped, so the
+ *       band must be readable up to channels * plane + AFC_NR + wp floats, with finite values
+ *       (zeros) there.
  *   void afc_conv_bp(m, n, k, p0, ow, sh, sw, band, plane, wp, kh, kw, dh, dw, bp, c, ldc)
  *       a conv's tile with its pixels as rows: C[i][j] (at c + i * ldc) for output pixels
  *       p0 .. p0 + m - 1 (row-major over output rows of width `ow`) and output channels j < n,
@@ -116,8 +119,8 @@ static void afc_gemm_bp(int64_t m, int64_t n, int64_t k, float alpha, const floa
 static void afc_gemv_bp(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t a_rs,
                         int64_t a_cs, const float *bp, float *c, int64_t ldc);
 static void afc_conv_ap(int64_t m, int64_t rows, int64_t ow, int64_t k, const float *ap, const float *band,
-                        int64_t plane, int64_t wp, int64_t kh, int64_t kw, int64_t dh, int64_t dw, float *c,
-                        int64_t ldc);
+                        int64_t plane, int64_t phase, int64_t wp, int64_t sh, int64_t sw, int64_t kh, int64_t kw,
+                        int64_t dh, int64_t dw, float *c, int64_t ldc);
 static void afc_conv_bp(int64_t m, int64_t n, int64_t k, int64_t p0, int64_t ow, int64_t sh, int64_t sw,
                         const float *band, int64_t plane, int64_t wp, int64_t kh, int64_t kw, int64_t dh,
                         int64_t dw, const float *bp, float *c, int64_t ldc);

@@ -116,9 +116,9 @@ void afcx_gemm_bp_panels(int64_t m, int64_t n, int64_t k, float alpha, const flo
 }
 int64_t afcx_gemv_rows(void) { return AFC_GEMV_ROWS; }
 void afcx_conv_ap(int64_t m, int64_t rows, int64_t ow, int64_t k, const float *ap, const float *band,
-                  int64_t plane, int64_t wp, int64_t kh, int64_t kw, int64_t dh, int64_t dw, float *c,
-                  int64_t ldc) {
-  afc_conv_ap(m, rows, ow, k, ap, band, plane, wp, kh, kw, dh, dw, c, ldc);
+                  int64_t plane, int64_t phase, int64_t wp, int64_t sh, int64_t sw, int64_t kh, int64_t kw,
+                  int64_t dh, int64_t dw, float *c, int64_t ldc) {
+  afc_conv_ap(m, rows, ow, k, ap, band, plane, phase, wp, sh, sw, kh, kw, dh, dw, c, ldc);
 }
 void afcx_conv_bp(int64_t m, int64_t n, int64_t k, int64_t p0, int64_t ow, int64_t sh, int64_t sw,
                   const float *band, int64_t plane, int64_t wp, int64_t kh, int64_t kw, int64_t dh,
@@ -165,7 +165,7 @@ _SIGNATURES: dict[str, tuple[list[type], type | None]] = {
     "afcx_gemv_bp": ([_I64, _I64, _I64, ctypes.c_float, _PTR, _I64, _I64, _PTR, _PTR, _I64], None),
     "afcx_gemm_bp_panels": ([_I64, _I64, _I64, ctypes.c_float, _PTR, _I64, _I64, _PTR, _PTR, _I64], None),
     "afcx_gemv_rows": ([], _I64),
-    "afcx_conv_ap": ([_I64, _I64, _I64, _I64, _PTR, _PTR, *[_I64] * 6, _PTR, _I64], None),
+    "afcx_conv_ap": ([_I64, _I64, _I64, _I64, _PTR, _PTR, *[_I64] * 9, _PTR, _I64], None),
     "afcx_conv_bp": ([*[_I64] * 7, _PTR, *[_I64] * 6, _PTR, _PTR, _I64], None),
     "afcx_gemm_ap_parallel": ([_I64, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64], None),
     "afcx_gemm_bp_parallel": ([_I64, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64], None),
@@ -232,19 +232,30 @@ class Library:
         return c
 
     def conv_ap(
-        self, ap: np.ndarray, band: np.ndarray, m: int, kernel: tuple[int, int], dilations: tuple[int, int]
+        self,
+        ap: np.ndarray,
+        band: np.ndarray,
+        m: int,
+        ow: int,
+        kernel: tuple[int, int],
+        strides: tuple[int, int],
+        dilations: tuple[int, int],
     ) -> np.ndarray:
-        """A stride-1 conv (afc.h: afc_conv_ap) of the packed weight `ap` (A-panels of m x
-        channels*kh*kw) over `band[channels, band rows, wp]`, the zero-padded input rows, as
-        C[m, rows * ow]; the band is passed with the zeros the library may read past it."""
-        (channels, brows, wp), (kh, kw), (dh, dw) = band.shape, kernel, dilations
-        ow, rows = wp - (kw - 1) * dw, brows - (kh - 1) * dh
-        flat = np.zeros(band.size + PANEL_QUANTUM + (kw - 1) * dw, np.float32)
+        """A conv (afc.h: afc_conv_ap) of the packed weight `ap` (A-panels of m x channels*kh*kw)
+        over `band[channels, sh * sw phase planes, plane rows, wp]`, the zero-padded input rows
+        split in phases, as C[m, rows * ow] (rows: the plane rows less the taps' reach); the
+        band is passed with the zeros the library may read past it."""
+        channels, phases, prows, wp = band.shape
+        (kh, kw), (sh, sw), (dh, dw) = kernel, strides, dilations
+        rows = prows - (kh - 1) * dh // sh
+        flat = np.zeros(band.size + PANEL_QUANTUM + wp, np.float32)
         flat[: band.size] = band.ravel()
         c = np.full((m, rows * ow), np.nan, np.float32)
         k = channels * kh * kw
-        args = (ap.ctypes.data, flat.ctypes.data, brows * wp, wp, kh, kw, dh, dw, c.ctypes.data, rows * ow)
-        self.lib.afcx_conv_ap(m, rows, ow, k, *args)
+        geometry = (phases * prows * wp, prows * wp, wp, sh, sw, kh, kw, dh, dw)
+        self.lib.afcx_conv_ap(
+            m, rows, ow, k, ap.ctypes.data, flat.ctypes.data, *geometry, c.ctypes.data, rows * ow
+        )
         return c
 
     def conv_bp(

@@ -189,14 +189,16 @@ def test_the_wake_probe_reports_a_late_join_in_ns(lib: Library) -> None:
 
 # afc_conv_ap: rows narrower and wider than a panel (every panel straddling a row end, or some),
 # K in one block and in several (accumulated across the straddling stores), dilation, a kernel
-# wider than tall, output channels not a whole number of panels.
+# wider than tall, strides (the band in phase planes), output channels not a whole number of panels.
 @pytest.mark.parametrize(
-    ("channels", "m", "rows", "ow", "kernel", "dilations"),
+    ("channels", "m", "rows", "ow", "kernel", "strides", "dilations"),
     [
-        (3, 5, 4, 16, (3, 3), (1, 1)),
-        (40, 19, 3, 50, (3, 3), (1, 1)),
-        (12, 8, 2, 37, (2, 5), (2, 3)),
-        (7, 9, 1, 70, (1, 1), (1, 1)),
+        (3, 5, 4, 16, (3, 3), (1, 1), (1, 1)),
+        (40, 19, 3, 50, (3, 3), (1, 1), (1, 1)),
+        (12, 8, 2, 37, (2, 5), (1, 1), (2, 3)),
+        (7, 9, 1, 70, (1, 1), (1, 1), (1, 1)),
+        (3, 16, 3, 40, (7, 7), (2, 2), (1, 1)),
+        (30, 12, 2, 20, (3, 3), (2, 3), (1, 2)),
     ],
 )
 def test_conv_reads_the_band_as_its_implicit_im2col(
@@ -206,16 +208,31 @@ def test_conv_reads_the_band_as_its_implicit_im2col(
     rows: int,
     ow: int,
     kernel: tuple[int, int],
+    strides: tuple[int, int],
     dilations: tuple[int, int],
 ) -> None:
     rng = np.random.default_rng(rows * ow)
-    (kh, kw), (dh, dw) = kernel, dilations
-    band = rng.standard_normal((channels, rows + (kh - 1) * dh, ow + (kw - 1) * dw)).astype(np.float32)
+    (kh, kw), (sh, sw), (dh, dw) = kernel, strides, dilations
+    padded = rng.standard_normal(
+        (channels, (rows - 1) * sh + (kh - 1) * dh + 1, (ow - 1) * sw + (kw - 1) * dw + 1)
+    )
+    padded = padded.astype(np.float32)
+    # phase planes: plane (a, b) row i, column j = padded[a + i * sh, b + j * sw] (zero past it)
+    prows, wp = rows + (kh - 1) * dh // sh, -(-padded.shape[2] // sw)
+    band = np.zeros((channels, sh * sw, prows, wp), np.float32)
+    for a in range(sh):
+        for b in range(sw):
+            part = padded[:, a::sh, b::sw][:, :prows]
+            band[:, a * sw + b, : part.shape[1], : part.shape[2]] = part
     w = rng.standard_normal((m, channels * kh * kw)).astype(np.float32)
-    # the im2col the library must not build: col[(c, ky, kx), (r, x)] = band[c, r + ky*dh, x + kx*dw]
-    taps = [band[:, y * dh : y * dh + rows, x * dw : x * dw + ow] for y in range(kh) for x in range(kw)]
+    # the im2col the library must not build: col[(c, ky, kx), (r, x)] = padded[c, r*sh + ky*dh, x*sw + kx*dw]
+    taps = [
+        padded[:, y * dh : y * dh + (rows - 1) * sh + 1 : sh, z * dw : z * dw + (ow - 1) * sw + 1 : sw]
+        for y in range(kh)
+        for z in range(kw)
+    ]
     col = np.stack(taps, axis=1).reshape(channels * kh * kw, rows * ow)
-    _check(lib.conv_ap(lib.pack_a(w), band, m, kernel, dilations), w, col)
+    _check(lib.conv_ap(lib.pack_a(w), band, m, ow, kernel, strides, dilations), w, col)
 
 
 # afc_conv_bp: pixel tiles starting mid-row and whole rows, rows narrower than a panel, stride 2
