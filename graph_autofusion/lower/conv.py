@@ -307,8 +307,9 @@ def _direct_shape(g: ConvGeometry) -> bool:
     library packs its weight): 1-D or 2-D planes, output rows wide enough that the band columns
     computed and dropped per row ((kw - 1) * dw at stride 1; a strided conv's band is split in
     phase planes, `_fill_band`) cost little: 2 of 58 on ResNet-50's 56-pixel rows, 3 of 115 on
-    its stem, 1 of 29 on its stride-2 3x3 into 28-pixel rows; its 28-pixel stride-1 rows, 2 of 30,
-    keep im2col."""
+    its stem; its 28-pixel stride-1 rows, 2 of 30, keep im2col), and the band of the narrowest
+    tile within DIRECT_BAND_FLOATS (ResNet-50's stride-2 3x3 of 128 channels into 28-pixel rows,
+    four phase planes of 29 columns, would take 1-row tiles: it keeps im2col)."""
     wq = _phase_width(g, g.sw)
     # a strided conv's band is all of its input rows: every phase plane must feed some tap (a
     # stride-2 1x1 would copy four times the pixels it reads)
@@ -321,25 +322,34 @@ def _direct_shape(g: ConvGeometry) -> bool:
         and g.ow >= DIRECT_MIN_WIDTH
         and (wq - g.ow) * DIRECT_MAX_DROP <= wq
         and g.pixels > ROWS_MAX_IM2COL_PIXELS
+        and _direct_band_floats(g, _direct_min_rows(g)) <= DIRECT_BAND_FLOATS
     )
+
+
+def _direct_band_floats(g: ConvGeometry, rt: int) -> int:
+    """Floats of a `conv_direct` band for tiles of `rt` output rows (all phase planes)."""
+    return g.cig * g.sh * g.sw * (rt + (g.kh - 1) * g.dh // g.sh) * _phase_width(g, g.sw)
+
+
+def _direct_min_rows(g: ConvGeometry) -> int:
+    """The fewest output rows of a `conv_direct` tile: DIRECT_TILE_COLUMNS band columns."""
+    return min(g.oh, -(-DIRECT_TILE_COLUMNS // _phase_width(g, g.sw)))
 
 
 def direct_tiles(g: ConvGeometry) -> tuple[int, int, int, int]:
     """(output rows per tile, row tiles, channel tile, channel tiles) of `conv_direct`: tiles of
-    whole output rows, at least DIRECT_TILE_COLUMNS band columns wide and with a band of at most
-    DIRECT_BAND_FLOATS, the one whose tasks BALANCE_THREADS threads finish soonest (`_makespan`
-    over the flat band columns; the widest wins ties). Output channels split in two tiles only
-    when the rows make fewer tasks than threads."""
-    wp, reach = _phase_width(g, g.sw), (g.kh - 1) * g.dh // g.sh
-    images = g.n * g.group
-    best, best_span = 1, None
-    for rt in range(1, g.oh + 1):
-        if rt > 1 and g.cig * g.sh * g.sw * (rt + reach) * wp > DIRECT_BAND_FLOATS:
-            break
-        if rt * wp < DIRECT_TILE_COLUMNS and rt < g.oh:
-            continue
+    whole output rows, at least `_direct_min_rows`, with a band of at most DIRECT_BAND_FLOATS and
+    an output tile of at most OUT_TILE_FLOATS beyond those, the one whose tasks BALANCE_THREADS
+    threads finish soonest (`_makespan` over the flat band columns; the widest wins ties).
+    Output channels split in two tiles only when the rows make fewer tasks than threads."""
+    wp, images = _phase_width(g, g.sw), g.n * g.group
+    best = lo = _direct_min_rows(g)
+    best_span = _makespan(g.oh * wp, lo * wp, images, 1)
+    for rt in range(lo + 1, g.oh + 1):
+        if _direct_band_floats(g, rt) > DIRECT_BAND_FLOATS or rt * g.ow * g.cog > OUT_TILE_FLOATS:
+            break  # the band, and the output tile the epilogue finishes, stay in L2
         span = _makespan(g.oh * wp, rt * wp, images, 1)
-        if best_span is None or span <= best_span:
+        if span <= best_span:
             best, best_span = rt, span
     rtn = -(-g.oh // best)
     ct = g.cog
