@@ -64,14 +64,17 @@ def test_conv3x3_stride1_pad1_bias_relu(rng: np.random.Generator) -> None:
     check(case, "conv3x3_s1", k=_k((24, 16, 3, 3)), method="conv_im2col_tiled")
 
 
-def test_conv3x3_stride2_with_batchnorm_affine_and_residual(rng: np.random.Generator) -> None:
-    case = _conv_case(
+def _bn_residual_case(
+    rng: np.random.Generator, x_shape: tuple[int, ...], cout: int, out_hw: int, **attrs: object
+) -> Case:
+    """A 3x3 conv (pad 1) with a folded BatchNorm as Mul + Add, a residual Add and ReLU after it."""
+    n, cin = x_shape[:2]
+    return _conv_case(
         rng,
-        (2, 8, 9, 9),
-        (12, 8, 3, 3),
+        x_shape,
+        (cout, cin, 3, 3),
         bias=False,
         relu=False,
-        strides=[2, 2],
         pads=[1, 1, 1, 1],
         extra=[
             helper.make_node("Mul", ["y", "scale"], ["ys"]),
@@ -79,33 +82,30 @@ def test_conv3x3_stride2_with_batchnorm_affine_and_residual(rng: np.random.Gener
             helper.make_node("Add", ["yb", "res"], ["ya"]),
             helper.make_node("Relu", ["ya"], ["o"]),
         ],
-        extra_inits={"scale": rand(rng, 12, 1, 1), "shift": rand(rng, 12, 1, 1)},
-        extra_inputs={"res": rand(rng, 2, 12, 5, 5)},
+        extra_inits={"scale": rand(rng, cout, 1, 1), "shift": rand(rng, cout, 1, 1)},
+        extra_inputs={"res": rand(rng, n, cout, out_hw, out_hw)},
+        **attrs,
     )
+
+
+def test_conv3x3_stride2_with_batchnorm_affine_and_residual(rng: np.random.Generator) -> None:
+    case = _bn_residual_case(rng, (2, 8, 9, 9), 12, 5, strides=[2, 2])
     check(case, "conv3x3_s2_bn_res", k=_k((12, 8, 3, 3)), method="conv_im2col_tiled")
 
 
 def test_conv3x3_direct_with_batchnorm_affine_and_residual(rng: np.random.Generator) -> None:
     # ResNet-50's 3x3 in miniature: stride 1, 40-pixel rows, the taps read from the input band
     # (several row tiles, panels straddling row ends), with the whole epilogue
-    case = _conv_case(
-        rng,
-        (2, 16, 40, 40),
-        (24, 16, 3, 3),
-        bias=False,
-        relu=False,
-        pads=[1, 1, 1, 1],
-        extra=[
-            helper.make_node("Mul", ["y", "scale"], ["ys"]),
-            helper.make_node("Add", ["ys", "shift"], ["yb"]),
-            helper.make_node("Add", ["yb", "res"], ["ya"]),
-            helper.make_node("Relu", ["ya"], ["o"]),
-        ],
-        extra_inits={"scale": rand(rng, 24, 1, 1), "shift": rand(rng, 24, 1, 1)},
-        extra_inputs={"res": rand(rng, 2, 24, 40, 40)},
-    )
+    case = _bn_residual_case(rng, (2, 16, 40, 40), 24, 40)
     kernel = check(case, "conv3x3_direct_bn_res", k=_k((24, 16, 3, 3)), method="conv_direct", weights=True)
     assert "afc_conv_ap(" in kernel.source and "tiles of" in kernel.source
+
+
+def test_conv3x3_stride2_direct_reads_phase_planes(rng: np.random.Generator) -> None:
+    # stride 2 into 33-pixel rows: the band in four phase planes, the same epilogue
+    case = _bn_residual_case(rng, (1, 8, 66, 66), 16, 33, strides=[2, 2])
+    kernel = check(case, "conv3x3_s2_direct", k=_k((16, 8, 3, 3)), method="conv_direct", weights=True)
+    assert "2x2 phases" in kernel.source
 
 
 def test_conv_many_pixel_tiles_stem(rng: np.random.Generator) -> None:
