@@ -201,8 +201,10 @@ def _conv_problems(r: Callable[..., np.ndarray]) -> dict[str, Problem]:
         "conv_r50_stem_7x7_s2": conv((1, 3, 224, 224), (64, 3, 7, 7), strides=s2, pads=[3, 3, 3, 3]),
         "conv_r50_3x3_56": conv((1, 64, 56, 56), (64, 64, 3, 3), pads=p1),
         "conv_r50_1x1_expand_res": conv((1, 64, 56, 56), (256, 64, 1, 1), res=(1, 256, 56, 56)),
+        "conv_r50_3x3_28": conv((1, 128, 28, 28), (128, 128, 3, 3), pads=p1),
         "conv_r50_3x3_s2_28": conv((1, 128, 56, 56), (128, 128, 3, 3), strides=s2, pads=p1),
         "conv_r50_1x1_s2_down": conv((1, 256, 56, 56), (512, 256, 1, 1), act="none", strides=s2),
+        "conv_r50_1x1_reduce_14": conv((1, 1024, 14, 14), (256, 1024, 1, 1)),
         "conv_r50_3x3_7": conv((1, 512, 7, 7), (512, 512, 3, 3), pads=p1),
         "conv_mbv2_dw_3x3_112": conv((1, 32, 112, 112), (32, 1, 3, 3), act="relu6", group=32, pads=p1),
         "conv_mbv2_dw_3x3_s2": conv(

@@ -35,6 +35,13 @@ convention (`Kernel.packed` / `prepack`) and the epilogue loop nest (`epilogue_n
   the (kw - 1) * dw columns between them computed and dropped), then the epilogue: no im2col tile
   and no per-tile B packing (ResNet-50's 56x56 3x3 convs, 9-13% faster than im2col on Zen 4).
 
+* pixels as rows over whole output rows (`_band_rows_shape`, library only): a stride-1 conv of at
+  most CONV_BP_INPLACE_CHANNELS output channels with more pixels than the narrow convs below:
+  per task (image, tile of whole output rows), the zero-padded band, then one `afc_conv_bp` call
+  whose micro-kernel broadcasts each pixel's taps from the band in place against the weight's
+  B-panels (`Y^T` into this thread's tile), then `afc_store_t` stores the tile transposed into
+  NCHW, then the epilogue (ResNet-50's 3x3 convs of 64 and 128 channels at 56x56 and 28x28).
+
 * `conv_transpose_col2im` (ConvTranspose): per (image, group, block of output channels), one
   contraction `col = W_g^T x X[n, g]` into a per-thread workspace slice, then a scatter-add
   (col2im) into the output block, then the epilogue on that block.
@@ -68,7 +75,7 @@ from typing import Protocol
 
 import onnx
 
-from ..backend.cpu.contraction import PANEL_QUANTUM, contraction_mode
+from ..backend.cpu.contraction import CONV_BP_INPLACE_CHANNELS, PANEL_QUANTUM, contraction_mode
 from ..backend.cpu.kernel_spec import KernelSpec
 from ..kernel_ir import Buffer, Call, DType, Expr, If, Kernel, Let, Loop, Stmt, Store, TensorAt
 from ..kernel_ir import nodes as ir
@@ -78,6 +85,7 @@ from .anchor import (
     DIRECT_ROWS_CONV_ROUTINE,
     PACK_A_ROUTINE,
     PARALLEL_MIN_MACS,
+    STORE_T_ROUTINE,
     PackedPanels,
     _EpilogueValues,
     _is_raw,
@@ -297,7 +305,7 @@ def conv_method(g: ConvGeometry) -> str:
     pointwise = (g.kd, g.kh, g.kw, g.sd, g.sh, g.sw, g.pf, g.pt, g.pl) == (1, 1, 1, 1, 1, 1, 0, 0, 0)
     if pointwise and (g.od, g.oh, g.ow) == (g.d, g.h, g.w):
         return "conv1x1_gemm"
-    if _direct_shape(g):
+    if _direct_shape(g) and not _band_rows_shape(g):
         return "conv_direct"
     return "conv_im2col_tiled"
 
@@ -360,12 +368,72 @@ def direct_tiles(g: ConvGeometry) -> tuple[int, int, int, int]:
 
 def pixels_as_rows(g: ConvGeometry) -> bool:
     """Whether a conv whose weight the library packs computes `Y^T = col^T x W^T` (module
-    docstring): one image's pixels fit one tile but fill its column panels badly."""
+    docstring): one image's pixels fit one tile but fill its column panels badly, or its taps are
+    read in place from tiles of whole output rows (`_band_rows_shape`)."""
+    if _band_rows_shape(g):
+        return True
     if g.group != 1 or g.pixels % PANEL_QUANTUM == 0:
         return False
     return g.pixels < ROWS_MAX_PIXELS or (
         g.pixels <= ROWS_MAX_IM2COL_PIXELS and conv_method(g) == "conv_im2col_tiled"
     )
+
+
+def _band_rows_shape(g: ConvGeometry) -> bool:
+    """Whether a conv with more pixels than the other pixels-as-rows convs takes that path too,
+    in tiles of whole output rows (`band_row_tiles`) whose taps `afc_conv_bp` reads from the
+    zero-padded band in place, the weight's B-panels the only packed operand and every vector load
+    aligned: 2-D stride-1 convs of one group with more than one tap and at most
+    CONV_BP_INPLACE_CHANNELS output channels whose narrowest tile's band fits DIRECT_BAND_FLOATS.
+
+    Why: on Intel's AVX-512 cores an unaligned 64-byte load splits across two cache lines, and
+    `conv_direct`'s vector loads are the band's runs at every tap offset (the micro-kernel alone,
+    L1-resident, 183 -> 157 GFLOP/s with such loads; the peak is 213), while here they are the
+    packed weight's and the band is only broadcast from. Measured with benchmarks/anchor_ab.py
+    (Intel Xeon with AVX-512 and AMX, 2 vCPUs; fastest of 15-30 interleaved runs): ResNet-50's
+    64-channel 3x3 at 56x56 against `conv_direct` 1.67-1.71 -> 1.57-1.61 ms on one thread (CPU
+    time), 0.87-0.90 -> 0.90-0.91 ms on two; its 128-channel 3x3 at 28x28 against im2col
+    1.74-1.79 -> 1.57 ms on one thread, 0.98 -> 0.81 ms on two. Strided convs keep their methods:
+    the stem (7x7, stride 2, 3 channels) measured 1.75 -> 1.97 ms this way against
+    `conv_direct`'s phase planes. Not measured on AMD hosts, where unaligned loads cost less."""
+    return (
+        g.group == 1
+        and g.d == g.od == g.kd == 1
+        and g.sh == g.sw == 1
+        and g.taps > 1
+        and g.pixels > ROWS_MAX_IM2COL_PIXELS
+        and g.cog <= CONV_BP_INPLACE_CHANNELS
+        and _band_rows_floats(g, _band_rows_min(g)) <= DIRECT_BAND_FLOATS
+    )
+
+
+def _band_rows_floats(g: ConvGeometry, rt: int) -> int:
+    """Floats of the band a tile of `rt` whole output rows reads."""
+    return g.cig * ((rt - 1) * g.sh + (g.kh - 1) * g.dh + 1) * _band_width(g)
+
+
+def _band_rows_min(g: ConvGeometry) -> int:
+    """The fewest output rows of a `_band_rows_shape` tile: DIRECT_TILE_COLUMNS pixels."""
+    return min(g.oh, -(-DIRECT_TILE_COLUMNS // g.ow))
+
+
+def band_row_tiles(g: ConvGeometry) -> tuple[int, int]:
+    """(output rows per tile, row tiles) of a `_band_rows_shape` conv: at least `_band_rows_min`
+    rows, a band within DIRECT_BAND_FLOATS and a product tile (pixels x channels, padded rows)
+    within OUT_TILE_FLOATS, the one whose tasks BALANCE_THREADS threads finish soonest
+    (`_makespan`; the widest wins ties)."""
+    best = lo = _band_rows_min(g)
+    best_span = _makespan(g.pixels, lo * g.ow, g.n, 1)
+    for rt in range(lo + 1, g.oh + 1):
+        if (
+            _band_rows_floats(g, rt) > DIRECT_BAND_FLOATS
+            or rt * g.ow * (g.cog + TILE_ROW_PAD) > OUT_TILE_FLOATS
+        ):
+            break
+        span = _makespan(g.pixels, rt * g.ow, g.n, 1)
+        if span <= best_span:
+            best, best_span = rt, span
+    return best, -(-g.oh // best)
 
 
 def _round_up(x: int, q: int) -> int:
@@ -456,6 +524,9 @@ def conv_tiles(g: ConvGeometry, quantum: int = 16, rows: bool = False) -> tuple[
     down to MIN_PIXEL_TILE, so that all its output channels fit one tile of OUT_TILE_FLOATS, where
     they can (`_full_channel_pixel_tile`)."""
     p = g.pixels
+    if rows and _band_rows_shape(g):
+        rt, rtn = band_row_tiles(g)
+        return rt * g.ow, rtn, g.cog, 1
     if rows:
         # equal pixel tiles of whole row panels (196 pixels: 104 + 92); channel tiles of whole
         # B panels
@@ -703,7 +774,6 @@ def _gemm_tiles(
         ldt = ct + TILE_ROW_PAD
         tile = Buffer("tile", DType.F32, pt * ldt, "scratch")
         scratch += (tile,)
-        c, q = ir.var("c"), ir.var("q")
         if band_rows:
             wpd = _band_width(g)
             geometry = (g.ow, g.sh, g.sw)
@@ -736,21 +806,18 @@ def _gemm_tiles(
                 c=ir.addr(tile, 0),
                 ldc=ldt,
             )
-        product = [
-            tile_product,
-            Loop(
-                c,
+        store = Call(
+            STORE_T_ROUTINE,
+            (
+                p1 - p0,
                 ch1 - ch0,
-                (
-                    Loop(
-                        q,
-                        p1 - p0,
-                        (Store(dest, (row0 + c) * pixels + p0 + q, ir.load(tile, q * ldt + c)),),
-                        vector=True,
-                    ),
-                ),
+                ir.addr(tile, 0),
+                ir.index(ldt),
+                ir.addr(dest, row0 * pixels + p0),
+                ir.index(pixels),
             ),
-        ]
+        )
+        product = [tile_product, store]
     else:
         if weights is not None:
             packed, _, block = weights

@@ -25,6 +25,7 @@ from graph_autofusion.lower.anchor import (
     DIRECT_ROWS_CONV_ROUTINE,
     PACKED_A_ROUTINE,
     PACKED_B_ROUTINE,
+    STORE_T_ROUTINE,
     method_of,
 )
 from graph_autofusion.lower.conv import ConvGeometry, _makespan, conv_tiles, direct_tiles, lower_conv
@@ -33,6 +34,9 @@ F = onnx.TensorProto.FLOAT
 MODES = ("library", "blas")
 IM2COL, GEMM1X1, DEPTHWISE = "conv_im2col_tiled", "conv1x1_gemm", "conv_depthwise"
 DIRECT = "conv_direct"  # with the library; OpenBLAS has no band to read, so im2col there
+# im2col with OpenBLAS; with the library, pixels as rows in tiles of whole output rows whose taps
+# afc_conv_bp reads from the band in place (the method is still named im2col)
+BAND_ROWS = "band_rows"
 
 
 def _model(
@@ -139,23 +143,27 @@ CASES = {
     "depthwise_9x9_looped": ((1, 4, 12, 12), (4, 1, 9, 9), {"group": 4, "pads": [4, 4, 4, 4]}, DEPTHWISE),
     "conv1d": ((2, 6, 30), (8, 6, 3), {"strides": [2], "pads": [1, 2]}, IM2COL),
     "conv3d": ((1, 3, 6, 7, 8), (5, 3, 3, 3, 3), {"pads": [1, 0, 1, 1, 2, 1]}, IM2COL),
-    "big_parallel": ((1, 32, 40, 40), (64, 32, 3, 3), {"pads": [1, 1, 1, 1]}, DIRECT),
-    # the taps read from the input band: dilated, asymmetric padding, rows of unequal tiles
-    "direct_dilated_asym": (
-        (2, 6, 20, 70), (10, 6, 3, 5), {"dilations": [2, 1], "pads": [2, 0, 1, 3]}, DIRECT
+    "big_parallel": ((1, 32, 40, 40), (64, 32, 3, 3), {"pads": [1, 1, 1, 1]}, BAND_ROWS),
+    # the taps read from the input band in place: dilated, asymmetric padding, rows of unequal
+    # tiles, 28-pixel rows, one row
+    "rows_dilated_asym": (
+        (2, 6, 20, 70), (10, 6, 3, 5), {"dilations": [2, 1], "pads": [2, 0, 1, 3]}, BAND_ROWS
     ),
+    "rows_valid_k5_few_channels": ((1, 3, 20, 80), (5, 3, 5, 5), {"auto_pad": "VALID"}, BAND_ROWS),
+    "3x3_28_rows": ((1, 8, 28, 28), (16, 8, 3, 3), {"pads": [1, 1, 1, 1]}, BAND_ROWS),
+    "rows_conv1d": ((1, 8, 300), (40, 8, 5), {"pads": [2, 2]}, BAND_ROWS),
+    # more output channels than afc_conv_bp reads in place for, groups, or strides: the taps are
+    # the vector loads of afc_conv_ap, from the band in phase planes where strided (a stem, a
+    # dilated stride-2 with asymmetric padding, mixed)
     "direct_grouped": ((1, 8, 16, 32), (12, 4, 3, 3), {"group": 2, "pads": [1, 1, 1, 1]}, DIRECT),
-    "direct_valid_k5_few_channels": ((1, 3, 20, 80), (5, 3, 5, 5), {"auto_pad": "VALID"}, DIRECT),
-    # 28-pixel rows: 2 of every 30 band columns would be dropped, so im2col
-    "3x3_28_rows": ((1, 8, 28, 28), (16, 8, 3, 3), {"pads": [1, 1, 1, 1]}, IM2COL),
-    # strided: the band in phase planes (a stem, a dilated stride-2 with asymmetric padding, mixed)
+    "direct_wide": ((1, 8, 20, 40), (136, 8, 3, 3), {"pads": [1, 1, 1, 1]}, DIRECT),
     "direct_stem_s2": ((1, 3, 100, 100), (16, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}, DIRECT),
     "direct_s2_dilated": (
         (2, 5, 40, 70), (12, 5, 3, 3), {"strides": [2, 2], "pads": [1, 0, 1, 2], "dilations": [2, 1]}, IM2COL
     ),
     "direct_s1x2": ((1, 6, 20, 66), (10, 6, 3, 3), {"strides": [1, 2], "pads": [1, 1, 1, 1]}, DIRECT),
     # one row: the output channels split in two tasks
-    "direct_conv1d": ((1, 8, 300), (40, 8, 5), {"pads": [2, 2]}, DIRECT),
+    "direct_conv1d": ((1, 8, 300), (160, 8, 5), {"pads": [2, 2]}, DIRECT),
 }  # fmt: skip
 
 
@@ -168,6 +176,8 @@ def test_conv_matches_onnxruntime(
     x_shape, w_shape, attrs, method = CASES[name]
     if method == DIRECT and mode == "blas":
         method = IM2COL
+    band_rows = method == BAND_ROWS
+    method = IM2COL if band_rows else method
     model, feeds = _model(x_shape, w_shape, bias=True, relu=True, **attrs)
     spec, weights = _spec(model)
     kernel = lower_conv(spec)
@@ -182,9 +192,14 @@ def test_conv_matches_onnxruntime(
         # 256 when im2col builds the operand)
         pixels = math.prod(spec.tensors[spec.nodes[0].output[0]].shape[2:])
         few = pixels < 64 or (pixels <= 256 and method == IM2COL)
-        rows = attrs.get("group", 1) == 1 and pixels % 32 and few
-        # (with the pixels as rows over a padded band, the library gathers from the band itself)
-        expected = [{PACKED_B_ROUTINE}, {DIRECT_ROWS_CONV_ROUTINE}] if rows else [{PACKED_A_ROUTINE}]
+        rows = band_rows or (attrs.get("group", 1) == 1 and pixels % 32 and few)
+        # (with the pixels as rows over a padded band, the library gathers from the band itself;
+        # the product's tile is then stored transposed)
+        expected = [{PACKED_B_ROUTINE, STORE_T_ROUTINE}, {DIRECT_ROWS_CONV_ROUTINE, STORE_T_ROUTINE}]
+        if band_rows:
+            expected = expected[1:]
+        elif not rows:
+            expected = [{PACKED_A_ROUTINE}]
         assert routines in expected and len(kernel.packed) == 1
     else:
         assert routines == {CONTRACTION_ROUTINE} and not kernel.packed
@@ -326,7 +341,8 @@ def test_narrow_convs_put_the_pixels_in_the_rows(
         if rows
         else PACKED_A_ROUTINE
     )
-    assert {c.function for c in calls(kernel.body)} == {routine}
+    # the product's tile stored transposed into NCHW
+    assert {c.function for c in calls(kernel.body)} == ({routine, STORE_T_ROUTINE} if rows else {routine})
     (task,) = [s for s in kernel.body if isinstance(s, Loop)]
     assert ("tile" in [b.name for b in task.scratch]) == rows  # the transposed product's workspace
     _assert_matches_onnxruntime(kernel, weights, model, feeds, tmp_path)
@@ -341,7 +357,8 @@ def test_raw_conv_output_stores_the_product_without_an_epilogue(tmp_path: Path) 
 
 
 def test_im2col_uses_a_workspace_slice_not_an_allocation() -> None:
-    model, _ = _model((1, 8, 20, 20), (16, 8, 3, 3), bias=True, relu=True, pads=[1, 1, 1, 1])
+    # (more output channels than afc_conv_bp reads a band in place for: im2col)
+    model, _ = _model((1, 8, 20, 20), (136, 8, 3, 3), bias=True, relu=True, pads=[1, 1, 1, 1])
     spec, _ = _spec(model)
     kernel = lower_conv(spec)
     (task,) = [s for s in kernel.body if isinstance(s, Loop)]

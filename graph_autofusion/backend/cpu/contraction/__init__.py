@@ -34,7 +34,10 @@ the ISA is part of the cache key like every other kernel):
 * `afc.h`: the ABI (documented there): packed layouts, `afc_pack_a/_b`, `afc_gemm_ap` (A packed,
   conv weights `[Cout, Cin*kh*kw]`), `afc_gemm_bp` (B packed, MatMul/Gemm weights) and
   `afc_conv_ap` (A packed, B a stride-1 conv's implicit im2col read from its zero-padded input
-  band: the micro-kernel's B rows at a per-depth offset, no copy of the activation but the band).
+  band: the micro-kernel's B rows at a per-depth offset, no copy of the activation but the band),
+  `afc_conv_bp` (B the packed W^T, the pixels as rows: up to CONV_BP_INPLACE_CHANNELS output
+  channels the micro-kernel broadcasts each pixel's taps from the band in place) and
+  `afc_store_t` (such a tile stored transposed into NCHW).
 * `afc.c`: micro-kernels (AVX-512 8x32 with 16 zmm accumulators, AVX2+FMA 6x16, portable 4x16),
   the packing routines and the single-threaded tile drivers with K blocking (at most KC=256,
   split evenly), the Goto loop order and a software prefetch of the next weight panel (afc.h);
@@ -75,6 +78,10 @@ DEFAULT_MODE = "library"
 # Column tiles of a multiple of this many columns are whole B panels on every ISA (AFC_NR is 32
 # or 16), so generators round the tiles they hand the library to it without knowing the ISA.
 PANEL_QUANTUM = 32
+
+# afc.h's AFC_CONV_BP_INPLACE_N: up to this many output channels afc_conv_bp reads a conv's taps
+# from its band in place (no A-panel copy), which lower/conv.py's band rows are chosen around.
+CONV_BP_INPLACE_CHANNELS = 128
 
 # Version of the packed-weight buffers a bundle stores (bundle.py): raw native-endian floats as
 # `<kernel>_prepack` writes them, in the panel layouts of afc.h for the bundle's ISA. Kernels

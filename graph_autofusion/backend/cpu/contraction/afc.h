@@ -55,6 +55,9 @@
  *       input rows from output row p0 / ow's first one on: band[ch * plane + (r * sh + ky * dh)
  *       * wp + x * sw + kx * dw] for pixel p0 + i at output row p0 / ow + r, column x. Any
  *       stride; nothing outside those addresses is read.
+ *   void afc_store_t(m, n, tile, ldt, out, ldo)
+ *       out[j * ldo + i] = tile[i * ldt + j] (i < m, j < n): a pixels-as-rows tile stored into
+ *       NCHW, by register transposes.
  * Sizes are int64_t, strides in elements. Buffers from the caller need no particular alignment;
  * packed buffers of 64-byte alignment are faster.
  */
@@ -108,6 +111,10 @@
 #define AFC_GEMV_ROWS 2
 #endif
 
+/* Output channels up to which afc_conv_bp reads its A operand (the pixels' taps) from the band in
+ * place rather than gathering packed A-panels (afc.c says what each measured). */
+#define AFC_CONV_BP_INPLACE_N 128
+
 static int64_t afc_packed_a_floats(int64_t m, int64_t k);
 static int64_t afc_packed_b_floats(int64_t k, int64_t n);
 static void afc_pack_a(int64_t m, int64_t k, const float *a, int64_t rs, int64_t cs, float *ap);
@@ -124,4 +131,5 @@ static void afc_conv_ap(int64_t m, int64_t rows, int64_t ow, int64_t k, const fl
 static void afc_conv_bp(int64_t m, int64_t n, int64_t k, int64_t p0, int64_t ow, int64_t sh, int64_t sw,
                         const float *band, int64_t plane, int64_t wp, int64_t kh, int64_t kw, int64_t dh,
                         int64_t dw, const float *bp, float *c, int64_t ldc);
+static void afc_store_t(int64_t m, int64_t n, const float *tile, int64_t ldt, float *out, int64_t ldo);
 #endif

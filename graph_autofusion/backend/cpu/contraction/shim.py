@@ -125,6 +125,9 @@ void afcx_conv_bp(int64_t m, int64_t n, int64_t k, int64_t p0, int64_t ow, int64
                   int64_t dw, const float *bp, float *c, int64_t ldc) {
   afc_conv_bp(m, n, k, p0, ow, sh, sw, band, plane, wp, kh, kw, dh, dw, bp, c, ldc);
 }
+void afcx_store_t(int64_t m, int64_t n, const float *tile, int64_t ldt, float *out, int64_t ldo) {
+  afc_store_t(m, n, tile, ldt, out, ldo);
+}
 /* tiles of a whole GEMM over OpenMP threads, as an anchor kernel runs them (benchmarks) */
 void afcx_gemm_ap_parallel(int64_t m, int64_t n, int64_t k, const float *ap, const float *b, float *c,
                            int64_t mb, int64_t nb) {
@@ -167,6 +170,7 @@ _SIGNATURES: dict[str, tuple[list[type], type | None]] = {
     "afcx_gemv_rows": ([], _I64),
     "afcx_conv_ap": ([_I64, _I64, _I64, _I64, _PTR, _PTR, *[_I64] * 9, _PTR, _I64], None),
     "afcx_conv_bp": ([*[_I64] * 7, _PTR, *[_I64] * 6, _PTR, _PTR, _I64], None),
+    "afcx_store_t": ([_I64, _I64, _PTR, _I64, _PTR, _I64], None),
     "afcx_gemm_ap_parallel": ([_I64, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64], None),
     "afcx_gemm_bp_parallel": ([_I64, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64], None),
 }

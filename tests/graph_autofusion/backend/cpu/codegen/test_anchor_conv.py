@@ -93,18 +93,29 @@ def test_conv3x3_stride2_with_batchnorm_affine_and_residual(rng: np.random.Gener
     check(case, "conv3x3_s2_bn_res", k=_k((12, 8, 3, 3)), method="conv_im2col_tiled")
 
 
-def test_conv3x3_direct_with_batchnorm_affine_and_residual(rng: np.random.Generator) -> None:
-    # ResNet-50's 3x3 in miniature: stride 1, 40-pixel rows, the taps read from the input band
-    # (several row tiles, panels straddling row ends), with the whole epilogue
+def test_conv3x3_rows_with_batchnorm_affine_and_residual(rng: np.random.Generator) -> None:
+    # ResNet-50's 3x3 in miniature: stride 1, 40-pixel rows, the pixels as rows of the product in
+    # tiles of whole output rows, each tap read from the input band in place, the tile stored
+    # transposed, with the whole epilogue
     case = _bn_residual_case(rng, (2, 16, 40, 40), 24, 40)
-    kernel = check(case, "conv3x3_direct_bn_res", k=_k((24, 16, 3, 3)), method="conv_direct", weights=True)
+    method = "conv_im2col_tiled"
+    kernel = check(case, "conv3x3_rows_bn_res", k=_k((24, 16, 3, 3)), method=method, weights=True)
+    assert "afc_conv_bp(" in kernel.source and "afc_store_t(" in kernel.source
+    assert "pixels as rows" in kernel.source
+
+
+def test_conv3x3_direct_with_batchnorm_affine_and_residual(rng: np.random.Generator) -> None:
+    # with more output channels than afc_conv_bp reads a band in place for, the band's runs are the
+    # vector loads instead (several row tiles, panels straddling row ends)
+    case = _bn_residual_case(rng, (2, 16, 40, 40), 136, 40)
+    kernel = check(case, "conv3x3_direct_bn_res", k=_k((136, 16, 3, 3)), method="conv_direct", weights=True)
     assert "afc_conv_ap(" in kernel.source and "tiles of" in kernel.source
 
 
 def test_conv3x3_stride2_direct_reads_phase_planes(rng: np.random.Generator) -> None:
     # stride 2 into 33-pixel rows: the band in four phase planes, the same epilogue
-    case = _bn_residual_case(rng, (1, 8, 66, 66), 16, 33, strides=[2, 2])
-    kernel = check(case, "conv3x3_s2_direct", k=_k((16, 8, 3, 3)), method="conv_direct", weights=True)
+    case = _bn_residual_case(rng, (1, 8, 66, 66), 136, 33, strides=[2, 2])
+    kernel = check(case, "conv3x3_s2_direct", k=_k((136, 8, 3, 3)), method="conv_direct", weights=True)
     assert "2x2 phases" in kernel.source
 
 

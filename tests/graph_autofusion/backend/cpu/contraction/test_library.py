@@ -236,7 +236,8 @@ def test_conv_reads_the_band_as_its_implicit_im2col(
 
 
 # afc_conv_bp: pixel tiles starting mid-row and whole rows, rows narrower than a panel, stride 2
-# and dilation, K in one block and several, output channels not a whole number of panels.
+# and dilation, K in one block and several, output channels not a whole number of panels; up to
+# AFC_CONV_BP_INPLACE_N channels the taps are read in place, above it gathered into A-panels.
 @pytest.mark.parametrize(
     ("channels", "n", "pixels", "kernel", "strides", "dilations"),
     [
@@ -244,6 +245,9 @@ def test_conv_reads_the_band_as_its_implicit_im2col(
         (30, 40, (5, 101, 14), (3, 3), (1, 1), (1, 1)),
         (3, 70, (11, 60, 9), (7, 7), (2, 2), (1, 1)),
         (6, 9, (3, 20, 6), (3, 2), (2, 1), (2, 3)),
+        (8, 128, (0, 230, 56), (3, 3), (1, 1), (1, 1)),
+        (40, 136, (6, 61, 10), (3, 3), (1, 1), (1, 1)),
+        (5, 260, (2, 30, 6), (3, 3), (2, 2), (1, 1)),
     ],
 )
 def test_conv_rows_gather_the_band_as_the_implicit_im2col(
@@ -268,3 +272,14 @@ def test_conv_rows_gather_the_band_as_the_implicit_im2col(
     colt = np.stack(taps, axis=1).reshape(channels * kh * kw, p1 - p0).T
     got = lib.conv_bp(band, lib.pack_b(w), n, pixels, kernel, strides, dilations)
     _check(got, np.ascontiguousarray(colt), w)
+
+
+@pytest.mark.parametrize(("m", "n"), [(1, 1), (8, 8), (23, 17), (64, 40), (5, 130)])
+def test_store_t_writes_the_tile_transposed_into_its_rows(lib: Library, m: int, n: int) -> None:
+    rng = np.random.default_rng(m * n)
+    ldt, ldo = n + 3, m + 5
+    tile = rng.standard_normal((m, ldt)).astype(np.float32)
+    out = np.full((n, ldo), np.nan, np.float32)
+    lib.lib.afcx_store_t(m, n, tile.ctypes.data, ldt, out.ctypes.data, ldo)
+    np.testing.assert_array_equal(out[:, :m], tile[:, :n].T)
+    assert np.isnan(out[:, m:]).all()  # nothing past a row's m pixels is written
