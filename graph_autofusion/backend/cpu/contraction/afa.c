@@ -23,11 +23,16 @@
  * tile row), which gcc maps onto zmm registers for AVX-512 (8 x 32 tile: 16 accumulators), ymm
  * for AVX2 (6 x 16: 12) and xmm elsewhere (4 x 8: 8). Rows past a tile's last valid row read the
  * tile's first row again (computed, never stored), so no row beyond the operand is ever read.
- * AVX2 builds (not AVX-512 ones) differ in four measured places, each commented where it is: the
- * broadcast load (AFA_SPLAT), half tiles for narrow last panels, P V with row tiles outer, and
- * K^T packed by 8 x 8 transposes. Together (AMD EPYC Zen 1, one layer, 1 thread, kernel CPU time,
- * minima of 9 alternating rounds) ViT-B/16's attention kernel went 7.6-8.0 -> 5.0-5.1 ms against
- * 5.9-6.5 ms for the unfused path, BERT-base's 3.0-3.1 -> 2.1 ms against 4.6-4.8.
+ * AVX2 builds (not AVX-512 ones) differ in three measured places, each commented where it is:
+ * half tiles for narrow last panels, P V with row tiles outer, and K^T packed by 8 x 8
+ * transposes; with the broadcast load (AFA_SPLAT) they took (AMD EPYC Zen 1, one layer, 1
+ * thread, kernel CPU time, minima of 9 alternating rounds) ViT-B/16's attention kernel from
+ * 7.6-8.0 to 5.0-5.1 ms against 5.9-6.5 ms for the unfused path, BERT-base's from 3.0-3.1 to 2.1
+ * ms against 4.6-4.8. On AVX-512 (Intel Xeon, 2 vCPUs, benchmarks/attention_speed.py, medians of
+ * 5-7 alternating rounds) the broadcast load took the 12 layers' attention kernels of ViT-B/16
+ * from 23.4 to 15.6-15.8 ms on one thread (12.8 -> 8.9 ms on two), BERT-base's from 9.6 to 6.3
+ * (5.3 -> 3.9), GPT-2's from 4.1 to 3.3 on two; row tiles outer and half tiles measured no
+ * better there (16.5-17.1 and 15.6-15.8 ms for ViT-B/16 on one thread).
  * All functions are `static` and single-threaded: the kernel owns the parallel loop.
  */
 #ifndef AFA_IMPL
@@ -61,12 +66,16 @@ typedef float afa_vf __attribute__((vector_size(AFA_VL * sizeof(float)), aligned
 #define AFA_FMA(a, b, acc) ((acc) + (a) * (b))
 #endif
 
-/* One element of A at p in every lane. `(afa_vf){0} + x` is not x under IEEE rules (-0 + 0 is
- * +0), so without -ffast-math gcc keeps it as a scalar add and a register broadcast per row and
- * depth step; on AVX2 that held the tile at 21-23 GFLOP/s against 30-32 with the broadcast load
- * (AMD EPYC Zen 1, 1 thread, ViT-B/16's 197 x 197 x 64 heads, FMA peak 37.6). AVX-512 keeps
- * the expression it was measured with. */
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+/* One element of A at p in every lane, by a broadcast load. `(afa_vf){0} + x` is not x under
+ * IEEE rules (-0 + 0 is +0), so without -ffast-math gcc keeps it as a scalar add and a register
+ * broadcast per row and depth step: on AVX2 that held the tile at 21-23 GFLOP/s against 30-32
+ * with the broadcast load (AMD EPYC Zen 1, 1 thread, ViT-B/16's 197 x 197 x 64 heads, FMA peak
+ * 37.6); on AVX-512 the register broadcast is a shuffle on port 5, one of the two FMA ports of
+ * Intel's cores: ViT-B/16's attention kernel ran at 61 GFLOP/s there (Intel Xeon, 1 thread, 29%
+ * of the FMA peak), BERT-base's at 63 (the header gives the figures after). */
+#if defined(__AVX512F__)
+#define AFA_SPLAT(p) ((afa_vf)_mm512_set1_ps(*(p)))
+#elif defined(__AVX2__) && defined(__FMA__)
 #define AFA_SPLAT(p) ((afa_vf)_mm256_broadcast_ss(p))
 #else
 #define AFA_SPLAT(p) ((afa_vf){0} + *(p))
