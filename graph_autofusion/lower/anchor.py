@@ -102,6 +102,10 @@ PARALLEL_MIN_MACS = 1 << 19
 # or the contraction library's tile with a right operand packed once (backend/cpu/contraction/afc.h).
 CONTRACTION_ROUTINE = "af_sgemm_tile"
 PACKED_B_ROUTINE = "afc_gemm_bp"
+# afc_gemm_bp for a left operand that is a kernel input: packed once per thread and kernel call,
+# after BEGIN_CALL_ROUTINE at the kernel's start has retired the previous call's packings
+PACKED_B_INPUT_ROUTINE = "afc_gemm_bp_in"
+BEGIN_CALL_ROUTINE = "afc_begin_call"
 PACK_B_ROUTINE = "afc_pack_b"
 PACKED_A_ROUTINE = "afc_gemm_ap"
 PACK_A_ROUTINE = "afc_pack_a"
@@ -133,12 +137,14 @@ def contraction(
     ldc: Expr | int,
     trans_b: bool = False,
     ldb: Expr | int = 0,
+    a_input: bool = False,
 ) -> Call:
     """`c[m x n] = alpha * op(a)[m x k] @ op(b)[k x n]` for one tile, row-major, `a`/`b`/`c` the
     addresses (`ir.addr`) of the tiles' first elements, or `a` / `b` the tile's packed panels
     (that operand's transpose flag and leading dimension then unused). Every anchor kernel,
     MatMul/Gemm and Conv alike, computes its products through this one call, so a faster
-    routine plugs in here."""
+    routine plugs in here. `a_input` says `a` is a kernel input, unchanged during the call (not
+    a workspace the call rewrites), so the library may keep its packing for the next tile."""
     if isinstance(a, PackedPanels):
         if isinstance(b, PackedPanels):
             raise ValueError("one operand of a tile product is packed at load, not both")
@@ -150,7 +156,7 @@ def contraction(
     if isinstance(b, PackedPanels):
         a_rs, a_cs = (ir.index(1), ir.index(lda)) if trans_a else (ir.index(lda), ir.index(1))
         return Call(
-            PACKED_B_ROUTINE,
+            PACKED_B_INPUT_ROUTINE if a_input else PACKED_B_ROUTINE,
             (m, n, ir.index(k), ir.const(alpha, DType.F32), a, a_rs, a_cs, b.at, c, ir.index(ldc)),
         )
     return Call(
@@ -523,6 +529,7 @@ def _tiles(
             ldb=ldb,
             c=ir.addr(dest, y_at),
             ldc=p.c_rs,
+            a_input=a_ptr.buffer.role == "input" if isinstance(a_ptr, ir.Addr) else False,
         )
     )
     if write_back is not None or flat:
@@ -534,7 +541,10 @@ def _tiles(
     loop = Loop(
         task, tasks, tuple(head), parallel=parallel, dynamic=parallel, scratch=tuple(scratch), macs=p.macs
     )
-    return [loop], len(scratch) > int(pooled)
+    # a library tile that keeps its packing of the input for the call's later tiles needs the
+    # call's start marked, so that no packing of an earlier call is taken for this one's
+    keeps = any(isinstance(s, Call) and s.function == PACKED_B_INPUT_ROUTINE for s in head)
+    return ([Call(BEGIN_CALL_ROUTINE, ())] if keeps else []) + [loop], len(scratch) > int(pooled)
 
 
 def _row_sum(j: ir.Var, n: int, term: Expr, name: str) -> tuple[list[Stmt], ir.Var]:

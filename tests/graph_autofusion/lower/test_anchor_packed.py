@@ -18,9 +18,10 @@ from graph_autofusion.backend.cpu.kernel_spec import KernelSpec
 from graph_autofusion.backend.cpu.render_c import PREPACK_SUFFIX, render_kernel
 from graph_autofusion.kernel_ir import format_kernel
 from graph_autofusion.lower.anchor import (
+    BEGIN_CALL_ROUTINE,
     CONTRACTION_ROUTINE,
     PACK_B_ROUTINE,
-    PACKED_B_ROUTINE,
+    PACKED_B_INPUT_ROUTINE,
     lower_anchor,
     method_of,
 )
@@ -42,8 +43,10 @@ def test_a_weight_packs_once_and_each_tile_calls_the_library(
 ) -> None:
     monkeypatch.setenv(CONTRACTION_ENV, "library")
     kernel = lower_anchor(_bias_relu())
-    (call,) = calls(kernel.body)
-    assert call.function == PACKED_B_ROUTINE
+    # the activation is a kernel input: each thread packs it once per call (marked at the start)
+    begin, call = calls(kernel.body)
+    assert (begin.function, call.function) == (BEGIN_CALL_ROUTINE, PACKED_B_INPUT_ROUTINE)
+    assert kernel.body[0] == begin
     (buf,) = kernel.packed
     assert buf.role == "packed"
     (fill,) = calls(kernel.prepack)
@@ -81,7 +84,7 @@ def test_transposed_weight_with_alpha_and_gemm_addend(
         weights=("w", "c"),
     )
     kernel = lower_anchor(spec)
-    assert [c.function for c in calls(kernel.body)] == [PACKED_B_ROUTINE]
+    assert [c.function for c in calls(kernel.body)] == [BEGIN_CALL_ROUTINE, PACKED_B_INPUT_ROUTINE]
     rng = np.random.default_rng(1)
     x, w, c = rng.standard_normal((70, 33)), rng.standard_normal((301, 33)), rng.standard_normal(301)
     (got,) = run(kernel, [x, w, c], tmp_path)

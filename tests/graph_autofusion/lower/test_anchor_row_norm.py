@@ -17,8 +17,15 @@ import graph_autofusion as gaf
 from graph_autofusion.backend.cpu.contraction import CONTRACTION_ENV
 from graph_autofusion.backend.cpu.kernel_spec import KernelSpec, TensorInfo
 from graph_autofusion.backend.cpu.runtime import host_steps
-from graph_autofusion.kernel_ir import Loop, format_kernel
-from graph_autofusion.lower.anchor import NORM_ROWS, ROW_TILE_BYTES, full_row_tiles, lower_anchor, tile_sizes
+from graph_autofusion.kernel_ir import Kernel, Loop, format_kernel
+from graph_autofusion.lower.anchor import (
+    BEGIN_CALL_ROUTINE,
+    NORM_ROWS,
+    ROW_TILE_BYTES,
+    full_row_tiles,
+    lower_anchor,
+    tile_sizes,
+)
 from graph_autofusion.plan.anchor_match import match_anchor
 from graph_autofusion.verify import run_onnxruntime
 
@@ -102,6 +109,14 @@ def _check(case: _Case, got: list[np.ndarray]) -> None:
         np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-4, atol=2e-5)
 
 
+def _loops(kernel: Kernel, library: bool) -> list[Loop]:
+    """The kernel's loops, after the call that marks its start where the library keeps its
+    packing of the input operand for the call's tiles."""
+    head = [s for s in kernel.body if not isinstance(s, Loop)]
+    assert [c.function for c in head] == ([BEGIN_CALL_ROUTINE] if library else [])
+    return [s for s in kernel.body if isinstance(s, Loop)]
+
+
 @pytest.mark.parametrize("library", [False, True])
 def test_row_norm_in_tiles_of_whole_rows_runs_like_onnxruntime(
     library: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
@@ -113,8 +128,8 @@ def test_row_norm_in_tiles_of_whole_rows_runs_like_onnxruntime(
     p = match_anchor(case.spec).contraction
     assert p is not None and full_row_tiles(p)
     kernel = lower_anchor(case.spec)
-    (loop,) = kernel.body
-    assert isinstance(loop, Loop) and loop.parallel and loop.stop == 4  # 4 row tiles of 100 columns
+    (loop,) = _loops(kernel, library)
+    assert loop.parallel and loop.stop == 4  # 4 row tiles of 100 columns
     assert bool(kernel.packed) == library
     text = format_kernel(kernel)
     assert "rows normalised (LayerNormalization over 100 columns, in each tile of whole rows)" in text
@@ -134,9 +149,9 @@ def test_row_norm_after_the_tiles_runs_like_onnxruntime(
     p = match_anchor(case.spec).contraction
     assert p is not None and not full_row_tiles(p)
     kernel = lower_anchor(case.spec)
-    tiles, rows = kernel.body
-    assert isinstance(tiles, Loop) and tiles.parallel and tiles.stop == 4  # 4 column tiles
-    assert isinstance(rows, Loop) and rows.parallel and rows.stop == 64 // NORM_ROWS
+    tiles, rows = _loops(kernel, library)
+    assert tiles.parallel and tiles.stop == 4  # 4 column tiles
+    assert rows.parallel and rows.stop == 64 // NORM_ROWS
     assert "LayerNormalization over 384 columns, after the tiles" in format_kernel(kernel)
     feeds = list(case.feeds().values())
     got = run(kernel, feeds, tmp_path)

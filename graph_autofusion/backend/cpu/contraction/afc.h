@@ -37,6 +37,11 @@
  *   void afc_gemm_ap(m, n, k, alpha, ap, b, b_rs, b_cs, c, ldc)   A packed, B strided
  *   void afc_gemm_bp(m, n, k, alpha, a, a_rs, a_cs, bp, c, ldc)   A strided, B packed
  *   void afc_gemv_bp(m, n, k, alpha, a, a_rs, a_cs, bp, c, ldc)   the same for m <= AFC_GEMV_ROWS
+ *   void afc_gemm_bp_in(m, n, k, alpha, a, a_rs, a_cs, bp, c, ldc)
+ *       afc_gemm_bp for an A that does not change during the kernel call (a kernel input): each
+ *       thread packs it once per call and reuses the packing for its later tiles of the same A
+ *   void afc_begin_call(void)                         a kernel call starts (before its parallel
+ *       loop): packings kept by afc_gemm_bp_in for an earlier call are not reused
  *   void afc_conv_ap(m, rows, ow, k, ap, band, plane, phase, wp, sh, sw, kh, kw, dh, dw, c, ldc)
  *       a conv's tile of `rows` whole output rows of width `ow`, A packed (the weight, m x k with
  *       k = channels * kh * kw), B read from a zero-padded band of input rows (no im2col):
@@ -125,6 +130,9 @@ static void afc_gemm_bp(int64_t m, int64_t n, int64_t k, float alpha, const floa
                         int64_t a_cs, const float *bp, float *c, int64_t ldc);
 static void afc_gemv_bp(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t a_rs,
                         int64_t a_cs, const float *bp, float *c, int64_t ldc);
+static void afc_gemm_bp_in(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t a_rs,
+                           int64_t a_cs, const float *bp, float *c, int64_t ldc);
+static void afc_begin_call(void);
 static void afc_conv_ap(int64_t m, int64_t rows, int64_t ow, int64_t k, const float *ap, const float *band,
                         int64_t plane, int64_t phase, int64_t wp, int64_t sh, int64_t sw, int64_t kh, int64_t kw,
                         int64_t dh, int64_t dw, float *c, int64_t ldc);

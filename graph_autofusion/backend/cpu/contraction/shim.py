@@ -125,6 +125,11 @@ void afcx_conv_bp(int64_t m, int64_t n, int64_t k, int64_t p0, int64_t ow, int64
                   int64_t dw, const float *bp, float *c, int64_t ldc) {
   afc_conv_bp(m, n, k, p0, ow, sh, sw, band, plane, wp, kh, kw, dh, dw, bp, c, ldc);
 }
+void afcx_gemm_bp_in(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t a_rs,
+                     int64_t a_cs, const float *bp, float *c, int64_t ldc) {
+  afc_gemm_bp_in(m, n, k, alpha, a, a_rs, a_cs, bp, c, ldc);
+}
+void afcx_begin_call(void) { afc_begin_call(); }
 void afcx_store_t(int64_t m, int64_t n, const float *tile, int64_t ldt, float *out, int64_t ldo) {
   afc_store_t(m, n, tile, ldt, out, ldo);
 }
@@ -170,6 +175,8 @@ _SIGNATURES: dict[str, tuple[list[type], type | None]] = {
     "afcx_gemv_rows": ([], _I64),
     "afcx_conv_ap": ([_I64, _I64, _I64, _I64, _PTR, _PTR, *[_I64] * 9, _PTR, _I64], None),
     "afcx_conv_bp": ([*[_I64] * 7, _PTR, *[_I64] * 6, _PTR, _PTR, _I64], None),
+    "afcx_gemm_bp_in": ([_I64, _I64, _I64, ctypes.c_float, _PTR, _I64, _I64, _PTR, _PTR, _I64], None),
+    "afcx_begin_call": ([], None),
     "afcx_store_t": ([_I64, _I64, _PTR, _I64, _PTR, _I64], None),
     "afcx_gemm_ap_parallel": ([_I64, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64], None),
     "afcx_gemm_bp_parallel": ([_I64, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64], None),
@@ -226,11 +233,17 @@ class Library:
     def gemm_bp(
         self, a: np.ndarray, bp: np.ndarray, n: int, alpha: float = 1.0, path: str = "auto"
     ) -> np.ndarray:
-        """A x packed B; `path` forces one of afc_gemm_bp's two paths ("gemv", "panels")."""
+        """A x packed B; `path` forces one of afc_gemm_bp's two paths ("gemv", "panels"), or
+        is afc_gemm_bp_in ("input": A packed once per kernel call, afcx_begin_call)."""
         m, k = a.shape
         c = np.full((m, n), np.nan, np.float32)
         rs, cs = (s // 4 for s in a.strides)
-        paths = {"auto": "afcx_gemm_bp", "gemv": "afcx_gemv_bp", "panels": "afcx_gemm_bp_panels"}
+        paths = {
+            "auto": "afcx_gemm_bp",
+            "gemv": "afcx_gemv_bp",
+            "panels": "afcx_gemm_bp_panels",
+            "input": "afcx_gemm_bp_in",
+        }
         fn = getattr(self.lib, paths[path])
         fn(m, n, k, alpha, a.ctypes.data, rs, cs, bp.ctypes.data, c.ctypes.data, n)
         return c

@@ -283,3 +283,31 @@ def test_store_t_writes_the_tile_transposed_into_its_rows(lib: Library, m: int, 
     lib.lib.afcx_store_t(m, n, tile.ctypes.data, ldt, out.ctypes.data, ldo)
     np.testing.assert_array_equal(out[:, :m], tile[:, :n].T)
     assert np.isnan(out[:, m:]).all()  # nothing past a row's m pixels is written
+
+
+def test_an_input_is_packed_once_per_kernel_call(lib: Library) -> None:
+    rng = np.random.default_rng(11)
+    m, k, n = 3 * lib.mr + 5, 300, 2 * lib.nr + 7  # two K blocks, a partial row panel
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    bp = lib.pack_b(w)
+    lib.lib.afcx_begin_call()
+    _check(lib.gemm_bp(a, bp, n, path="input"), a, w)
+    # within one call the operand is the same: its packing of the first tile serves the next
+    before = a.copy()
+    a[:] = rng.standard_normal(a.shape)
+    _check(lib.gemm_bp(a, bp, n, path="input"), before, w)
+    # the next call packs it again
+    lib.lib.afcx_begin_call()
+    _check(lib.gemm_bp(a, bp, n, path="input"), a, w)
+    # another operand (here a view of other rows) is packed anew within the call
+    _check(lib.gemm_bp(a[2:], bp, n, path="input"), a[2:], w)
+
+
+def test_an_input_too_large_to_keep_is_packed_per_tile(lib: Library) -> None:
+    rng = np.random.default_rng(12)
+    m, k, n = 2 * lib.mr, (1 << 20) // (2 * lib.mr) + 64, 3  # past the kept packing's 2^20 floats
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    lib.lib.afcx_begin_call()
+    _check(lib.gemm_bp(a, lib.pack_b(w), n, path="input"), a, w)
