@@ -11,10 +11,11 @@ residual), its fused QKV projection, attention scores with K^T as a Transpose pr
 scale as an epilogue, the attention context stored through Transpose(0,2,1,3) -> Reshape; GPT-2's
 Conv1D (Gemm with C, Reshape, residual); a small MLP layer; two-GEMM chains (an MLP block with
 ReLU, BERT's whole FFN with GELU between); ResNet-50's convs (the 7x7 stride-2
-stem, a 3x3, a 3x3 stride 2, a 1x1 expansion with the residual add, the stride-2 1x1 downsample,
-a 3x3 on 7x7 pixels) and MobileNetV2's (3x3 depthwise, stride 1 and 2, on 112x112 down to 7x7
-planes, with ReLU6 as Clip; a 1x1 expansion and projection), each with its folded-BatchNorm bias
-and activation; and a ConvTranspose 2x upsampling.
+stem, its 3x3s on 56x56, 28x28, 14x14 and 7x7 pixels and with stride 2, a 1x1 expansion with the
+residual add, a 1x1 reduction at 14x14, the stride-2 1x1 downsample) and MobileNetV2's (3x3
+depthwise, stride 1 and 2, on 112x112 down to 7x7 planes, with ReLU6 as Clip; a 1x1 expansion
+and projection), each with its folded-BatchNorm bias and activation; and a ConvTranspose 2x
+upsampling.
 
 The float constants the kernels take as parameters are the spec's `weights` (where the checkout's
 KernelSpec has that field), so with `AUTOFUSION_CONTRACTION=library` (the default) each side
@@ -205,6 +206,7 @@ def _conv_problems(r: Callable[..., np.ndarray]) -> dict[str, Problem]:
         "conv_r50_3x3_s2_28": conv((1, 128, 56, 56), (128, 128, 3, 3), strides=s2, pads=p1),
         "conv_r50_1x1_s2_down": conv((1, 256, 56, 56), (512, 256, 1, 1), act="none", strides=s2),
         "conv_r50_1x1_reduce_14": conv((1, 1024, 14, 14), (256, 1024, 1, 1)),
+        "conv_r50_3x3_14": conv((1, 256, 14, 14), (256, 256, 3, 3), pads=p1),
         "conv_r50_3x3_7": conv((1, 512, 7, 7), (512, 512, 3, 3), pads=p1),
         "conv_mbv2_dw_3x3_112": conv((1, 32, 112, 112), (32, 1, 3, 3), act="relu6", group=32, pads=p1),
         "conv_mbv2_dw_3x3_s2": conv(
