@@ -492,7 +492,7 @@ def _tiles(
     a_buf, b_buf = values.buffer_of(p.a.tensor), values.buffer_of(p.b.tensor)
     b_at = p.b.offset + batch_offset(bi, p.batch, p.b.batch_strides) + n0 * p.b.cs
     a_layout, b_layout = p.a.blas(), p.b.blas()
-    a_ptr: Expr = ir.addr(a_buf, a_at)
+    a_ptr = ir.addr(a_buf, a_at)
     b_ptr: Expr = ir.addr(b_buf, b_at)
     ldb: Expr | int
     if a_layout is None:  # neither axis unit-stride: copy the tile's rows into scratch
@@ -529,7 +529,7 @@ def _tiles(
             ldb=ldb,
             c=ir.addr(dest, y_at),
             ldc=p.c_rs,
-            a_input=a_ptr.buffer.role == "input" if isinstance(a_ptr, ir.Addr) else False,
+            a_input=a_ptr.buffer.role == "input",
         )
     )
     if write_back is not None or flat:

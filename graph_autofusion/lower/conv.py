@@ -344,21 +344,29 @@ def _direct_min_rows(g: ConvGeometry) -> int:
     return min(g.oh, -(-DIRECT_TILE_COLUMNS // _phase_width(g, g.sw)))
 
 
-def direct_tiles(g: ConvGeometry) -> tuple[int, int, int, int]:
-    """(output rows per tile, row tiles, channel tile, channel tiles) of `conv_direct`: tiles of
-    whole output rows, at least `_direct_min_rows`, with a band of at most DIRECT_BAND_FLOATS and
-    an output tile of at most OUT_TILE_FLOATS beyond those, the one whose tasks BALANCE_THREADS
-    threads finish soonest (`_makespan` over the flat band columns; the widest wins ties).
-    Output channels split in two tiles only when the rows make fewer tasks than threads."""
-    wp, images = _phase_width(g, g.sw), g.n * g.group
+def _balanced_rows(g: ConvGeometry, width: int, images: int, tile_channels: int) -> int:
+    """Output rows per tile of the band methods: at least `_direct_min_rows`, a band within
+    DIRECT_BAND_FLOATS and a tile of `tile_channels` floats a pixel within OUT_TILE_FLOATS (both
+    stay in L2), the one whose `images` x row tiles BALANCE_THREADS threads finish soonest
+    (`_makespan` over `width` columns a row; the widest wins ties)."""
     best = lo = _direct_min_rows(g)
-    best_span = _makespan(g.oh * wp, lo * wp, images, 1)
+    best_span = _makespan(g.oh * width, lo * width, images, 1)
     for rt in range(lo + 1, g.oh + 1):
-        if _direct_band_floats(g, rt) > DIRECT_BAND_FLOATS or rt * g.ow * g.cog > OUT_TILE_FLOATS:
-            break  # the band, and the output tile the epilogue finishes, stay in L2
-        span = _makespan(g.oh * wp, rt * wp, images, 1)
+        if _direct_band_floats(g, rt) > DIRECT_BAND_FLOATS or rt * g.ow * tile_channels > OUT_TILE_FLOATS:
+            break
+        span = _makespan(g.oh * width, rt * width, images, 1)
         if span <= best_span:
             best, best_span = rt, span
+    return best
+
+
+def direct_tiles(g: ConvGeometry) -> tuple[int, int, int, int]:
+    """(output rows per tile, row tiles, channel tile, channel tiles) of `conv_direct`: tiles of
+    whole output rows (`_balanced_rows` over the flat band columns, the output tile the epilogue
+    finishes in L2). Output channels split in two tiles only when the rows make fewer tasks than
+    threads."""
+    images = g.n * g.group
+    best = _balanced_rows(g, _phase_width(g, g.sw), images, g.cog)
     rtn = -(-g.oh // best)
     ct = g.cog
     if images * rtn < BALANCE_THREADS and g.cog >= 2 * CHANNEL_QUANTUM:
@@ -403,36 +411,14 @@ def _band_rows_shape(g: ConvGeometry) -> bool:
         and g.taps > 1
         and g.pixels > ROWS_MAX_IM2COL_PIXELS
         and g.cog <= CONV_BP_INPLACE_CHANNELS
-        and _band_rows_floats(g, _band_rows_min(g)) <= DIRECT_BAND_FLOATS
+        and _direct_band_floats(g, _direct_min_rows(g)) <= DIRECT_BAND_FLOATS
     )
 
 
-def _band_rows_floats(g: ConvGeometry, rt: int) -> int:
-    """Floats of the band a tile of `rt` whole output rows reads."""
-    return g.cig * ((rt - 1) * g.sh + (g.kh - 1) * g.dh + 1) * _band_width(g)
-
-
-def _band_rows_min(g: ConvGeometry) -> int:
-    """The fewest output rows of a `_band_rows_shape` tile: DIRECT_TILE_COLUMNS pixels."""
-    return min(g.oh, -(-DIRECT_TILE_COLUMNS // g.ow))
-
-
 def band_row_tiles(g: ConvGeometry) -> tuple[int, int]:
-    """(output rows per tile, row tiles) of a `_band_rows_shape` conv: at least `_band_rows_min`
-    rows, a band within DIRECT_BAND_FLOATS and a product tile (pixels x channels, padded rows)
-    within OUT_TILE_FLOATS, the one whose tasks BALANCE_THREADS threads finish soonest
-    (`_makespan`; the widest wins ties)."""
-    best = lo = _band_rows_min(g)
-    best_span = _makespan(g.pixels, lo * g.ow, g.n, 1)
-    for rt in range(lo + 1, g.oh + 1):
-        if (
-            _band_rows_floats(g, rt) > DIRECT_BAND_FLOATS
-            or rt * g.ow * (g.cog + TILE_ROW_PAD) > OUT_TILE_FLOATS
-        ):
-            break
-        span = _makespan(g.pixels, rt * g.ow, g.n, 1)
-        if span <= best_span:
-            best, best_span = rt, span
+    """(output rows per tile, row tiles) of a `_band_rows_shape` conv (`_balanced_rows`, the
+    tile holding the product's padded rows of pixels)."""
+    best = _balanced_rows(g, g.ow, g.n, g.cog + TILE_ROW_PAD)
     return best, -(-g.oh // best)
 
 

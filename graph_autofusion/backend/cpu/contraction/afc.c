@@ -178,7 +178,8 @@ static inline __attribute__((always_inline)) void afc_ukernel_16(int64_t kc, con
   for (int64_t kk = 0; kk < kc; ++kk) {
     const __m512 b0 = _mm512_loadu_ps(AFC_BROW(bp, arow, offs, kk));
 #pragma GCC unroll 8
-    for (int i = 0; i < AFC_MR; ++i) c0[i] = _mm512_fmadd_ps(_mm512_set1_ps(*AFC_APTR(ap, arow, offs, kk, i)), b0, c0[i]);
+    for (int i = 0; i < AFC_MR; ++i)
+      c0[i] = _mm512_fmadd_ps(_mm512_set1_ps(*AFC_APTR(ap, arow, offs, kk, i)), b0, c0[i]);
     if (!arow) ap += AFC_MR;
   }
   const __m512 va = _mm512_set1_ps(alpha);
@@ -271,7 +272,8 @@ static inline __attribute__((always_inline)) void afc_ukernel_8(int64_t kc, cons
   for (int64_t kk = 0; kk < kc; ++kk) {
     const __m256 b0 = _mm256_loadu_ps(AFC_BROW(bp, arow, offs, kk));
 #pragma GCC unroll 8
-    for (int i = 0; i < AFC_MR; ++i) c0[i] = _mm256_fmadd_ps(_mm256_broadcast_ss(AFC_APTR(ap, arow, offs, kk, i)), b0, c0[i]);
+    for (int i = 0; i < AFC_MR; ++i)
+      c0[i] = _mm256_fmadd_ps(_mm256_broadcast_ss(AFC_APTR(ap, arow, offs, kk, i)), b0, c0[i]);
     if (!arow) ap += AFC_MR;
   }
   float tile[AFC_MR * 8];
@@ -350,8 +352,8 @@ static inline __attribute__((always_inline)) void afc_ukernel(int64_t kc, const 
 }
 #else
 static inline void afc_ukernel(int64_t kc, const float *restrict ap, const float *const *arow,
-                               const float *restrict bp, const int32_t *offs, float *restrict c, int64_t ldc, int mr, int nr, float alpha,
-                               int acc, const float *pf, int64_t pfs) {
+                               const float *restrict bp, const int32_t *offs, float *restrict c, int64_t ldc,
+                               int mr, int nr, float alpha, int acc, const float *pf, int64_t pfs) {
   (void)pf;
   (void)pfs;
   float tile[AFC_MR][AFC_NR];
@@ -602,21 +604,30 @@ static inline void afc_bp_block(int64_t mc, int64_t n, int64_t k, int64_t k0, in
   }
 }
 
-/* A strided, B packed once (weights): A is packed per (MC x KC) block into the thread buffer,
- * then `afc_bp_block`. m, n, k > 0. */
-static void afc_gemm_bp_panels(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t a_rs,
-                               int64_t a_cs, const float *bp, float *c, int64_t ldc) {
-  float *buf = afc_buffer();
-  const int64_t kb = afc_kc(k), mb = afc_mc(m);
+/* A strided, B packed once (weights): A is packed per (MC x KC) block, then `afc_bp_block`.
+ * Without `kept` every block goes through the thread buffer; with it, block (k0, i0) has its
+ * own place, kept + k0 * mpad + i0 * kc (mpad: m in whole panels), and is packed only where
+ * `pack` says (afc_gemm_bp_in). m, n, k > 0. */
+static void afc_gemm_bp_blocks(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t a_rs,
+                               int64_t a_cs, const float *bp, float *c, int64_t ldc, float *kept, int pack) {
+  float *buf = kept ? kept : afc_buffer();
+  const int64_t kb = afc_kc(k), mb = afc_mc(m), mpad = (m + AFC_MR - 1) / AFC_MR * AFC_MR;
   for (int64_t k0 = 0; k0 < k; k0 += kb) {
     const int64_t kc = k - k0 < kb ? k - k0 : kb;
     for (int64_t i0 = 0; i0 < m; i0 += mb) {
       const int64_t mc = m - i0 < mb ? m - i0 : mb;
-      afc_pack_a_block(mc, kc, a + i0 * a_rs + k0 * a_cs, a_rs, a_cs, buf);
-      afc_bp_block(mc, n, k, k0, kc, i0 == 0, buf, bp, c + i0 * ldc, ldc, alpha);
+      float *block = kept ? kept + k0 * mpad + i0 * kc : buf;
+      if (pack || !kept) afc_pack_a_block(mc, kc, a + i0 * a_rs + k0 * a_cs, a_rs, a_cs, block);
+      afc_bp_block(mc, n, k, k0, kc, i0 == 0, block, bp, c + i0 * ldc, ldc, alpha);
     }
   }
 }
+
+static void afc_gemm_bp_panels(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t a_rs,
+                               int64_t a_cs, const float *bp, float *c, int64_t ldc) {
+  afc_gemm_bp_blocks(m, n, k, alpha, a, a_rs, a_cs, bp, c, ldc, 0, 1);
+}
+
 /* A kernel call's epoch (afc_begin_call bumps it as a kernel starts, before its parallel
  * loop): a thread's packed copy of an input operand (afc_gemm_bp_in) is only reused within the
  * call that packed it, as the arena may hand the same address to other data in the next. */
@@ -628,11 +639,12 @@ static void afc_begin_call(void) { atomic_fetch_add_explicit(&afc_call_epoch, 1,
 #define AFC_INPUT_CACHE_FLOATS (1 << 20)
 
 /* afc_gemm_bp for an A that stays the same for the whole kernel call (a kernel input, never a
- * workspace the call rewrites): the thread packs all of A's (MC x KC) blocks once per call, into
- * a buffer of its own, and its later tiles of the call (the column tiles of the same rows) reuse
- * them instead of packing A again per tile. Measured in C (Intel Xeon AVX-512, one thread, BERT's
- * and ViT-B/16's shapes in 192- or 256-column tiles), the per-tile packing of A was 5-10% of the
- * tile's time. Operands larger than AFC_INPUT_CACHE_FLOATS take afc_gemm_bp. */
+ * workspace the call rewrites): the thread packs A's (MC x KC) blocks on its first tile of the
+ * call, each into its own place in a buffer of the thread's, and its later tiles of the call (the
+ * column tiles of the same rows) reuse them instead of packing A again per tile. Measured in C
+ * (Intel Xeon AVX-512, one thread, BERT's and ViT-B/16's shapes in 192- or 256-column tiles), the
+ * per-tile packing of A was 5-10% of the tile's time. Operands larger than
+ * AFC_INPUT_CACHE_FLOATS take afc_gemm_bp. */
 static void afc_gemm_bp_in(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t a_rs,
                            int64_t a_cs, const float *bp, float *c, int64_t ldc) {
   static _Thread_local float *buf;
@@ -650,26 +662,11 @@ static void afc_gemm_bp_in(int64_t m, int64_t n, int64_t k, float alpha, const f
     buf = (float *)aligned_alloc(64, sizeof(float) * AFC_INPUT_CACHE_FLOATS);
     if (!buf) abort();
   }
-  const int64_t kb = afc_kc(k), mb = afc_mc(m);
-  /* block (k0, i0) at buf + k0 * mpad + i0 * kc: the blocks of one depth range in row order */
   const uint64_t epoch = atomic_load_explicit(&afc_call_epoch, memory_order_relaxed);
-  if (!(key.a == a && key.m == m && key.k == k && key.rs == a_rs && key.cs == a_cs && key.epoch == epoch)) {
-    for (int64_t k0 = 0; k0 < k; k0 += kb) {
-      const int64_t kc = k - k0 < kb ? k - k0 : kb;
-      for (int64_t i0 = 0; i0 < m; i0 += mb) {
-        const int64_t mc = m - i0 < mb ? m - i0 : mb;
-        afc_pack_a_block(mc, kc, a + i0 * a_rs + k0 * a_cs, a_rs, a_cs, buf + k0 * mpad + i0 * kc);
-      }
-    }
-    key.a = a, key.m = m, key.k = k, key.rs = a_rs, key.cs = a_cs, key.epoch = epoch;
-  }
-  for (int64_t k0 = 0; k0 < k; k0 += kb) {
-    const int64_t kc = k - k0 < kb ? k - k0 : kb;
-    for (int64_t i0 = 0; i0 < m; i0 += mb) {
-      const int64_t mc = m - i0 < mb ? m - i0 : mb;
-      afc_bp_block(mc, n, k, k0, kc, i0 == 0, buf + k0 * mpad + i0 * kc, bp, c + i0 * ldc, ldc, alpha);
-    }
-  }
+  const int pack =
+      !(key.a == a && key.m == m && key.k == k && key.rs == a_rs && key.cs == a_cs && key.epoch == epoch);
+  if (pack) key.a = a, key.m = m, key.k = k, key.rs = a_rs, key.cs = a_cs, key.epoch = epoch;
+  afc_gemm_bp_blocks(m, n, k, alpha, a, a_rs, a_cs, bp, c, ldc, buf, pack);
 }
 
 /* The whole-panel path above, or afc_gemv_bp for at most AFC_GEMV_ROWS rows (afc.h). */
@@ -826,8 +823,8 @@ static void afc_conv_bp(int64_t m, int64_t n, int64_t k, int64_t p0, int64_t ow,
               const int64_t p = p0 + i0 + ii + (i < rows ? i : 0);
               arow[i] = band + (p / ow - r0) * sh * wp + p % ow * sw;
             }
-            afc_ukernel(kc, b_panel, arow, b_panel, offs, c + (i0 + ii) * ldc + j0, ldc, rows, nr, 1.0f, k0 > 0,
-                        b_panel, 0);
+            afc_ukernel(kc, 0, arow, b_panel, offs, c + (i0 + ii) * ldc + j0, ldc, rows, nr, 1.0f, k0 > 0,
+                        0, 0);
           }
         }
         continue;
@@ -860,10 +857,11 @@ static void afc_conv_bp(int64_t m, int64_t n, int64_t k, int64_t p0, int64_t ow,
  * one-float loads of a plain loop (a gather per vector, or a float per cycle) cost a tenth of the
  * product's time on a 784-pixel tile of 64 channels. */
 static void afc_store_t(int64_t m, int64_t n, const float *tile, int64_t ldt, float *out, int64_t ldo) {
-  int64_t i0 = 0, j0 = 0;
+  int64_t i0 = 0;
 #if defined(__AVX2__)
   for (; i0 + 8 <= m; i0 += 8) {
-    for (j0 = 0; j0 + 8 <= n; j0 += 8) {
+    int64_t j0 = 0;
+    for (; j0 + 8 <= n; j0 += 8) {
       __m256 r[8];
 #pragma GCC unroll 8
       for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(tile + (i0 + i) * ldt + j0);
@@ -875,7 +873,6 @@ static void afc_store_t(int64_t m, int64_t n, const float *tile, int64_t ldt, fl
       for (int64_t i = i0; i < i0 + 8; ++i) out[j * ldo + i] = tile[i * ldt + j];
   }
 #endif
-  (void)j0;
   for (int64_t j = 0; j < n; ++j)
     for (int64_t i = i0; i < m; ++i) out[j * ldo + i] = tile[i * ldt + j];
 }
