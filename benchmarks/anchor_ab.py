@@ -206,6 +206,9 @@ def _conv_problems(r: Callable[..., np.ndarray]) -> dict[str, Problem]:
         "conv_r50_3x3_s2_28": conv((1, 128, 56, 56), (128, 128, 3, 3), strides=s2, pads=p1),
         "conv_r50_1x1_s2_down": conv((1, 256, 56, 56), (512, 256, 1, 1), act="none", strides=s2),
         "conv_r50_1x1_reduce_14": conv((1, 1024, 14, 14), (256, 1024, 1, 1)),
+        "conv_r50_1x1_expand_14_res": conv((1, 256, 14, 14), (1024, 256, 1, 1), res=(1, 1024, 14, 14)),
+        "conv_r50_1x1_reduce_7": conv((1, 2048, 7, 7), (512, 2048, 1, 1)),
+        "conv_r50_1x1_expand_7_res": conv((1, 512, 7, 7), (2048, 512, 1, 1), res=(1, 2048, 7, 7)),
         "conv_r50_3x3_14": conv((1, 256, 14, 14), (256, 256, 3, 3), pads=p1),
         "conv_r50_3x3_7": conv((1, 512, 7, 7), (512, 512, 3, 3), pads=p1),
         "conv_mbv2_dw_3x3_112": conv((1, 32, 112, 112), (32, 1, 3, 3), act="relu6", group=32, pads=p1),
@@ -222,6 +225,8 @@ def _conv_problems(r: Callable[..., np.ndarray]) -> dict[str, Problem]:
         "conv_mbv2_dw_3x3_7": conv((1, 960, 7, 7), (960, 1, 3, 3), act="relu6", group=960, pads=p1),
         "conv_mbv2_1x1_expand": conv((1, 24, 56, 56), (144, 24, 1, 1), act="relu6"),
         "conv_mbv2_1x1_project": conv((1, 144, 56, 56), (24, 144, 1, 1), act="none"),
+        "conv_mbv2_1x1_expand_14": conv((1, 64, 14, 14), (384, 64, 1, 1), act="relu6"),
+        "conv_mbv2_1x1_project_14": conv((1, 384, 14, 14), (64, 384, 1, 1), act="none"),
         # a decoder's 2x upsampling (U-Net / FCN style), weights [Cin, Cout, 4, 4]
         "convT_up2_4x4_28": conv((1, 128, 28, 28), (128, 64, 4, 4), op="ConvTranspose", strides=s2, pads=p1),
     }

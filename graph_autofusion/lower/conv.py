@@ -64,6 +64,13 @@ take the same path in equal pixel tiles of whole row panels (104 + 92 rows, wher
 are 128 + 68, the last panel 4 columns wide); as those tiles are balanced, one per thread is
 enough tasks and the channel tiles run inside the task, sharing one im2col instead of building
 it once per channel tile: ResNet-50's 256-channel 3x3 convs 13.85-13.91 -> 11.98-12.19 ms.
+1x1 convs of up to 256 pixels, not whole panels, read their activation transposed the same way
+(196 pixels are 25 row panels of 8 against 7 column panels of 32, 224 lanes): on a Zen 4 host
+(AVX-512, one thread, benchmarks/anchor_ab.py, CPU time) ResNet-50's 1024 -> 256 at 14x14
+1.00 -> 0.95-0.97 ms, its 256 -> 1024 with the residual 0.99 -> 0.98, MobileNetV2's 384 -> 64
+0.107 -> 0.099 (two threads: 0.508 -> 0.481, 0.502 -> 0.487, 0.056 -> 0.051 ms). The tail of a
+tile of rows (49 pixels: 6 panels of 8 and one row) runs a micro-kernel of as many rows as it
+has (afc.c's `afc_ukernel`), not 8.
 """
 
 from __future__ import annotations
@@ -132,7 +139,8 @@ DEPTHWISE_MIN_TASKS = 8
 # Depthwise output planes at most this wide are computed flat (`_depthwise`).
 DEPTHWISE_FLAT_WIDTH = 8
 # Convs with fewer output pixels than this, not a whole number of column panels, put the pixels in
-# the rows of the product (`pixels_as_rows`); im2col convs up to ROWS_MAX_IM2COL_PIXELS as well.
+# the rows of the product (`pixels_as_rows`); im2col and 1x1 convs up to ROWS_MAX_IM2COL_PIXELS
+# as well.
 ROWS_MAX_PIXELS = 64
 ROWS_MAX_IM2COL_PIXELS = 256
 # Stride-1 convs whose weight the library packs read their taps straight from the zero-padded
@@ -383,7 +391,7 @@ def pixels_as_rows(g: ConvGeometry) -> bool:
     if g.group != 1 or g.pixels % PANEL_QUANTUM == 0:
         return False
     return g.pixels < ROWS_MAX_PIXELS or (
-        g.pixels <= ROWS_MAX_IM2COL_PIXELS and conv_method(g) == "conv_im2col_tiled"
+        g.pixels <= ROWS_MAX_IM2COL_PIXELS and conv_method(g) in ("conv_im2col_tiled", "conv1x1_gemm")
     )
 
 

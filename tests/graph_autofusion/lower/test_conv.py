@@ -189,9 +189,9 @@ def test_conv_matches_onnxruntime(
         assert routines == {DIRECT_CONV_ROUTINE} and len(kernel.packed) == 1
     elif mode == "library":
         # pixels as rows (B-panels of W^T) for one group of fewer than 64 pixels, not 32 (up to
-        # 256 when im2col builds the operand)
+        # 256 when im2col builds the operand or the conv is a 1x1)
         pixels = math.prod(spec.tensors[spec.nodes[0].output[0]].shape[2:])
-        few = pixels < 64 or (pixels <= 256 and method == IM2COL)
+        few = pixels < 64 or (pixels <= 256 and method in (IM2COL, GEMM1X1))
         rows = band_rows or (attrs.get("group", 1) == 1 and pixels % 32 and few)
         # (with the pixels as rows over a padded band, the library gathers from the band itself;
         # the product's tile is then stored transposed)
@@ -231,12 +231,12 @@ def test_odd_task_counts_take_the_tile_the_threads_finish_soonest(
 def test_split_channel_tiles_are_whole_a_panels(
     mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # 132 channels of one 196-pixel tile in four tiles (tasks for the threads): 40 x 3 + 12, not
+    # 132 channels of one 256-pixel tile in four tiles (tasks for the threads): 40 x 3 + 12, not
     # 33 x 4, each computed as whole panels of 8 rows
-    g = _geometry_1x1(64, 132, 14)
-    assert conv_tiles(g, 32) == (196, 1, 40, 4)
+    g = _geometry_1x1(64, 132, 16)
+    assert conv_tiles(g, 32) == (256, 1, 40, 4)
     monkeypatch.setenv(CONTRACTION_ENV, mode)
-    model, feeds = _model((1, 64, 14, 14), (132, 64, 1, 1), bias=True, relu=True)
+    model, feeds = _model((1, 64, 16, 16), (132, 64, 1, 1), bias=True, relu=True)
     spec, weights = _spec(model)
     kernel = lower_conv(spec)
     assert "4 channel tiles of 40" in kernel.description
@@ -270,17 +270,17 @@ def test_packed_1x1_splits_pixels_so_all_channels_share_one_packed_activation(
 def test_pixels_split_before_channel_tiles_thinner_than_32(
     mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # MobileNetV2's 384 -> 64 1x1 at 14x14 ran 4 channel tiles of 16, each packing all 196 pixels
-    g = _geometry_1x1(384, 64, 14)
+    # 384 -> 64 1x1 at 16x16 would run 4 channel tiles of 16, each packing all 256 pixels
+    g = _geometry_1x1(384, 64, 16)
     assert conv_tiles(g, 32) == (128, 2, 32, 2)
     # its 192 -> 32 at 28x28: 2 pixel tiles of 416 x 2 channel tiles of 16
     g = _geometry_1x1(192, 32, 28)
     assert conv_tiles(g, 32) == (224, 4, 32, 1)
     monkeypatch.setenv(CONTRACTION_ENV, mode)
-    model, feeds = _model((1, 64, 14, 14), (64, 64, 1, 1), bias=True, relu=True)
+    model, feeds = _model((1, 64, 16, 16), (64, 64, 1, 1), bias=True, relu=True)
     spec, weights = _spec(model)
     kernel = lower_conv(spec)
-    tiles = "2 pixel tiles of 128 x 2 channel tiles of 32" if mode == "library" else "pixel tiles of 112"
+    tiles = "2 pixel tiles of 128 x 2 channel tiles of 32" if mode == "library" else "pixel tiles of 128"
     assert tiles in kernel.description
     _assert_matches_onnxruntime(kernel, weights, model, feeds, tmp_path)
 
@@ -325,7 +325,8 @@ def test_narrow_im2col_reads_a_padded_band(
         # 196 pixels: two pixel tiles (104 + 92 rows), channel tiles 32 + 8 inside each task
         ((1, 16, 14, 14), (40, 16, 3, 3), {"pads": [1, 1, 1, 1]}, True),
         ((2, 16, 14, 14), (40, 16, 3, 3), {"pads": [1, 1, 1, 1]}, True),
-        ((1, 16, 14, 14), (40, 16, 1, 1), {}, False),  # 1x1 of 196 pixels: pixels as columns
+        ((1, 16, 14, 14), (40, 16, 1, 1), {}, True),  # 1x1 of 196 pixels: 25 row panels, not 7 x 32
+        ((1, 16, 16, 16), (40, 16, 1, 1), {}, False),  # 1x1 of 256 pixels: whole column panels
     ],
 )
 def test_narrow_convs_put_the_pixels_in_the_rows(

@@ -167,25 +167,25 @@ static void afc_pack_b(int64_t k, int64_t n, const float *b, int64_t rs, int64_t
 #if defined(__AVX512F__)
 /* A tile of at most 16 columns (the tail of a row of panels: 196 = 6 x 32 + 4 pixels) runs on
  * one vector per row, half the FMAs of the full kernel. */
-static inline __attribute__((always_inline)) void afc_ukernel_16(int64_t kc, const float *restrict ap,
+static inline __attribute__((always_inline)) void afc_ukernel_16(const int R, int64_t kc, const float *restrict ap,
                                                                  const float *const *arow,
                                                                  const float *restrict bp, const int32_t *offs,
                                                                  float *restrict c, int64_t ldc, int mr, int nr,
                                                                  float alpha, int acc) {
   __m512 c0[AFC_MR];
 #pragma GCC unroll 8
-  for (int i = 0; i < AFC_MR; ++i) c0[i] = _mm512_setzero_ps();
+  for (int i = 0; i < R; ++i) c0[i] = _mm512_setzero_ps();
   for (int64_t kk = 0; kk < kc; ++kk) {
     const __m512 b0 = _mm512_loadu_ps(AFC_BROW(bp, arow, offs, kk));
 #pragma GCC unroll 8
-    for (int i = 0; i < AFC_MR; ++i)
+    for (int i = 0; i < R; ++i)
       c0[i] = _mm512_fmadd_ps(_mm512_set1_ps(*AFC_APTR(ap, arow, offs, kk, i)), b0, c0[i]);
     if (!arow) ap += AFC_MR;
   }
   const __m512 va = _mm512_set1_ps(alpha);
   const __mmask16 k0 = (__mmask16)(nr >= 16 ? 0xFFFFu : (1u << nr) - 1u);
 #pragma GCC unroll 8
-  for (int i = 0; i < AFC_MR; ++i) {
+  for (int i = 0; i < R; ++i) {
     if (i >= mr) break;
     float *row = c + i * ldc;
     __m512 v = alpha != 1.0f ? _mm512_mul_ps(c0[i], va) : c0[i];
@@ -194,18 +194,18 @@ static inline __attribute__((always_inline)) void afc_ukernel_16(int64_t kc, con
   }
 }
 
-static inline __attribute__((always_inline)) void afc_ukernel(int64_t kc, const float *restrict ap,
+static inline __attribute__((always_inline)) void afc_ukernel_r(const int R, int64_t kc, const float *restrict ap,
                                                               const float *const *arow,
                                                               const float *restrict bp, const int32_t *offs,
                                                               float *restrict c, int64_t ldc, int mr, int nr,
                                                               float alpha, int acc, const float *pf, int64_t pfs) {
   if (nr <= 16) {
-    afc_ukernel_16(kc, ap, arow, bp, offs, c, ldc, mr, nr, alpha, acc);
+    afc_ukernel_16(R, kc, ap, arow, bp, offs, c, ldc, mr, nr, alpha, acc);
     return;
   }
   __m512 c0[AFC_MR], c1[AFC_MR];
 #pragma GCC unroll 8
-  for (int i = 0; i < AFC_MR; ++i) {
+  for (int i = 0; i < R; ++i) {
     c0[i] = _mm512_setzero_ps();
     c1[i] = _mm512_setzero_ps();
   }
@@ -217,7 +217,7 @@ static inline __attribute__((always_inline)) void afc_ukernel(int64_t kc, const 
     const float *b = AFC_BROW(bp, arow, offs, kk);
     const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
 #pragma GCC unroll 8
-    for (int i = 0; i < AFC_MR; ++i) {
+    for (int i = 0; i < R; ++i) {
       const __m512 a = _mm512_set1_ps(*AFC_APTR(ap, arow, offs, kk, i));
       c0[i] = _mm512_fmadd_ps(a, b0, c0[i]);
       c1[i] = _mm512_fmadd_ps(a, b1, c1[i]);
@@ -229,14 +229,14 @@ static inline __attribute__((always_inline)) void afc_ukernel(int64_t kc, const 
   const __mmask16 k1 = nr >= 32 ? (__mmask16)0xFFFF : nr > 16 ? (__mmask16)((1u << (nr - 16)) - 1u) : 0;
   if (alpha != 1.0f) {
 #pragma GCC unroll 8
-    for (int i = 0; i < AFC_MR; ++i) {
+    for (int i = 0; i < R; ++i) {
       c0[i] = _mm512_mul_ps(c0[i], va);
       c1[i] = _mm512_mul_ps(c1[i], va);
     }
   }
   if (mr == AFC_MR && nr == AFC_NR) {
 #pragma GCC unroll 8
-    for (int i = 0; i < AFC_MR; ++i) {
+    for (int i = 0; i < R; ++i) {
       float *row = c + i * ldc;
       if (acc) {
         c0[i] = _mm512_add_ps(c0[i], _mm512_loadu_ps(row));
@@ -248,7 +248,7 @@ static inline __attribute__((always_inline)) void afc_ukernel(int64_t kc, const 
     return;
   }
 #pragma GCC unroll 8
-  for (int i = 0; i < AFC_MR; ++i) {
+  for (int i = 0; i < R; ++i) {
     if (i >= mr) break;
     float *row = c + i * ldc;
     if (acc) {
@@ -261,24 +261,24 @@ static inline __attribute__((always_inline)) void afc_ukernel(int64_t kc, const 
 }
 #elif defined(__AVX2__) && defined(__FMA__)
 /* A tile of at most 8 columns runs on one vector per row (see the AVX-512 twin). */
-static inline __attribute__((always_inline)) void afc_ukernel_8(int64_t kc, const float *restrict ap,
+static inline __attribute__((always_inline)) void afc_ukernel_8(const int R, int64_t kc, const float *restrict ap,
                                                                 const float *const *arow,
                                                                 const float *restrict bp, const int32_t *offs,
                                                                 float *restrict c, int64_t ldc, int mr, int nr,
                                                                 float alpha, int acc) {
   __m256 c0[AFC_MR];
 #pragma GCC unroll 8
-  for (int i = 0; i < AFC_MR; ++i) c0[i] = _mm256_setzero_ps();
+  for (int i = 0; i < R; ++i) c0[i] = _mm256_setzero_ps();
   for (int64_t kk = 0; kk < kc; ++kk) {
     const __m256 b0 = _mm256_loadu_ps(AFC_BROW(bp, arow, offs, kk));
 #pragma GCC unroll 8
-    for (int i = 0; i < AFC_MR; ++i)
+    for (int i = 0; i < R; ++i)
       c0[i] = _mm256_fmadd_ps(_mm256_broadcast_ss(AFC_APTR(ap, arow, offs, kk, i)), b0, c0[i]);
     if (!arow) ap += AFC_MR;
   }
   float tile[AFC_MR * 8];
 #pragma GCC unroll 8
-  for (int i = 0; i < AFC_MR; ++i) _mm256_storeu_ps(tile + i * 8, c0[i]);
+  for (int i = 0; i < R; ++i) _mm256_storeu_ps(tile + i * 8, c0[i]);
   for (int i = 0; i < mr; ++i) {
     float *row = c + i * ldc;
     for (int j = 0; j < nr; ++j) {
@@ -288,18 +288,18 @@ static inline __attribute__((always_inline)) void afc_ukernel_8(int64_t kc, cons
   }
 }
 
-static inline __attribute__((always_inline)) void afc_ukernel(int64_t kc, const float *restrict ap,
+static inline __attribute__((always_inline)) void afc_ukernel_r(const int R, int64_t kc, const float *restrict ap,
                                                               const float *const *arow,
                                                               const float *restrict bp, const int32_t *offs,
                                                               float *restrict c, int64_t ldc, int mr, int nr,
                                                               float alpha, int acc, const float *pf, int64_t pfs) {
   if (nr <= 8) {
-    afc_ukernel_8(kc, ap, arow, bp, offs, c, ldc, mr, nr, alpha, acc);
+    afc_ukernel_8(R, kc, ap, arow, bp, offs, c, ldc, mr, nr, alpha, acc);
     return;
   }
   __m256 c0[AFC_MR], c1[AFC_MR];
 #pragma GCC unroll 8
-  for (int i = 0; i < AFC_MR; ++i) {
+  for (int i = 0; i < R; ++i) {
     c0[i] = _mm256_setzero_ps();
     c1[i] = _mm256_setzero_ps();
   }
@@ -311,7 +311,7 @@ static inline __attribute__((always_inline)) void afc_ukernel(int64_t kc, const 
     const float *b = AFC_BROW(bp, arow, offs, kk);
     const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
 #pragma GCC unroll 8
-    for (int i = 0; i < AFC_MR; ++i) {
+    for (int i = 0; i < R; ++i) {
       const __m256 a = _mm256_broadcast_ss(AFC_APTR(ap, arow, offs, kk, i));
       c0[i] = _mm256_fmadd_ps(a, b0, c0[i]);
       c1[i] = _mm256_fmadd_ps(a, b1, c1[i]);
@@ -321,14 +321,14 @@ static inline __attribute__((always_inline)) void afc_ukernel(int64_t kc, const 
   const __m256 va = _mm256_set1_ps(alpha);
   if (alpha != 1.0f) {
 #pragma GCC unroll 8
-    for (int i = 0; i < AFC_MR; ++i) {
+    for (int i = 0; i < R; ++i) {
       c0[i] = _mm256_mul_ps(c0[i], va);
       c1[i] = _mm256_mul_ps(c1[i], va);
     }
   }
   if (mr == AFC_MR && nr == AFC_NR) {
 #pragma GCC unroll 8
-    for (int i = 0; i < AFC_MR; ++i) {
+    for (int i = 0; i < R; ++i) {
       float *row = c + i * ldc;
       if (acc) {
         c0[i] = _mm256_add_ps(c0[i], _mm256_loadu_ps(row));
@@ -341,7 +341,7 @@ static inline __attribute__((always_inline)) void afc_ukernel(int64_t kc, const 
   }
   float tile[AFC_MR * AFC_NR];
 #pragma GCC unroll 8
-  for (int i = 0; i < AFC_MR; ++i) {
+  for (int i = 0; i < R; ++i) {
     _mm256_storeu_ps(tile + i * AFC_NR, c0[i]);
     _mm256_storeu_ps(tile + i * AFC_NR + 8, c1[i]);
   }
@@ -351,9 +351,10 @@ static inline __attribute__((always_inline)) void afc_ukernel(int64_t kc, const 
   }
 }
 #else
-static inline void afc_ukernel(int64_t kc, const float *restrict ap, const float *const *arow,
-                               const float *restrict bp, const int32_t *offs, float *restrict c, int64_t ldc,
-                               int mr, int nr, float alpha, int acc, const float *pf, int64_t pfs) {
+static inline void afc_ukernel_r(const int R, int64_t kc, const float *restrict ap, const float *const *arow,
+                                 const float *restrict bp, const int32_t *offs, float *restrict c, int64_t ldc,
+                                 int mr, int nr, float alpha, int acc, const float *pf, int64_t pfs) {
+  (void)R; /* the portable kernel's cost is per tile row anyway */
   (void)pf;
   (void)pfs;
   float tile[AFC_MR][AFC_NR];
@@ -376,6 +377,30 @@ static inline void afc_ukernel(int64_t kc, const float *restrict ap, const float
   }
 }
 #endif
+
+/* The micro-kernel on `mr` valid rows of a panel whose rows are the M side of a pixels- or
+ * tokens-as-rows product (afc_gemm_bp, afc_conv_bp), where a tile can end in a panel of few rows:
+ * ResNet-50's 7x7 stage has 49 pixels, 6 panels of 8 and one of 1, and the full kernel computes
+ * the 7 rows past the end too (49 of 56 rows useful, 87.5%). A panel of one row runs a one-row
+ * kernel and one of at most MR / 2 rows a half-height one (the row loops are compile-time
+ * constants in each), and one of MR / 2 + 1 rows runs both: the FMAs follow the valid rows. */
+static inline __attribute__((always_inline)) void afc_ukernel(int64_t kc, const float *restrict ap,
+                                                              const float *const *arow,
+                                                              const float *restrict bp, const int32_t *offs,
+                                                              float *restrict c, int64_t ldc, int mr, int nr,
+                                                              float alpha, int acc, const float *pf, int64_t pfs) {
+  if (mr == 1)
+    afc_ukernel_r(1, kc, ap, arow, bp, offs, c, ldc, mr, nr, alpha, acc, pf, pfs);
+  else if (mr <= AFC_MR / 2)
+    afc_ukernel_r(AFC_MR / 2, kc, ap, arow, bp, offs, c, ldc, mr, nr, alpha, acc, pf, pfs);
+  else if (AFC_MR >= 6 && mr == AFC_MR / 2 + 1) { /* ViT-B/16's 197 tokens end in a panel of 5: 4 rows + 1 */
+    const int h = AFC_MR / 2;
+    afc_ukernel_r(h, kc, ap, arow, bp, offs, c, ldc, h, nr, alpha, acc, pf, pfs);
+    afc_ukernel_r(1, kc, arow ? ap : ap + h, arow ? arow + h : arow, bp, offs, c + h * ldc, ldc, 1, nr, alpha, acc,
+                  pf, 0);
+  } else
+    afc_ukernel_r(AFC_MR, kc, ap, arow, bp, offs, c, ldc, mr, nr, alpha, acc, pf, pfs);
+}
 
 /* Few rows against packed B (a batch-1..few Gemm/MatMul: GEMV-shaped). The micro-kernel path
  * computes whole AFC_MR-row panels, so at m = 1 it does 8x (AVX-512) the FMAs that matter, and it
@@ -565,8 +590,8 @@ static void afc_gemm_ap(int64_t m, int64_t n, int64_t k, float alpha, const floa
               pf = next_b + row * b_rs;
               pfs = next_step;
             }
-            afc_ukernel(kc, a_panel, 0, buf + j0 * kc, 0, c + i0 * ldc + n0 + j0, ldc, mr, nr, alpha, k0 > 0,
-                        pf, pfs);
+            afc_ukernel_r(AFC_MR, kc, a_panel, 0, buf + j0 * kc, 0, c + i0 * ldc + n0 + j0, ldc, mr, nr, alpha,
+                          k0 > 0, pf, pfs);
           }
         }
       }
@@ -746,11 +771,12 @@ static void afc_conv_ap(int64_t m, int64_t rows, int64_t ow, int64_t k, const fl
         const float *a_panel = ap + i0 * k + k0 * AFC_MR;
         float *ci = c + i0 * ldc;
         if (whole) {
-          afc_ukernel(kc, a_panel, 0, band + j0, offs, ci + r * ow + x, ldc, mr, nr, 1.0f, k0 > 0, a_panel, 0);
+          afc_ukernel_r(AFC_MR, kc, a_panel, 0, band + j0, offs, ci + r * ow + x, ldc, mr, nr, 1.0f, k0 > 0,
+                        a_panel, 0);
           continue;
         }
         float tile[AFC_MR * AFC_NR] __attribute__((aligned(64)));
-        afc_ukernel(kc, a_panel, 0, band + j0, offs, tile, AFC_NR, mr, nr, 1.0f, 0, a_panel, 0);
+        afc_ukernel_r(AFC_MR, kc, a_panel, 0, band + j0, offs, tile, AFC_NR, mr, nr, 1.0f, 0, a_panel, 0);
 #if defined(__AVX512F__)
         afc_conv_store(tile, mr, nr, j0, wp, ow, ci, ldc, k0 > 0);
 #else

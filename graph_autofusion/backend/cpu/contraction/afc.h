@@ -25,7 +25,9 @@
  *   AVX-512 (x86-64-v4): 8 x 32  (16 zmm accumulators; A broadcast, B two vector loads per k)
  *   AVX2 + FMA (v3):     6 x 16  (12 ymm accumulators)
  *   portable C:          4 x 16  (whatever the compiler vectorizes)
- * A tile's last panel of at most NR/2 valid columns runs on one vector per row (half the FMAs).
+ * A tile's last panel of at most NR/2 valid columns runs on one vector per row (half the FMAs);
+ * in afc_gemm_bp and afc_conv_bp (rows: pixels or tokens) a last panel of one row, at most MR/2
+ * rows or MR/2 + 1 rows runs only those rows' FMAs (49 pixels: 6 x 8 + 1).
  * Generated code never hard-codes these figures: packed sizes are C expressions of AFC_MR and
  * AFC_NR, and column tiles are multiples of 32 (a whole number of panels on every ISA).
  *

@@ -160,6 +160,19 @@ def test_gemv_path_with_strided_rows_and_alpha(lib: Library) -> None:
     _check(lib.gemm_bp(wide, lib.pack_b(b), n, alpha=0.25, path="gemv"), wide, b, 0.25)
 
 
+@pytest.mark.parametrize("n", [32, 13])  # whole panels; a tail of at most NR/2 columns
+def test_panel_path_computes_every_tail_of_rows(lib: Library, n: int) -> None:
+    # the last row panel of 1, up to MR/2 or MR/2 + 1 rows runs a kernel of fewer rows (afc.h);
+    # over two M blocks (afc_mc) as well, and through a second K block
+    rng = np.random.default_rng(n)
+    k = 300
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    bp = lib.pack_b(b)
+    for m in [*range(lib.mr, 3 * lib.mr + 1), 197]:
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        _check(lib.gemm_bp(a, bp, n, path="panels"), a, b)
+
+
 def test_gemm_bp_takes_the_gemv_path_up_to_its_documented_rows(lib: Library) -> None:
     # afc.h: AVX-512 up to 7 rows, AVX2 5, portable 2. Which path ran shows in the bits: the two
     # sum K in different orders, so over a long K their results differ in the last places.
@@ -248,6 +261,9 @@ def test_conv_reads_the_band_as_its_implicit_im2col(
         (8, 128, (0, 230, 56), (3, 3), (1, 1), (1, 1)),
         (40, 136, (6, 61, 10), (3, 3), (1, 1), (1, 1)),
         (5, 260, (2, 30, 6), (3, 3), (2, 2), (1, 1)),
+        # 45 and 40 pixels: tails of MR/2 + 1 rows (AVX-512: 5 x 8 + 5; AVX2: 6 x 6 + 4)
+        (8, 40, (3, 48, 9), (3, 3), (1, 1), (1, 1)),
+        (8, 40, (2, 42, 8), (3, 3), (1, 1), (1, 1)),
     ],
 )
 def test_conv_rows_gather_the_band_as_the_implicit_im2col(
