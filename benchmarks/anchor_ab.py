@@ -11,11 +11,11 @@ residual), its fused QKV projection, attention scores with K^T as a Transpose pr
 scale as an epilogue, the attention context stored through Transpose(0,2,1,3) -> Reshape; GPT-2's
 Conv1D (Gemm with C, Reshape, residual); a small MLP layer; two-GEMM chains (an MLP block with
 ReLU, BERT's whole FFN with GELU between); ResNet-50's convs (the 7x7 stride-2
-stem, its 3x3s on 56x56, 28x28, 14x14 and 7x7 pixels and with stride 2, a 1x1 expansion with the
-residual add, a 1x1 reduction at 14x14, the stride-2 1x1 downsample) and MobileNetV2's (3x3
-depthwise, stride 1 and 2, on 112x112 down to 7x7 planes, with ReLU6 as Clip; a 1x1 expansion
-and projection), each with its folded-BatchNorm bias and activation; and a ConvTranspose 2x
-upsampling.
+stem, its 3x3s on 56x56, 28x28, 14x14 and 7x7 pixels and with stride 2, its 1x1 expansions with
+the residual add at 56x56, 14x14 and 7x7, its 1x1 reductions at 14x14 and 7x7, the stride-2 1x1
+downsample) and MobileNetV2's (3x3 depthwise, stride 1 and 2, on 112x112 down to 7x7 planes, with
+ReLU6 as Clip; 1x1 expansions and projections at 56x56 and 14x14), each with its folded-BatchNorm
+bias and activation; and a ConvTranspose 2x upsampling.
 
 The float constants the kernels take as parameters are the spec's `weights` (where the checkout's
 KernelSpec has that field), so with `AUTOFUSION_CONTRACTION=library` (the default) each side

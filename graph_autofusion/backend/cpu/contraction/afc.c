@@ -393,7 +393,9 @@ static inline __attribute__((always_inline)) void afc_ukernel(int64_t kc, const 
     afc_ukernel_r(1, kc, ap, arow, bp, offs, c, ldc, mr, nr, alpha, acc, pf, pfs);
   else if (mr <= AFC_MR / 2)
     afc_ukernel_r(AFC_MR / 2, kc, ap, arow, bp, offs, c, ldc, mr, nr, alpha, acc, pf, pfs);
-  else if (AFC_MR >= 6 && mr == AFC_MR / 2 + 1) { /* ViT-B/16's 197 tokens end in a panel of 5: 4 rows + 1 */
+  else if (AFC_MR >= 6 && mr == AFC_MR / 2 + 1) {
+    /* ViT-B/16's 197 tokens end in a panel of 5: 4 rows + 1 (not for the portable kernel, which
+     * computes all its rows whatever R says: two calls would cost two panels) */
     const int h = AFC_MR / 2;
     afc_ukernel_r(h, kc, ap, arow, bp, offs, c, ldc, h, nr, alpha, acc, pf, pfs);
     afc_ukernel_r(1, kc, arow ? ap : ap + h, arow ? arow + h : arow, bp, offs, c + h * ldc, ldc, 1, nr, alpha, acc,
