@@ -218,6 +218,7 @@ def _conv_problems(r: Callable[..., np.ndarray]) -> dict[str, Problem]:
         "conv_mbv2_dw_3x3_s2_56": conv(
             (1, 144, 56, 56), (144, 1, 3, 3), act="relu6", group=144, strides=s2, pads=p1
         ),
+        "conv_mbv2_dw_3x3_56": conv((1, 144, 56, 56), (144, 1, 3, 3), act="relu6", group=144, pads=p1),
         "conv_mbv2_dw_3x3_14": conv((1, 384, 14, 14), (384, 1, 3, 3), act="relu6", group=384, pads=p1),
         "conv_mbv2_dw_3x3_s2_14": conv(
             (1, 576, 14, 14), (576, 1, 3, 3), act="relu6", group=576, strides=s2, pads=p1

@@ -13,7 +13,8 @@ convention (`Kernel.packed` / `prepack`) and the epilogue loop nest (`epilogue_n
   columns has no bounds checks and vectorizes; kernel size, strides and dilations are
   compile-time constants and the taps are unrolled (up to MAX_UNROLLED_TAPS), so a 3x3 is nine
   multiply-adds on registers. A task takes a run of small planes (`_depthwise_tasks`) and zeroes
-  the padded plane's border once for all of them.
+  the padded plane's border (only the border: `_depthwise_border`) once for all of them; each
+  output row is finished by the epilogue right after it is computed, while it is in L1.
 * `conv_im2col_tiled`: everything else (grouped by the task's group). The im2col matrix of one
   tile of output pixels is built in a per-thread workspace slice sized to stay in L2, multiplied
   by one single-threaded contraction straight into the output, and the epilogue finishes the
@@ -136,6 +137,11 @@ MAX_UNROLLED_TAPS = 49
 # Depthwise task size (`_depthwise_tasks`): multiply-adds a task aims at, and the fewest tasks.
 DEPTHWISE_TASK_MACS = 1 << 15
 DEPTHWISE_MIN_TASKS = 8
+# Depthwise output rows at least this wide are finished by the epilogue one by one, while in L1
+# (`_depthwise`); narrower rows leave too short a vector loop: their plane is finished at once.
+DEPTHWISE_ROW_EPILOGUE_WIDTH = 48
+# Padded depthwise planes of more floats than this zero only their border (`_depthwise_border`).
+DEPTHWISE_BORDER_FLOATS = 4096
 # Depthwise output planes at most this wide are computed flat (`_depthwise`).
 DEPTHWISE_FLAT_WIDTH = 8
 # Convs with fewer output pixels than this, not a whole number of column panels, put the pixels in
@@ -1143,20 +1149,24 @@ def _depthwise(g: ConvGeometry, x: Buffer, w: Buffer, dest: Buffer, finish: _Fin
     pad = Buffer("pad", DType.F32, rph * g.sw * phase, "scratch")
     span = (g.oh - 1) * wq + g.ow  # the flat outputs, dropped columns included
     acc = Buffer("acc", DType.F32, span, "scratch")
-    plane, ch, z, ih, t = ir.var("plane"), ir.var("ch"), ir.var("z"), ir.var("ih"), ir.var("t")
+    plane, ch, ih, t = ir.var("plane"), ir.var("ch"), ir.var("ih"), ir.var("t")
     oy, ox, base, task, j = ir.var("oy"), ir.var("ox"), ir.var("base"), ir.var("task"), ir.var("j")
-    # The copies below write the same cells of the plane every time, so the border they leave
-    # is zeroed once per task, not once per plane (the whole plane: 12.9K floats at 112x112).
-    zero = Loop(z, rph * g.sw * phase, (Store(pad, z, ir.const(0.0, DType.F32)),), vector=True)
+    # Padded column q = ph + sw * t holds input column q - pl: each phase's valid run [t0, t1).
+    runs = [
+        (
+            ph,
+            max(0, -(-(g.pl - ph) // g.sw)),
+            min(wq, (g.w - 1 + g.pl - ph) // g.sw + 1, -(-(wp - ph) // g.sw)),
+        )
+        for ph in range(g.sw)
+    ]
+    zero = _depthwise_border(pad, runs, rph * g.sw * phase, hp, g.pt, g.h, wq, phase, flat)
     body: list[Stmt] = [Let(ch, plane % g.cout)]
-    # Padded column q = ph + sw * t holds input column q - pl; copy each phase's valid run.
     # Padded row r is row r // rph of row phase r % rph.
     r = ih + g.pt
     row = r * wq if rph == 1 else (r % rph) * (g.sw * phase) + (r // rph) * wq
     copies: list[Stmt] = []
-    for ph in range(g.sw):
-        t0 = max(0, -(-(g.pl - ph) // g.sw))
-        t1 = min(wq, (g.w - 1 + g.pl - ph) // g.sw + 1, -(-(wp - ph) // g.sw))
+    for ph, t0, t1 in runs:
         if t1 > t0:
             src = ir.load(x, plane * (g.h * g.w) + ih * g.w + (ph - g.pl) + t * g.sw)
             copies.append(Loop(t, t1, (Store(pad, ph * phase + row + t, src),), vector=True, start=t0))
@@ -1195,18 +1205,58 @@ def _depthwise(g: ConvGeometry, x: Buffer, w: Buffer, dest: Buffer, finish: _Fin
         body.append(Loop(j, span, (Store(acc, j, window),), vector=True))
         keep = Store(dest, plane * g.pixels + oy * g.ow + ox, ir.load(acc, oy * wq + ox))
         body.append(Loop(oy, g.oh, (Loop(ox, g.ow, (keep,), vector=True),)))
+        body += finish((plane, plane + 1), (ir.index(0), ir.index(g.pixels)))
     else:
         store = Store(dest, plane * g.pixels + oy * g.ow + ox, window)
-        body.append(Loop(oy, g.oh, (Let(base, oy * (g.sh * wq)), Loop(ox, count, (store,), vector=True))))
-    body += finish((plane, plane + 1), (ir.index(0), ir.index(g.pixels)))
+        row_body: tuple[Stmt, ...] = (Let(base, oy * (g.sh * wq)), Loop(ox, count, (store,), vector=True))
+        by_row = g.ow >= DEPTHWISE_ROW_EPILOGUE_WIDTH
+        if by_row:  # each output row finished while it is in L1
+            row_body += tuple(finish((plane, plane + 1), (oy * g.ow, oy * g.ow + g.ow)))
+        body.append(Loop(oy, g.oh, row_body))
+        if not by_row:
+            body += finish((plane, plane + 1), (ir.index(0), ir.index(g.pixels)))
     stop = (task + 1) * per_task if planes % per_task == 0 else ir.minimum((task + 1) * per_task, planes)
     planes_loop = Loop(plane, stop, tuple(body), start=task * per_task)
     scratch = (pad, acc) if flat else (pad,)
     return [
         Loop(
-            task, tasks, (zero, planes_loop), parallel=parallel, dynamic=parallel, scratch=scratch, macs=macs
+            task, tasks, (*zero, planes_loop), parallel=parallel, dynamic=parallel, scratch=scratch, macs=macs
         )
     ]
+
+
+def _depthwise_border(
+    pad: Buffer,
+    runs: Sequence[tuple[int, int, int]],
+    floats: int,
+    hp: int,
+    pt: int,
+    h: int,
+    wq: int,
+    phase: int,
+    flat: bool,
+) -> list[Stmt]:
+    """Zeroes the cells of a depthwise conv's padded plane that its copies never write: the plane's
+    border, once per task (the copies write the same cells for every plane). Column phase `ph`'s
+    padded rows [max(pt, 0), min(h + pt, hp)) hold input rows in columns [t0, t1) (`runs`); every
+    other cell is padding. A flat plane (split in row phases too) and one of at most
+    DEPTHWISE_BORDER_FLOATS, where a few short loops per row would cost more than one long one,
+    are zeroed whole."""
+    z, zr = ir.var("z"), ir.var("zr")
+    zero = ir.const(0.0, DType.F32)
+    if flat or floats <= DEPTHWISE_BORDER_FLOATS:
+        return [Loop(z, floats, (Store(pad, z, zero),), vector=True)]
+    r_lo, r_hi = max(pt, 0), min(h + pt, hp)
+
+    def cols(ph: int, lo: int, hi: int) -> Loop:
+        return Loop(z, hi, (Store(pad, ph * phase + zr * wq + z, zero),), vector=True, start=lo)
+
+    loops: list[Stmt] = []
+    for ph, t0, t1 in runs:
+        whole = (cols(ph, 0, wq),)
+        edges = (cols(ph, 0, t0), cols(ph, t1, wq)) if t1 > t0 else whole
+        loops += [Loop(zr, r_lo, whole), Loop(zr, r_hi, edges, start=r_lo), Loop(zr, hp, whole, start=r_hi)]
+    return loops
 
 
 def _depthwise_tasks(planes: int, plane_macs: int) -> tuple[int, int]:

@@ -92,8 +92,8 @@ def check_strided_operand_matmul(kernel: Kernel, tmp_path: Path, seed: int, rtol
 def run(kernel: Kernel, inputs: list[np.ndarray], tmp_path: Path) -> list[np.ndarray]:
     """Compile `kernel` and call it as the runtime does: behind the contraction library when it
     packs a weight (prepack once, the packed array right after the parameters), else behind
-    OpenBLAS; then the workspace and its slice count when it takes one. It is called twice, each
-    time on outputs reset to NaN: the packed weights must survive a call."""
+    OpenBLAS; then the workspace (NaN bytes) and its slice count when it takes one. It is called
+    twice, each time on outputs reset to NaN: the packed weights must survive a call."""
     library = bool(kernel.packed)
     source = (library_source() if library else BLAS_PREAMBLE) + "\n" + render_kernel(kernel)
     (art,) = compile_kernels(
@@ -116,7 +116,9 @@ def run(kernel: Kernel, inputs: list[np.ndarray], tmp_path: Path) -> list[np.nda
     if f"{kernel.name}{WORKSPACE_SUFFIX}" in source:
         threads = 8
         slice_bytes = ctypes.c_int64.in_dll(lib, f"{kernel.name}{WORKSPACE_SUFFIX}").value
-        workspace = np.zeros(slice_bytes * threads, np.uint8)
+        # NaN bytes, as the runtime's poisoning leaves it: a kernel that reads a workspace cell
+        # it did not write (a padded band's border) gives NaN
+        workspace = np.full(slice_bytes * threads, 0xFF, np.uint8)
         ptrs += [workspace.ctypes.data, threads]
         keep.append(workspace)
     fn = getattr(lib, kernel.name)

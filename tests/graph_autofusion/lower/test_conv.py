@@ -125,6 +125,12 @@ CASES = {
         (1, 8, 15, 12), (8, 1, 3, 3), {"group": 8, "strides": [2, 2], "pads": [1, 0, 0, 1]}, DEPTHWISE
     ),
     # many small planes: tasks of several planes each, the last task shorter (67 = 8 x 8 + 3)
+    # padded planes past DEPTHWISE_BORDER_FLOATS (only their border zeroed) with rows of at least
+    # DEPTHWISE_ROW_EPILOGUE_WIDTH outputs (the epilogue row by row); stride 2, asymmetric pads
+    "depthwise_wide_plane": ((1, 3, 70, 66), (3, 1, 3, 3), {"group": 3, "pads": [1, 1, 1, 1]}, DEPTHWISE),
+    "depthwise_wide_s2_asym": (
+        (1, 2, 101, 120), (2, 1, 3, 3), {"group": 2, "strides": [2, 2], "pads": [1, 0, 0, 1]}, DEPTHWISE
+    ),
     "depthwise_many_7x7": ((1, 67, 7, 7), (67, 1, 3, 3), {"group": 67, "pads": [1, 1, 1, 1]}, DEPTHWISE),
     "depthwise_many_s2": (
         (1, 50, 14, 14), (50, 1, 3, 3), {"group": 50, "strides": [2, 2], "pads": [1, 1, 1, 1]}, DEPTHWISE
