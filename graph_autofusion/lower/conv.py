@@ -61,8 +61,8 @@ written to a per-thread workspace, is stored transposed into NCHW before the epi
 on fused ResNet-50 (Intel Xeon AVX-512 host, one thread, per-kernel CPU time, both ways compiled
 side by side and interleaved): its four 7x7 conv shapes 17.2-18.1 -> 16.2-16.5 ms (-6 to -9%);
 the 3x3 512-channel conv alone 9.1-9.6 -> 8.5 ms. Im2col convs of up to 256 pixels (14x14: 196)
-take the same path in equal pixel tiles of whole row panels (104 + 92 rows, where 196 columns
-are 128 + 68, the last panel 4 columns wide); as those tiles are balanced, one per thread is
+take the same path in equal pixel tiles (100 + 96 rows, where 196 columns are 128 + 68, the
+last panel 4 columns wide); as those tiles are balanced, one per thread is
 enough tasks and the channel tiles run inside the task, sharing one im2col instead of building
 it once per channel tile: ResNet-50's 256-channel 3x3 convs 13.85-13.91 -> 11.98-12.19 ms.
 1x1 convs of up to 256 pixels, not whole panels, read their activation transposed the same way
@@ -162,9 +162,13 @@ DIRECT_MAX_DROP = 16
 DIRECT_MIN_WIDTH = 16
 DIRECT_TILE_COLUMNS = 256
 DIRECT_BAND_FLOATS = 64 * 1024
-# Pixel tiles of at most this many rows with the pixels as rows, a multiple of ROWS_QUANTUM.
+# Pixel tiles of at most this many rows with the pixels as rows, a multiple of ROWS_QUANTUM: half
+# an AVX-512 row panel, which the micro-kernel runs at half the cost (afc.c's `afc_ukernel`), so
+# 196 pixels split 100 + 96 (12.5 and 12 panels' work), not 104 + 92 (13 and 11.5): ResNet-50's
+# 256-channel 3x3 at 14x14, one tile per thread, 1.17 -> 1.11 ms on two threads (Zen 4,
+# benchmarks/anchor_ab.py), unchanged on one.
 ROWS_PIXEL_TILE = 128
-ROWS_QUANTUM = 8
+ROWS_QUANTUM = 4
 # Tasks to aim for when an im2col conv with the pixels as rows splits its output channels: each
 # channel tile that is a task of its own builds the whole im2col again (4608 x 49 floats for
 # ResNet-50's last 3x3 convs), so only as many as the two threads need.
@@ -528,8 +532,8 @@ def conv_tiles(g: ConvGeometry, quantum: int = 16, rows: bool = False) -> tuple[
         rt, rtn = band_row_tiles(g)
         return rt * g.ow, rtn, g.cog, 1
     if rows:
-        # equal pixel tiles of whole row panels (196 pixels: 104 + 92); channel tiles of whole
-        # B panels
+        # equal pixel tiles of whole or half row panels (196 pixels: 100 + 96); channel tiles of
+        # whole B panels
         count = -(-p // ROWS_PIXEL_TILE)
         pt = min(p, _round_up(-(-p // count), ROWS_QUANTUM))
         ptn = -(-p // pt)

@@ -322,13 +322,21 @@ def test_narrow_im2col_reads_a_padded_band(
     _assert_matches_onnxruntime(kernel, weights, model, feeds, tmp_path)
 
 
+def test_pixel_tiles_as_rows_split_in_half_panels() -> None:
+    # ResNet-50's 3x3 at 14x14: 196 pixels in two tiles of 100 + 96 rows (12.5 and 12 panels of
+    # 8; the micro-kernel runs a half panel at half the cost), one per thread, not 104 + 92
+    g = ConvGeometry(n=1, cin=256, cout=256, group=1, h=14, w=14, oh=14, ow=14,
+                     kh=3, kw=3, sh=1, sw=1, dh=1, dw=1, pt=1, pl=1)  # fmt: skip
+    assert conv_tiles(g, 32, rows=True) == (100, 2, 256, 1)
+
+
 @pytest.mark.parametrize(
     ("x_shape", "w_shape", "attrs", "rows"),
     [
         ((2, 32, 7, 7), (40, 32, 3, 3), {"pads": [1, 1, 1, 1]}, True),  # 49 pixels, channel tiles 32 + 8
         ((1, 48, 7, 7), (80, 48, 1, 1), {}, True),  # 1x1 on the activation read transposed
         ((1, 16, 8, 8), (24, 16, 3, 3), {"pads": [1, 1, 1, 1]}, False),  # 64 pixels: whole panels
-        # 196 pixels: two pixel tiles (104 + 92 rows), channel tiles 32 + 8 inside each task
+        # 196 pixels: two pixel tiles (100 + 96 rows), channel tiles 32 + 8 inside each task
         ((1, 16, 14, 14), (40, 16, 3, 3), {"pads": [1, 1, 1, 1]}, True),
         ((2, 16, 14, 14), (40, 16, 3, 3), {"pads": [1, 1, 1, 1]}, True),
         ((1, 16, 14, 14), (40, 16, 1, 1), {}, True),  # 1x1 of 196 pixels: 25 row panels, not 7 x 32
