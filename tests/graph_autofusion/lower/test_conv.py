@@ -322,6 +322,14 @@ def test_narrow_im2col_reads_a_padded_band(
     _assert_matches_onnxruntime(kernel, weights, model, feeds, tmp_path)
 
 
+def test_an_even_count_of_unequal_pixel_tiles_is_rebalanced() -> None:
+    # ResNet-50's stride-2 downsample 256 -> 512: 784 pixels were 3 x 224 + 112 (4 tasks, 448
+    # pixels on one thread against 336); 4 x 192 + 16 is 400 against 384
+    g = ConvGeometry(n=1, cin=256, cout=512, group=1, h=56, w=56, oh=28, ow=28,
+                     kh=1, kw=1, sh=2, sw=2, dh=1, dw=1, pt=0, pl=0)  # fmt: skip
+    assert conv_tiles(g, 32) == (192, 5, 256, 2)
+
+
 def test_pixel_tiles_as_rows_split_in_half_panels() -> None:
     # ResNet-50's 3x3 at 14x14: 196 pixels in two tiles of 100 + 96 rows (12.5 and 12 panels of
     # 8; the micro-kernel runs a half panel at half the cost), one per thread, not 104 + 92
