@@ -13,8 +13,8 @@ convention (`Kernel.packed` / `prepack`) and the epilogue loop nest (`epilogue_n
   columns has no bounds checks and vectorizes; kernel size, strides and dilations are
   compile-time constants and the taps are unrolled (up to MAX_UNROLLED_TAPS), so a 3x3 is nine
   multiply-adds on registers. A task takes a run of small planes (`_depthwise_tasks`) and zeroes
-  the padded plane's border (only the border: `_depthwise_border`) once for all of them; each
-  output row is finished by the epilogue right after it is computed, while it is in L1.
+  the padded plane's border once for all of them (`_depthwise_border`); output rows of at least
+  DEPTHWISE_ROW_EPILOGUE_WIDTH are finished by the epilogue one by one, while in L1.
 * `conv_im2col_tiled`: everything else (grouped by the task's group). The im2col matrix of one
   tile of output pixels is built in a per-thread workspace slice sized to stay in L2, multiplied
   by one single-threaded contraction straight into the output, and the epilogue finishes the
@@ -163,7 +163,8 @@ DIRECT_MIN_WIDTH = 16
 DIRECT_TILE_COLUMNS = 256
 DIRECT_BAND_FLOATS = 64 * 1024
 # Pixel tiles of at most this many rows with the pixels as rows, a multiple of ROWS_QUANTUM: half
-# an AVX-512 row panel, which the micro-kernel runs at half the cost (afc.c's `afc_ukernel`), so
+# an AVX-512 row panel, which the micro-kernel runs at half the cost (afc.c's `afc_ukernel`; on
+# AVX2, 6-row panels, a tail of 4 runs 3 rows + 1), so
 # 196 pixels split 100 + 96 (12.5 and 12 panels' work), not 104 + 92 (13 and 11.5): ResNet-50's
 # 256-channel 3x3 at 14x14, one tile per thread, 1.17 -> 1.11 ms on two threads (Zen 4,
 # benchmarks/anchor_ab.py), unchanged on one.
