@@ -285,6 +285,18 @@ def dump(path: str) -> None:
     Path(path).write_text(json.dumps(out))
 
 
+def _aligned(a: np.ndarray) -> np.ndarray:
+    """A copy of `a` at a 64-byte boundary, as the runtime's arena places every tensor: numpy's
+    own large arrays start 16 bytes past a page, where every 64-byte vector load and store of a
+    row spans two cache lines (on the Intel Xeon AVX-512 host a 1x1 conv's kernel measured 1.4x
+    slower so)."""
+    raw = np.zeros(a.nbytes + 64, np.uint8)
+    at = (-raw.ctypes.data) % 64
+    out = raw[at : at + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--baseline", help="the other checkout (its repository root)")
@@ -323,8 +335,8 @@ def main() -> None:
         lib = art.load()
         fn = getattr(lib, entry["symbol"])
         fn.restype, fn.argtypes = None, [ctypes.c_void_p]
-        ins = [np.ascontiguousarray(x, dtype=np.float32) for x in entry["inputs"]]
-        outs = [np.zeros(s, np.float32) for s in entry["outputs"]]
+        ins = [_aligned(np.asarray(x, dtype=np.float32)) for x in entry["inputs"]]
+        outs = [_aligned(np.zeros(s, np.float32)) for s in entry["outputs"]]
         keep = [*ins, *outs]
         addrs = [a.ctypes.data for a in keep]
         if entry["method"].endswith("+prepack"):  # the runtime's load step: pack the weights once
@@ -338,7 +350,7 @@ def main() -> None:
             addrs.append(at)
         if entry["symbol"] + "_workspace" in entry["source"]:
             slice_bytes = ctypes.c_int64.in_dll(lib, entry["symbol"] + "_workspace").value
-            workspace = np.zeros(slice_bytes * 8, np.uint8)
+            workspace = _aligned(np.zeros(slice_bytes * 8, np.uint8))
             keep.append(workspace)
             addrs += [workspace.ctypes.data, 8]
         ptrs = (ctypes.c_void_p * len(addrs))(*addrs)

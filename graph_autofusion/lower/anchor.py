@@ -108,6 +108,9 @@ PACKED_B_INPUT_ROUTINE = "afc_gemm_bp_in"
 BEGIN_CALL_ROUTINE = "afc_begin_call"
 PACK_B_ROUTINE = "afc_pack_b"
 PACKED_A_ROUTINE = "afc_gemm_ap"
+# afc_gemm_ap for a right operand that is a kernel input: packed once per thread and call (after
+# BEGIN_CALL_ROUTINE), reused by the later row chunks of the same tile (lower/conv.py)
+PACKED_A_INPUT_ROUTINE = "afc_gemm_ap_in"
 PACK_A_ROUTINE = "afc_pack_a"
 DIRECT_CONV_ROUTINE = "afc_conv_ap"  # lower/conv.py's `conv_direct`: taps read from the input band
 DIRECT_ROWS_CONV_ROUTINE = "afc_conv_bp"  # its pixels-as-rows tiles over a padded band

@@ -7,7 +7,10 @@ convention (`Kernel.packed` / `prepack`) and the epilogue loop nest (`epilogue_n
 
 * `conv1x1_gemm`: 1x1 kernel, stride 1, no padding. The input already is the GEMM operand:
   `Y[n, g] = W_g[Cout/g, Cin/g] x X[n, g][Cin/g, H*W]`, tiled over output pixels (and output
-  channels when there are too few pixel tiles to keep the threads busy).
+  channels when there are too few pixel tiles to keep the threads busy). A tile of shallow
+  pixels (at most 2^16 floats packed: ResNet-50's 56x56 and 28x28 1x1s of up to 256 input
+  channels, MobileNetV2's expansions) runs in chunks of 24 output channels against its pixels
+  packed once (`afc_gemm_ap_in`), and the epilogue finishes each chunk while it is in L1.
 * `conv_depthwise`: one input and one output channel per group. A direct loop per channel plane
   over a zero-padded copy of the plane (a workspace slice), so the inner loop over output
   columns has no bounds checks and vectorizes; kernel size, strides and dilations are
@@ -89,9 +92,11 @@ from ..kernel_ir import Buffer, Call, DType, Expr, If, Kernel, Let, Loop, Stmt, 
 from ..kernel_ir import nodes as ir
 from ..plan.anchor_match import AnchorMatch, OperandView, dense_strides, match_anchor
 from .anchor import (
+    BEGIN_CALL_ROUTINE,
     DIRECT_CONV_ROUTINE,
     DIRECT_ROWS_CONV_ROUTINE,
     PACK_A_ROUTINE,
+    PACKED_A_INPUT_ROUTINE,
     PARALLEL_MIN_MACS,
     STORE_T_ROUTINE,
     PackedPanels,
@@ -181,6 +186,14 @@ TILE_ROW_PAD = 16
 # Rows of one packed weight block are rounded to this: a multiple of every ISA's A-panel height
 # (AFC_MR: 8, 6, 4), so the packed layout is Python arithmetic whatever -march builds the kernel.
 A_PANEL_QUANTUM = 24
+# Output channels per chunk of a 1x1 conv's tile whose epilogue runs chunk by chunk
+# (`_epilogue_chunks`): a multiple of A_PANEL_QUANTUM, so a chunk starts at a whole A-panel on
+# every ISA, and few enough that a chunk of a 224-pixel tile (21 KiB at 24) is still in L1 when
+# its epilogue reads it.
+EPILOGUE_CHUNK_ROWS = 24
+# Floats of a tile's packed input pixels up to which that chunking applies (the library's
+# AFC_AP_INPUT_FLOATS: afc_gemm_ap_in keeps that packing for the tile's chunks).
+EPILOGUE_CHUNK_MAX_B_FLOATS = 1 << 16
 
 
 class Shapes(Protocol):
@@ -711,6 +724,15 @@ def _packed_weights(
     return packed, fill, block
 
 
+def _epilogue_chunks(g: ConvGeometry, pt: int, ct: int) -> bool:
+    """Whether a `conv1x1_gemm` tile (channels as rows, the input's pixels read in place) runs
+    as chunks of EPILOGUE_CHUNK_ROWS channels, each finished by the epilogue right after its
+    product: with one product over all the tile's channels (256 x 224 pixels, 224 KiB), the
+    epilogue reads the tile back from L2 and waits on its residual in one burst after it.
+    The tile's packed pixels must fit the library's kept block."""
+    return ct > EPILOGUE_CHUNK_ROWS and g.kdim * _round_up(pt, PANEL_QUANTUM) <= EPILOGUE_CHUNK_MAX_B_FLOATS
+
+
 def _gemm_tiles(
     values: _ConvValues,
     g: ConvGeometry,
@@ -721,7 +743,10 @@ def _gemm_tiles(
     weights: tuple[Buffer, Loop, int] | None,
     finish: _Finish,
 ) -> list[Stmt]:
-    """`conv1x1_gemm` / `conv_im2col_tiled`: one contraction per (task, channel tile).
+    """`conv1x1_gemm` / `conv_im2col_tiled`: one contraction per (task, channel tile), or, for a
+    1x1 conv with an epilogue whose tile's pixels fit the library's kept block
+    (`_epilogue_chunks`), one per chunk of EPILOGUE_CHUNK_ROWS of the tile's channels, each
+    finished right after its product.
 
     Channel tiles run inside the task, sharing its im2col tile, when there are already enough
     tasks for the threads; otherwise each is a task of its own (the im2col of a pixel tile is
@@ -775,6 +800,7 @@ def _gemm_tiles(
         b_ptr, ldb = ir.addr(x_buf, xg + p0), ir.index(pixels)
     a: Expr | PackedPanels
     product: list[Stmt]
+    finished = False
     if rows:
         # Y^T[pixels x channels] = col^T x W^T into this thread's `tile`, then stored transposed
         assert weights is not None
@@ -826,6 +852,32 @@ def _gemm_tiles(
             ),
         )
         product = [tile_product, store]
+    elif weights is not None and not im2col and _epilogue_chunks(g, pt, ct) and finish((ch0, ch1), (p0, p1)):
+        # (with an epilogue to finish) a 1x1 conv's tile in chunks of EPILOGUE_CHUNK_ROWS output
+        # channels, each finished while in L1, the tile's pixels packed once for all its chunks
+        packed, _, block = weights
+        rc, rn = ir.var("rc"), ir.var("rn")
+        chunk = [
+            Let(rn, ir.minimum(ch1 - ch0 - rc, EPILOGUE_CHUNK_ROWS)),
+            Call(
+                PACKED_A_INPUT_ROUTINE,
+                (
+                    rn,
+                    p1 - p0,
+                    ir.index(g.kdim),
+                    ir.const(1.0, DType.F32),
+                    ir.addr(packed, (gi * ctn + cb) * block + rc * g.kdim),
+                    b_ptr,
+                    ldb,
+                    ir.index(1),
+                    ir.addr(dest, (row0 + rc) * pixels + p0),
+                    ir.index(pixels),
+                ),
+            ),
+            *finish((row0 + rc, row0 + rc + rn), (p0, p1)),
+        ]
+        product = [Loop(rc, ch1 - ch0, tuple(chunk), step=EPILOGUE_CHUNK_ROWS)]
+        finished = True
     else:
         if weights is not None:
             packed, _, block = weights
@@ -852,10 +904,12 @@ def _gemm_tiles(
         Let(ch1, ir.minimum(ch0 + ct, g.cog)),
         Let(row0, ni * g.cout + gi * g.cog + ch0),
         *product,
-        *finish((row0, row0 + (ch1 - ch0)), (p0, p1)),
+        *([] if finished else finish((row0, row0 + (ch1 - ch0)), (p0, p1))),
     ]
     head += [Loop(cb, ctn, tuple(per_tile))] if inner else per_tile
-    return [Loop(task, tasks, tuple(head), parallel=parallel, dynamic=parallel, scratch=scratch, macs=macs)]
+    loop = Loop(task, tasks, tuple(head), parallel=parallel, dynamic=parallel, scratch=scratch, macs=macs)
+    # afc_gemm_ap_in keeps its packing for the call's later chunks: the call's start is marked
+    return [Call(BEGIN_CALL_ROUTINE, ()), loop] if finished else [loop]
 
 
 def _im2col(g: ConvGeometry, x: Buffer, xg: Expr, col: Buffer, p0: Expr, p1: Expr) -> Loop:

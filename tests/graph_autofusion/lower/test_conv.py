@@ -20,15 +20,24 @@ from graph_autofusion.backend.cpu.kernel_spec import KernelSpec, TensorInfo
 from graph_autofusion.backend.cpu.render_c import render_kernel
 from graph_autofusion.kernel_ir import Kernel, Loop
 from graph_autofusion.lower.anchor import (
+    BEGIN_CALL_ROUTINE,
     CONTRACTION_ROUTINE,
     DIRECT_CONV_ROUTINE,
     DIRECT_ROWS_CONV_ROUTINE,
+    PACKED_A_INPUT_ROUTINE,
     PACKED_A_ROUTINE,
     PACKED_B_ROUTINE,
     STORE_T_ROUTINE,
     method_of,
 )
-from graph_autofusion.lower.conv import ConvGeometry, _makespan, conv_tiles, direct_tiles, lower_conv
+from graph_autofusion.lower.conv import (
+    EPILOGUE_CHUNK_ROWS,
+    ConvGeometry,
+    _makespan,
+    conv_tiles,
+    direct_tiles,
+    lower_conv,
+)
 
 F = onnx.TensorProto.FLOAT
 MODES = ("library", "blas")
@@ -358,16 +367,50 @@ def test_narrow_convs_put_the_pixels_in_the_rows(
     model, feeds = _model(x_shape, w_shape, bias=True, relu=True, **attrs)
     spec, weights = _spec(model)
     kernel = lower_conv(spec)
-    # 3x3s read their rows from the padded band (afc_conv_bp), a 1x1 from the activation
-    routine = (
-        (DIRECT_ROWS_CONV_ROUTINE if w_shape[2:] == (3, 3) else PACKED_B_ROUTINE)
-        if rows
-        else PACKED_A_ROUTINE
-    )
+    # 3x3s read their rows from the padded band (afc_conv_bp), a 1x1 from the activation (its
+    # channels in chunks, each finished while in L1, past EPILOGUE_CHUNK_ROWS of them)
+    if rows:
+        routines = {DIRECT_ROWS_CONV_ROUTINE if w_shape[2:] == (3, 3) else PACKED_B_ROUTINE, STORE_T_ROUTINE}
+    elif w_shape[2:] == (1, 1) and w_shape[0] > EPILOGUE_CHUNK_ROWS:
+        routines = {BEGIN_CALL_ROUTINE, PACKED_A_INPUT_ROUTINE}
+    else:
+        routines = {PACKED_A_ROUTINE}
     # the product's tile stored transposed into NCHW
-    assert {c.function for c in calls(kernel.body)} == ({routine, STORE_T_ROUTINE} if rows else {routine})
+    assert {c.function for c in calls(kernel.body)} == routines
     (task,) = [s for s in kernel.body if isinstance(s, Loop)]
     assert ("tile" in [b.name for b in task.scratch]) == rows  # the transposed product's workspace
+    _assert_matches_onnxruntime(kernel, weights, model, feeds, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "w_shape", "bias", "chunked"),
+    [
+        ((1, 40, 20, 30), (100, 40, 1, 1), True, True),  # channel tiles of 32: chunks of 24 + 8
+        ((2, 200, 16, 20), (60, 200, 1, 1), True, True),  # two depth blocks, two images, 32 + 28
+        ((1, 512, 24, 24), (64, 512, 1, 1), True, False),  # the tile's pixels too deep to keep
+        ((1, 40, 20, 30), (100, 40, 1, 1), False, False),  # no epilogue to finish
+    ],
+)
+def test_a_1x1_tile_is_finished_chunk_by_chunk(
+    x_shape, w_shape, bias: bool, chunked: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(CONTRACTION_ENV, "library")
+    model, feeds = _model(x_shape, w_shape, bias=bias, relu=bias)
+    spec, weights = _spec(model)
+    kernel = lower_conv(spec)
+    assert method_of(kernel) == GEMM1X1
+    chunks = [s for s in _walk(kernel.body) if isinstance(s, Loop) and s.var.name == "rc"]
+    assert len(chunks) == int(chunked)
+    if chunked:
+        (chunk,) = chunks
+        assert chunk.step == EPILOGUE_CHUNK_ROWS
+        # the chunk's product, then its epilogue over the chunk's channels
+        assert [c.function for c in calls(chunk.body)] == [PACKED_A_INPUT_ROUTINE]
+        assert any(isinstance(s, Loop) and s.var.name == "r" for s in _walk(chunk.body))
+        assert isinstance(kernel.body[0], type(calls(chunk.body)[0]))
+        assert kernel.body[0].function == BEGIN_CALL_ROUTINE  # the call's kept packings retired
+    else:
+        assert PACKED_A_INPUT_ROUTINE not in {c.function for c in calls(kernel.body)}
     _assert_matches_onnxruntime(kernel, weights, model, feeds, tmp_path)
 
 

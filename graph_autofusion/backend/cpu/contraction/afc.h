@@ -42,8 +42,12 @@
  *   void afc_gemm_bp_in(m, n, k, alpha, a, a_rs, a_cs, bp, c, ldc)
  *       afc_gemm_bp for an A that does not change during the kernel call (a kernel input): each
  *       thread packs it once per call and reuses the packing for its later tiles of the same A
+ *   void afc_gemm_ap_in(m, n, k, alpha, ap, b, b_rs, b_cs, c, ldc)
+ *       afc_gemm_ap for a B that does not change during the kernel call, called per chunk of a
+ *       few A-panels (m rows starting at a whole panel): each thread packs B once per call (up to
+ *       AFC_KC x AFC_NC floats; a larger B takes afc_gemm_ap) and reuses it for the later chunks
  *   void afc_begin_call(void)                         a kernel call starts (before its parallel
- *       loop): packings kept by afc_gemm_bp_in for an earlier call are not reused
+ *       loop): packings kept by afc_gemm_bp_in / afc_gemm_ap_in for an earlier call are not reused
  *   void afc_conv_ap(m, rows, ow, k, ap, band, plane, phase, wp, sh, sw, kh, kw, dh, dw, c, ldc)
  *       a conv's tile of `rows` whole output rows of width `ow`, A packed (the weight, m x k with
  *       k = channels * kh * kw), B read from a zero-padded band of input rows (no im2col):
@@ -134,6 +138,8 @@ static void afc_gemv_bp(int64_t m, int64_t n, int64_t k, float alpha, const floa
                         int64_t a_cs, const float *bp, float *c, int64_t ldc);
 static void afc_gemm_bp_in(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t a_rs,
                            int64_t a_cs, const float *bp, float *c, int64_t ldc);
+static void afc_gemm_ap_in(int64_t m, int64_t n, int64_t k, float alpha, const float *ap, const float *b,
+                           int64_t b_rs, int64_t b_cs, float *c, int64_t ldc);
 static void afc_begin_call(void);
 static void afc_conv_ap(int64_t m, int64_t rows, int64_t ow, int64_t k, const float *ap, const float *band,
                         int64_t plane, int64_t phase, int64_t wp, int64_t sh, int64_t sw, int64_t kh, int64_t kw,

@@ -129,6 +129,10 @@ void afcx_gemm_bp_in(int64_t m, int64_t n, int64_t k, float alpha, const float *
                      int64_t a_cs, const float *bp, float *c, int64_t ldc) {
   afc_gemm_bp_in(m, n, k, alpha, a, a_rs, a_cs, bp, c, ldc);
 }
+void afcx_gemm_ap_in(int64_t m, int64_t n, int64_t k, float alpha, const float *ap, const float *b,
+                     int64_t b_rs, int64_t b_cs, float *c, int64_t ldc) {
+  afc_gemm_ap_in(m, n, k, alpha, ap, b, b_rs, b_cs, c, ldc);
+}
 void afcx_begin_call(void) { afc_begin_call(); }
 void afcx_store_t(int64_t m, int64_t n, const float *tile, int64_t ldt, float *out, int64_t ldo) {
   afc_store_t(m, n, tile, ldt, out, ldo);
@@ -176,6 +180,7 @@ _SIGNATURES: dict[str, tuple[list[type], type | None]] = {
     "afcx_conv_ap": ([_I64, _I64, _I64, _I64, _PTR, _PTR, *[_I64] * 9, _PTR, _I64], None),
     "afcx_conv_bp": ([*[_I64] * 7, _PTR, *[_I64] * 6, _PTR, _PTR, _I64], None),
     "afcx_gemm_bp_in": ([_I64, _I64, _I64, ctypes.c_float, _PTR, _I64, _I64, _PTR, _PTR, _I64], None),
+    "afcx_gemm_ap_in": ([_I64, _I64, _I64, ctypes.c_float, _PTR, _PTR, _I64, _I64, _PTR, _I64], None),
     "afcx_begin_call": ([], None),
     "afcx_store_t": ([_I64, _I64, _PTR, _I64, _PTR, _I64], None),
     "afcx_gemm_ap_parallel": ([_I64, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64], None),
@@ -218,11 +223,20 @@ class Library:
         self.lib.afcx_pack_b(k, n, b.ctypes.data, rs, cs, out.ctypes.data)
         return out
 
-    def gemm_ap(self, ap: np.ndarray, b: np.ndarray, m: int, alpha: float = 1.0) -> np.ndarray:
+    def gemm_ap(
+        self, ap: np.ndarray, b: np.ndarray, m: int, alpha: float = 1.0, input_rows: int = 0
+    ) -> np.ndarray:
+        """Packed A x B; with `input_rows`, as afc_gemm_ap_in in chunks of that many rows (a
+        multiple of the A-panel height), B packed once per kernel call (afcx_begin_call)."""
         k, n = b.shape
         c = np.full((m, n), np.nan, np.float32)
         rs, cs = (s // 4 for s in b.strides)
-        self.lib.afcx_gemm_ap(m, n, k, alpha, ap.ctypes.data, b.ctypes.data, rs, cs, c.ctypes.data, n)
+        if not input_rows:
+            self.lib.afcx_gemm_ap(m, n, k, alpha, ap.ctypes.data, b.ctypes.data, rs, cs, c.ctypes.data, n)
+        for r0 in range(0, m if input_rows else 0, input_rows or 1):
+            rows = min(input_rows, m - r0)
+            at, out = ap.ctypes.data + 4 * r0 * k, c.ctypes.data + 4 * r0 * n
+            self.lib.afcx_gemm_ap_in(rows, n, k, alpha, at, b.ctypes.data, rs, cs, out, n)
         return c
 
     @property

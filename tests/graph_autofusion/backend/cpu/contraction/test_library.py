@@ -327,3 +327,52 @@ def test_an_input_too_large_to_keep_is_packed_per_tile(lib: Library) -> None:
     w = rng.standard_normal((k, n)).astype(np.float32)
     lib.lib.afcx_begin_call()
     _check(lib.gemm_bp(a, lib.pack_b(w), n, path="input"), a, w)
+
+
+# Rows per afc_gemm_ap_in chunk in these tests: lower/conv.py's EPILOGUE_CHUNK_ROWS, a whole
+# number of A-panels on every ISA.
+CHUNK_ROWS = 24
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "k"),
+    [
+        (3 * CHUNK_ROWS + 5, 70, 64),  # a last chunk of 5 rows, a last column panel of 6 or 7
+        (2 * CHUNK_ROWS, 224, 256),  # two depth blocks of 128
+        (CHUNK_ROWS + 1, 33, 201),  # uneven depth blocks, a one-row chunk
+        (7, 3, 1),  # one depth
+    ],
+)
+def test_a_kept_input_serves_every_row_chunk(lib: Library, m: int, n: int, k: int) -> None:
+    rng = np.random.default_rng(m * 7 + n + k)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    lib.lib.afcx_begin_call()
+    _check(lib.gemm_ap(lib.pack_a(a), b, m, input_rows=CHUNK_ROWS), a, b)
+
+
+def test_a_right_input_is_packed_once_per_kernel_call(lib: Library) -> None:
+    rng = np.random.default_rng(13)
+    m, k, n = 2 * CHUNK_ROWS, 96, lib.nr + 5
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    ap = lib.pack_a(a)
+    lib.lib.afcx_begin_call()
+    _check(lib.gemm_ap(ap, b, m, input_rows=CHUNK_ROWS), a, b)
+    # within the call the operand is the same: the packing of its first chunk serves later ones
+    before = b.copy()
+    b[:] = rng.standard_normal(b.shape)
+    _check(lib.gemm_ap(ap, b, m, input_rows=CHUNK_ROWS), a, before)
+    # the next call packs it again, and so does another operand within a call
+    lib.lib.afcx_begin_call()
+    _check(lib.gemm_ap(ap, b, m, input_rows=CHUNK_ROWS), a, b)
+    _check(lib.gemm_ap(ap, b[:, 1:], m, input_rows=CHUNK_ROWS), a, b[:, 1:])
+
+
+def test_a_right_input_too_large_to_keep_takes_the_blocked_path(lib: Library) -> None:
+    rng = np.random.default_rng(14)
+    m, k, n = CHUNK_ROWS + 3, 300, 8 * 32  # 300 x 256 floats: past the kept 2^16
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    lib.lib.afcx_begin_call()
+    _check(lib.gemm_ap(lib.pack_a(a), b, m, input_rows=CHUNK_ROWS), a, b)
