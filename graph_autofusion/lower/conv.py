@@ -17,7 +17,9 @@ convention (`Kernel.packed` / `prepack`) and the epilogue loop nest (`epilogue_n
   compile-time constants and the taps are unrolled (up to MAX_UNROLLED_TAPS), so a 3x3 is nine
   multiply-adds on registers. A task takes a run of small planes (`_depthwise_tasks`) and zeroes
   the padded plane's border once for all of them (`_depthwise_border`); output rows of at least
-  DEPTHWISE_ROW_EPILOGUE_WIDTH are finished by the epilogue one by one, while in L1.
+  DEPTHWISE_ROW_EPILOGUE_WIDTH are finished by the epilogue one by one, while in L1. Stride-1
+  planes of rows at most DEPTHWISE_FLAT_WIDTH wide run in the library instead (`afc_dw_flat`:
+  each tap one masked run of the unpadded plane), a run of planes a call, then its epilogue.
 * `conv_im2col_tiled`: everything else (grouped by the task's group). The im2col matrix of one
   tile of output pixels is built in a per-thread workspace slice sized to stay in L2, multiplied
   by one single-threaded contraction straight into the output, and the epilogue finishes the
@@ -93,6 +95,7 @@ from ..kernel_ir import nodes as ir
 from ..plan.anchor_match import AnchorMatch, OperandView, dense_strides, match_anchor
 from .anchor import (
     BEGIN_CALL_ROUTINE,
+    DEPTHWISE_FLAT_ROUTINE,
     DIRECT_CONV_ROUTINE,
     DIRECT_ROWS_CONV_ROUTINE,
     PACK_A_ROUTINE,
@@ -149,6 +152,10 @@ DEPTHWISE_ROW_EPILOGUE_WIDTH = 48
 DEPTHWISE_BORDER_FLOATS = 4096
 # Depthwise output planes at most this wide are computed flat (`_depthwise`).
 DEPTHWISE_FLAT_WIDTH = 8
+# Stride-1 depthwise planes at most DEPTHWISE_FLAT_WIDTH wide whose lane masks fit what the library
+# keeps (afc.h: afc_dw_flat, (taps + 1) x 8-lane vectors of a plane <= this) run there.
+DEPTHWISE_LIBRARY_MASKS = 1024
+DEPTHWISE_LIBRARY_TAPS = 64
 # Convs with fewer output pixels than this, not a whole number of column panels, put the pixels in
 # the rows of the product (`pixels_as_rows`); im2col and 1x1 convs up to ROWS_MAX_IM2COL_PIXELS
 # as well.
@@ -636,9 +643,8 @@ def lower_conv(spec: KernelSpec, match: AnchorMatch | None = None) -> Kernel:
         body = _col2im(g, values.buffer_of(x.tensor), values.buffer_of(w.tensor), out_buf[dest], finish)
     elif math.prod(match.domain) and g.kdim:
         if method == "conv_depthwise":
-            body = _depthwise(
-                g, values.buffer_of(x.tensor), values.buffer_of(w.tensor), out_buf[dest], finish
-            )
+            lower = _depthwise_library if depthwise_in_library(g) else _depthwise
+            body = lower(g, values.buffer_of(x.tensor), values.buffer_of(w.tensor), out_buf[dest], finish)
         elif method == "conv_direct":
             _, _, ct, ctn = direct_tiles(g)
             weights = _packed_weights(values, g, w, (ct, ctn))
@@ -1184,6 +1190,53 @@ def _direct(
         *finish((row0, row0 + (ch1 - ch0)), (p0, p0 + rows * g.ow)),
     ]
     return [Loop(task, tasks, tuple(body), parallel=parallel, dynamic=parallel, scratch=(pad,), macs=macs)]
+
+
+def depthwise_in_library(g: ConvGeometry) -> bool:
+    """Whether a depthwise conv runs in the contraction library (`afc_dw_flat`): stride 1, output
+    rows as wide as the input's and at most DEPTHWISE_FLAT_WIDTH (MobileNetV2's 7x7 planes).
+    There every tap of a flat plane is one unit-stride run of the unpadded input, masked at the
+    plane's edges, with no padded copy and the accumulators in registers: 0.70x the generated flat
+    loop's time on MobileNetV2's 960-channel 7x7s (Zen 4, one and two threads). On 14x14 and 28x28
+    planes the generated row loop already fills 14 of 16 lanes, and both run at the rate of their
+    unaligned loads (the library measured 1.00-1.07x there): they keep the loop."""
+    return (
+        g.sh == g.sw == 1
+        and g.ow == g.w
+        and g.ow <= DEPTHWISE_FLAT_WIDTH
+        and g.taps <= DEPTHWISE_LIBRARY_TAPS
+        and (g.taps + 1) * -(-g.pixels // 8) <= DEPTHWISE_LIBRARY_MASKS
+    )
+
+
+def _depthwise_library(g: ConvGeometry, x: Buffer, w: Buffer, dest: Buffer, finish: _Finish) -> list[Stmt]:
+    """A task per run of planes (`_depthwise_tasks`: 74 planes, 14 KiB of output, at 7x7),
+    computed by `afc_dw_flat` and then finished by the epilogue while in L1 (the library
+    keeps the plane's lane masks per thread, so a short run costs no set-up)."""
+    planes = g.n * g.cout
+    # a multiply-add on masked, unaligned loads costs about 4 of a GEMM micro-kernel's here too
+    macs = 4 * planes * g.pixels * g.taps
+    parallel = planes > 1 and macs >= PARALLEL_MIN_MACS
+    per_task, tasks = _depthwise_tasks(planes, g.pixels * g.taps)
+    task, p0, p1 = ir.var("task"), ir.var("p0"), ir.var("p1")
+    body: list[Stmt] = [
+        Let(p0, task * per_task),
+        Let(p1, ir.minimum(task * per_task + per_task, planes)),
+        Call(
+            DEPTHWISE_FLAT_ROUTINE,
+            (
+                p0,
+                p1,
+                ir.index(g.cout),
+                ir.addr(x, 0),
+                ir.addr(w, 0),
+                ir.addr(dest, 0),
+                *(ir.index(v) for v in (g.h, g.w, g.oh, g.kh, g.kw, g.pt, g.pl, g.dh, g.dw)),
+            ),
+        ),
+        *finish((p0, p1), (ir.index(0), ir.index(g.pixels))),
+    ]
+    return [Loop(task, tasks, tuple(body), parallel=parallel, dynamic=parallel, macs=macs)]
 
 
 def _depthwise(g: ConvGeometry, x: Buffer, w: Buffer, dest: Buffer, finish: _Finish) -> list[Stmt]:

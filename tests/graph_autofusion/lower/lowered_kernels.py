@@ -14,6 +14,7 @@ from onnx import helper
 
 from graph_autofusion.backend.cpu.blas import BLAS_PREAMBLE
 from graph_autofusion.backend.cpu.cache import KernelCache
+from graph_autofusion.backend.cpu.codegen.anchor import uses_library
 from graph_autofusion.backend.cpu.compiler import KernelSource, compile_kernels
 from graph_autofusion.backend.cpu.contraction import library_source
 from graph_autofusion.backend.cpu.kernel_spec import KernelSpec, TensorInfo
@@ -91,10 +92,11 @@ def check_strided_operand_matmul(kernel: Kernel, tmp_path: Path, seed: int, rtol
 
 def run(kernel: Kernel, inputs: list[np.ndarray], tmp_path: Path) -> list[np.ndarray]:
     """Compile `kernel` and call it as the runtime does: behind the contraction library when it
-    packs a weight (prepack once, the packed array right after the parameters), else behind
-    OpenBLAS; then the workspace (NaN bytes) and its slice count when it takes one. It is called
-    twice, each time on outputs reset to NaN: the packed weights must survive a call."""
-    library = bool(kernel.packed)
+    calls it (`uses_library`; a packed weight prepacked once, the packed array right after the
+    parameters), else behind OpenBLAS; then the workspace (NaN bytes) and its slice count when it
+    takes one. It is called twice, each time on outputs reset to NaN: the packed weights must
+    survive a call."""
+    library = uses_library(kernel)
     source = (library_source() if library else BLAS_PREAMBLE) + "\n" + render_kernel(kernel)
     (art,) = compile_kernels(
         [KernelSource(kernel.name, source, uses_blas=not library)], cache=KernelCache(tmp_path)
@@ -104,7 +106,7 @@ def run(kernel: Kernel, inputs: list[np.ndarray], tmp_path: Path) -> list[np.nda
     outs = [np.full(b.size, np.nan, np.float32) for b in kernel.params[len(ins) :]]
     ptrs = [a.ctypes.data for a in (*ins, *outs)]
     keep = []  # what the kernel reads through `ptrs` must outlive the calls
-    if library:
+    if kernel.packed:
         floats = ctypes.c_int64.in_dll(lib, f"{kernel.name}{PREPACK_SUFFIX}_floats").value
         assert floats >= sum(b.size for b in kernel.packed)
         packed = np.full(floats, np.nan, np.float32)

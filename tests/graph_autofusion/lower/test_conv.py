@@ -22,11 +22,13 @@ from graph_autofusion.kernel_ir import Kernel, Loop
 from graph_autofusion.lower.anchor import (
     BEGIN_CALL_ROUTINE,
     CONTRACTION_ROUTINE,
+    DEPTHWISE_FLAT_ROUTINE,
     DIRECT_CONV_ROUTINE,
     DIRECT_ROWS_CONV_ROUTINE,
     PACKED_A_INPUT_ROUTINE,
     PACKED_A_ROUTINE,
     PACKED_B_ROUTINE,
+    PARALLEL_MIN_MACS,
     STORE_T_ROUTINE,
     method_of,
 )
@@ -34,7 +36,9 @@ from graph_autofusion.lower.conv import (
     EPILOGUE_CHUNK_ROWS,
     ConvGeometry,
     _makespan,
+    conv_geometry,
     conv_tiles,
+    depthwise_in_library,
     direct_tiles,
     lower_conv,
 )
@@ -156,6 +160,15 @@ CASES = {
         (1, 5, 3, 20), (5, 1, 3, 3), {"group": 5, "strides": [3, 3], "pads": [0, 1, 0, 1]}, DEPTHWISE
     ),
     "depthwise_9x9_looped": ((1, 4, 12, 12), (4, 1, 9, 9), {"group": 4, "pads": [4, 4, 4, 4]}, DEPTHWISE),
+    # stride 1, rows as wide as the input's and at most 8: the library's flat planes
+    # (afc_dw_flat), dilated with unequal top and bottom pads, 1-D, planes of a second image
+    "depthwise_library_dilated_asym": (
+        (1, 5, 12, 8), (5, 1, 5, 5), {"group": 5, "dilations": [2, 1], "pads": [3, 2, 1, 2]}, DEPTHWISE
+    ),
+    "depthwise_library_1d": ((2, 6, 7), (6, 1, 3), {"group": 6, "pads": [1, 1]}, DEPTHWISE),
+    "depthwise_library_7x7_two_images": (
+        (2, 40, 7, 7), (40, 1, 3, 3), {"group": 40, "pads": [1, 1, 1, 1]}, DEPTHWISE
+    ),
     "conv1d": ((2, 6, 30), (8, 6, 3), {"strides": [2], "pads": [1, 2]}, IM2COL),
     "conv3d": ((1, 3, 6, 7, 8), (5, 3, 3, 3, 3), {"pads": [1, 0, 1, 1, 2, 1]}, IM2COL),
     "big_parallel": ((1, 32, 40, 40), (64, 32, 3, 3), {"pads": [1, 1, 1, 1]}, BAND_ROWS),
@@ -199,7 +212,9 @@ def test_conv_matches_onnxruntime(
     assert method_of(kernel) == method
     routines = {c.function for c in calls(kernel.body)}
     if method == "conv_depthwise":
-        assert not routines and not kernel.packed  # a direct loop, no contraction
+        # a direct loop, no contraction, or the library's flat planes
+        library = depthwise_in_library(conv_geometry(spec.nodes[0], _Shapes(spec)))
+        assert routines == ({DEPTHWISE_FLAT_ROUTINE} if library else set()) and not kernel.packed
     elif method == DIRECT:
         assert routines == {DIRECT_CONV_ROUTINE} and len(kernel.packed) == 1
     elif mode == "library":
@@ -470,14 +485,25 @@ def _walk(body):
             yield from _walk(s.body)
 
 
+class _Shapes:
+    def __init__(self, spec: KernelSpec) -> None:
+        self.spec = spec
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.spec.tensors[name].shape)
+
+
 def test_small_depthwise_planes_share_a_task_and_a_zeroed_border() -> None:
-    """MobileNetV2's 960 planes of 7x7: a task per plane costs a scheduling step and a zeroed
-    plane as much as the plane's nine multiply-adds a pixel, so a task takes a run of planes and
-    zeroes the padded plane once (the copies rewrite the same interior cells every plane)."""
-    model, _ = _model((1, 960, 7, 7), (960, 1, 3, 3), bias=True, relu=True, group=960, pads=[1, 1, 1, 1])
+    """MobileNetV2's 576 planes of 14x14 at stride 2: a task per plane costs a scheduling step
+    and a zeroed plane as much as the plane's nine multiply-adds a pixel, so a task takes a run of
+    planes and zeroes the padded plane once (the copies rewrite the same interior cells every
+    plane)."""
+    model, _ = _model(
+        (1, 576, 14, 14), (576, 1, 3, 3), bias=True, relu=True, group=576, pads=[1, 1, 1, 1], strides=[2, 2]
+    )
     spec, _ = _spec(model)
     (task,) = [s for s in lower_conv(spec).body if isinstance(s, Loop) and s.parallel]
-    assert 8 <= task.stop < 960
+    assert 8 <= task.stop < 576
     zero, planes = task.body
     assert isinstance(zero, Loop) and zero.vector and isinstance(planes, Loop) and not planes.parallel
     # a big plane is a task of its own (96 planes of 112x112: at least 8 tasks to share out)
@@ -485,6 +511,34 @@ def test_small_depthwise_planes_share_a_task_and_a_zeroed_border() -> None:
     spec, _ = _spec(model)
     (task,) = [s for s in lower_conv(spec).body if isinstance(s, Loop) and s.parallel]
     assert task.stop == 96
+
+
+@pytest.mark.parametrize(("planes", "size"), [(960, 7), (67, 7), (5, 7), (1, 8), (16, 1)])
+def test_narrow_stride1_depthwise_planes_run_in_the_library_in_short_runs(planes: int, size: int) -> None:
+    """Stride-1 planes of at most 8-wide rows (MobileNetV2's 7x7s) are computed by afc_dw_flat,
+    a call per run of planes short enough that the epilogue finishing it finds it in L1, and
+    runs enough to share out."""
+    shape = (1, planes, size, size)
+    model, _ = _model(shape, (planes, 1, 3, 3), bias=True, relu=True, group=planes, pads=[1, 1, 1, 1])
+    spec, _ = _spec(model)
+    kernel = lower_conv(spec)
+    (task,) = [s for s in kernel.body if isinstance(s, Loop)]
+    assert [c.function for c in calls(task.body)] == [DEPTHWISE_FLAT_ROUTINE]
+    assert task.stop >= min(planes, 8)
+    assert task.parallel == (4 * planes * size * size * 9 >= PARALLEL_MIN_MACS)
+    per_task = -(-planes // task.stop)
+    assert per_task == 1 or per_task * size * size <= 4096
+    # wider rows, stride 2 and planes whose lane masks would not fit keep the generated loop
+    for x_shape, attrs in (
+        ((1, 4, 56, 56), {"pads": [1, 1, 1, 1]}),
+        ((1, 4, 14, 14), {"pads": [1, 1, 1, 1]}),
+        ((1, 4, 14, 14), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+        ((1, 4, 8, 8), {"pads": [5, 5, 5, 5], "kernel": 11}),
+    ):
+        k = attrs.pop("kernel", 3)
+        model, _ = _model(x_shape, (4, 1, k, k), bias=True, relu=True, group=4, **attrs)
+        spec, _ = _spec(model)
+        assert not calls(lower_conv(spec).body)
 
 
 def test_direct_tiles_are_whole_rows_the_threads_finish_together() -> None:

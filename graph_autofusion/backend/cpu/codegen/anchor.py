@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import onnx
 
 from ....kernel_ir import Call, If, Kernel, Loop, Stmt
-from ....lower.anchor import CONTRACTION_ROUTINE, lower_anchor, method_of
+from ....lower.anchor import CONTRACTION_ROUTINE, DEPTHWISE_FLAT_ROUTINE, lower_anchor, method_of
 from ....lower.chain import lower_chain, sub_spec
 from ....lower.conv import lower_conv
 from ....plan.anchor_match import ANCHOR_OPS, EPILOGUE_VIEW_OPS, STRIDE_PROLOGUE_OPS, match_anchor
@@ -88,12 +88,19 @@ def emit_anchor(spec: KernelSpec) -> AnchorKernel:
 def _rendered(lowered: Kernel) -> AnchorKernel:
     """A MatMul/Gemm/Conv anchor lowered to the kernel IR (lower/anchor.py, lower/conv.py) and
     rendered, behind the text of the contraction routine it calls: the library's
-    (`library_source`) when it packs a weight, the BLAS declarations when it calls OpenBLAS (a
-    chain may do both), nothing for a kernel without a contraction (a depthwise conv)."""
+    (`library_source`) when it packs a weight or calls the library's depthwise conv, the BLAS
+    declarations when it calls OpenBLAS (a chain may do both), nothing for a kernel without a
+    contraction (a depthwise conv of the generated loop)."""
     # A chain may pack one weight and call OpenBLAS for its other product: both texts, then.
     blas = _calls(lowered.body, CONTRACTION_ROUTINE)
-    prelude = (library_source() + "\n" if lowered.packed else "") + (BLAS_PREAMBLE if blas else "")
+    prelude = (library_source() + "\n" if uses_library(lowered) else "") + (BLAS_PREAMBLE if blas else "")
     return AnchorKernel(prelude + render_kernel(lowered), method_of(lowered), blas)
+
+
+def uses_library(kernel: Kernel) -> bool:
+    """Whether a lowered kernel calls the contraction library (it packs a weight, or runs its
+    depthwise planes there), so its translation unit carries the library's text."""
+    return bool(kernel.packed) or _calls(kernel.body, DEPTHWISE_FLAT_ROUTINE)
 
 
 def _calls(body: tuple[Stmt, ...], function: str) -> bool:

@@ -376,3 +376,62 @@ def test_a_right_input_too_large_to_keep_takes_the_blocked_path(lib: Library) ->
     b = rng.standard_normal((k, n)).astype(np.float32)
     lib.lib.afcx_begin_call()
     _check(lib.gemm_ap(lib.pack_a(a), b, m, input_rows=CHUNK_ROWS), a, b)
+
+
+def _depthwise_reference(
+    x: np.ndarray, w: np.ndarray, oh: int, pads: tuple[int, int], dilations: tuple[int, int]
+) -> np.ndarray:
+    """A stride-1 depthwise conv of `x[planes, h, wd]` (plane p by channel p % channels), rows
+    `wd` wide: a zero-padded copy and one shifted window per tap, in float64."""
+    planes, h, wd = x.shape
+    channels, kh, kw = w.shape
+    (pt, pl), (dh, dw) = pads, dilations
+    padded = np.zeros((planes, oh + (kh - 1) * dh, wd + (kw - 1) * dw))
+    rows = min(h, padded.shape[1] - pt)
+    padded[:, pt : pt + rows, pl : pl + wd] = x[:, :rows]
+    taps = w[np.arange(planes) % channels].astype(np.float64)
+    y = np.zeros((planes, oh, wd))
+    for ky in range(kh):
+        for kx in range(kw):
+            window = padded[:, ky * dh : ky * dh + oh, kx * dw : kx * dw + wd]
+            y += taps[:, ky, kx, None, None] * window
+    return y
+
+
+# afc_dw_flat: 7x7 planes of two images' channels, unequal pads, dilation, 5x5 taps, one-row
+# (1-D) planes, a plane of one pixel; then planes of more lanes than it keeps masks for (the
+# scalar loop). Each geometry runs twice, after another with the same plane size but other pads:
+# the lane masks a thread keeps must be the current geometry's.
+@pytest.mark.parametrize(
+    ("planes", "channels", "h", "wd", "oh", "kernel", "pads", "dilations"),
+    [
+        (12, 6, 7, 7, 7, (3, 3), (1, 1), (1, 1)),
+        (5, 5, 7, 7, 7, (3, 3), (0, 1), (1, 1)),
+        (4, 4, 12, 8, 8, (5, 5), (3, 2), (2, 1)),
+        (3, 3, 9, 6, 9, (3, 3), (2, 2), (2, 2)),
+        (6, 6, 1, 7, 1, (1, 3), (0, 1), (1, 1)),
+        (2, 2, 1, 1, 1, (3, 3), (1, 1), (1, 1)),
+        (2, 2, 40, 40, 40, (7, 7), (3, 3), (1, 1)),
+    ],
+)
+def test_depthwise_flat_planes_match_the_padded_convolution(
+    lib: Library,
+    planes: int,
+    channels: int,
+    h: int,
+    wd: int,
+    oh: int,
+    kernel: tuple[int, int],
+    pads: tuple[int, int],
+    dilations: tuple[int, int],
+) -> None:
+    rng = np.random.default_rng(planes * h + wd)
+    x = rng.standard_normal((planes, h, wd)).astype(np.float32)
+    w = rng.standard_normal((channels, *kernel)).astype(np.float32)
+    other = (pads[0] + 1, pads[1])  # same plane sizes, other pads: other masks
+    for geometry in (pads, other, pads):
+        got = lib.dw_flat(x, w, oh, geometry, dilations, planes=(1, planes))
+        expected = _depthwise_reference(x, w, oh, geometry, dilations)
+        assert np.isnan(got[0]).all()  # planes before p0 are not written
+        scale = np.abs(expected).max()
+        np.testing.assert_allclose(got[1:], expected[1:], rtol=0, atol=1e-5 * scale)
