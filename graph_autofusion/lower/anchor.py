@@ -115,7 +115,7 @@ PACK_A_ROUTINE = "afc_pack_a"
 DIRECT_CONV_ROUTINE = "afc_conv_ap"  # lower/conv.py's `conv_direct`: taps read from the input band
 DIRECT_ROWS_CONV_ROUTINE = "afc_conv_bp"  # its pixels-as-rows tiles over a padded band
 STORE_T_ROUTINE = "afc_store_t"  # a pixels-as-rows tile stored transposed into NCHW
-DEPTHWISE_FLAT_ROUTINE = "afc_dw_flat"  # lower/conv.py: stride-1 depthwise planes read flat
+DEPTHWISE_3X3_ROUTINE = "afc_dw3x3"  # lower/conv.py: stride-1 depthwise 3x3s over narrow rows
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ convention (`Kernel.packed` / `prepack`) and the epilogue loop nest (`epilogue_n
   multiply-adds on registers. A task takes a run of small planes (`_depthwise_tasks`) and zeroes
   the padded plane's border once for all of them (`_depthwise_border`); output rows of at least
   DEPTHWISE_ROW_EPILOGUE_WIDTH are finished by the epilogue one by one, while in L1. Stride-1
-  planes of rows at most DEPTHWISE_FLAT_WIDTH wide run in the library instead (`afc_dw_flat`:
-  each tap one masked run of the unpadded plane), a run of planes a call, then its epilogue.
+  3x3s over rows of up to 32 floats run in the library instead (`afc_dw3x3`,
+  `depthwise_in_library`), a run of planes a call, then its epilogue.
 * `conv_im2col_tiled`: everything else (grouped by the task's group). The im2col matrix of one
   tile of output pixels is built in a per-thread workspace slice sized to stay in L2, multiplied
   by one single-threaded contraction straight into the output, and the epilogue finishes the
@@ -95,7 +95,7 @@ from ..kernel_ir import nodes as ir
 from ..plan.anchor_match import AnchorMatch, OperandView, dense_strides, match_anchor
 from .anchor import (
     BEGIN_CALL_ROUTINE,
-    DEPTHWISE_FLAT_ROUTINE,
+    DEPTHWISE_3X3_ROUTINE,
     DIRECT_CONV_ROUTINE,
     DIRECT_ROWS_CONV_ROUTINE,
     PACK_A_ROUTINE,
@@ -152,10 +152,11 @@ DEPTHWISE_ROW_EPILOGUE_WIDTH = 48
 DEPTHWISE_BORDER_FLOATS = 4096
 # Depthwise output planes at most this wide are computed flat (`_depthwise`).
 DEPTHWISE_FLAT_WIDTH = 8
-# Stride-1 depthwise planes at most DEPTHWISE_FLAT_WIDTH wide whose lane masks fit what the library
-# keeps (afc.h: afc_dw_flat, (taps + 1) x 8-lane vectors of a plane <= this) run there.
-DEPTHWISE_LIBRARY_MASKS = 1024
-DEPTHWISE_LIBRARY_TAPS = 64
+# Stride-1 undilated depthwise 3x3s over rows of at most this many floats with their left pad run
+# in the library (afc.h: afc_dw3x3; two AVX-512 registers), where the zero-padded plane AVX2 builds
+# takes at most DEPTHWISE_LIBRARY_PAD_FLOATS.
+DEPTHWISE_LIBRARY_ROW = 32
+DEPTHWISE_LIBRARY_PAD_FLOATS = 16384
 # Convs with fewer output pixels than this, not a whole number of column panels, put the pixels in
 # the rows of the product (`pixels_as_rows`); im2col and 1x1 convs up to ROWS_MAX_IM2COL_PIXELS
 # as well.
@@ -1193,26 +1194,26 @@ def _direct(
 
 
 def depthwise_in_library(g: ConvGeometry) -> bool:
-    """Whether a depthwise conv runs in the contraction library (`afc_dw_flat`): stride 1, output
-    rows as wide as the input's and at most DEPTHWISE_FLAT_WIDTH (MobileNetV2's 7x7 planes).
-    There every tap of a flat plane is one unit-stride run of the unpadded input, masked at the
-    plane's edges, with no padded copy and the accumulators in registers: 0.70x the generated flat
-    loop's time on MobileNetV2's 960-channel 7x7s (Zen 4, one and two threads). On 14x14 and 28x28
-    planes the generated row loop already fills 14 of 16 lanes, and both run at the rate of their
-    unaligned loads (the library measured 1.00-1.07x there): they keep the loop."""
+    """Whether a depthwise conv runs in the contraction library (`afc_dw3x3`): an undilated 3x3 of
+    stride 1 whose output rows are as wide as the input's, over rows of at most
+    DEPTHWISE_LIBRARY_ROW floats with their left pad (MobileNetV2's 28x28, 14x14 and 7x7 planes).
+    The library reads each padded input row once per vector and keeps its three column shifts in
+    registers with the two rows before it, where the generated loop loads every tap unaligned
+    (most loads split across cache lines) or pads a 7-wide row to a vector. MobileNetV2's
+    depthwise convs at those sizes, Zen 4: 0.45x the generated loop's time on one thread,
+    0.5-0.75x on two."""
+    padded = (g.oh + 2) * (8 * -(-g.w // 8) + 8)
     return (
-        g.sh == g.sw == 1
+        (g.kh, g.kw, g.dh, g.dw, g.sh, g.sw) == (3, 3, 1, 1, 1, 1)
         and g.ow == g.w
-        and g.ow <= DEPTHWISE_FLAT_WIDTH
-        and g.taps <= DEPTHWISE_LIBRARY_TAPS
-        and (g.taps + 1) * -(-g.pixels // 8) <= DEPTHWISE_LIBRARY_MASKS
+        and g.w + g.pl <= DEPTHWISE_LIBRARY_ROW
+        and padded <= DEPTHWISE_LIBRARY_PAD_FLOATS
     )
 
 
 def _depthwise_library(g: ConvGeometry, x: Buffer, w: Buffer, dest: Buffer, finish: _Finish) -> list[Stmt]:
-    """A task per run of planes (`_depthwise_tasks`: 74 planes, 14 KiB of output, at 7x7),
-    computed by `afc_dw_flat` and then finished by the epilogue while in L1 (the library
-    keeps the plane's lane masks per thread, so a short run costs no set-up)."""
+    """A task per run of planes (`_depthwise_tasks`: 14 KiB of output at 7x7, 14x14 and 28x28),
+    computed by `afc_dw3x3` and then finished by the epilogue while in L1."""
     planes = g.n * g.cout
     # a multiply-add on masked, unaligned loads costs about 4 of a GEMM micro-kernel's here too
     macs = 4 * planes * g.pixels * g.taps
@@ -1223,7 +1224,7 @@ def _depthwise_library(g: ConvGeometry, x: Buffer, w: Buffer, dest: Buffer, fini
         Let(p0, task * per_task),
         Let(p1, ir.minimum(task * per_task + per_task, planes)),
         Call(
-            DEPTHWISE_FLAT_ROUTINE,
+            DEPTHWISE_3X3_ROUTINE,
             (
                 p0,
                 p1,
@@ -1231,7 +1232,7 @@ def _depthwise_library(g: ConvGeometry, x: Buffer, w: Buffer, dest: Buffer, fini
                 ir.addr(x, 0),
                 ir.addr(w, 0),
                 ir.addr(dest, 0),
-                *(ir.index(v) for v in (g.h, g.w, g.oh, g.kh, g.kw, g.pt, g.pl, g.dh, g.dw)),
+                *(ir.index(v) for v in (g.h, g.w, g.oh, g.pt, g.pl)),
             ),
         ),
         *finish((p0, p1), (ir.index(0), ir.index(g.pixels))),

@@ -22,7 +22,7 @@ from graph_autofusion.kernel_ir import Kernel, Loop
 from graph_autofusion.lower.anchor import (
     BEGIN_CALL_ROUTINE,
     CONTRACTION_ROUTINE,
-    DEPTHWISE_FLAT_ROUTINE,
+    DEPTHWISE_3X3_ROUTINE,
     DIRECT_CONV_ROUTINE,
     DIRECT_ROWS_CONV_ROUTINE,
     PACKED_A_INPUT_ROUTINE,
@@ -160,12 +160,12 @@ CASES = {
         (1, 5, 3, 20), (5, 1, 3, 3), {"group": 5, "strides": [3, 3], "pads": [0, 1, 0, 1]}, DEPTHWISE
     ),
     "depthwise_9x9_looped": ((1, 4, 12, 12), (4, 1, 9, 9), {"group": 4, "pads": [4, 4, 4, 4]}, DEPTHWISE),
-    # stride 1, rows as wide as the input's and at most 8: the library's flat planes
-    # (afc_dw_flat), dilated with unequal top and bottom pads, 1-D, planes of a second image
-    "depthwise_library_dilated_asym": (
-        (1, 5, 12, 8), (5, 1, 5, 5), {"group": 5, "dilations": [2, 1], "pads": [3, 2, 1, 2]}, DEPTHWISE
+    # stride-1 3x3s over rows of up to 32 floats: the library's (afc_dw3x3), with unequal top and
+    # bottom pads, the left pad 0 or 2, and planes of a second image
+    "depthwise_library_asym": (
+        (1, 5, 12, 20), (5, 1, 3, 3), {"group": 5, "pads": [2, 0, 0, 2]}, DEPTHWISE
     ),
-    "depthwise_library_1d": ((2, 6, 7), (6, 1, 3), {"group": 6, "pads": [1, 1]}, DEPTHWISE),
+    "depthwise_library_left2": ((1, 6, 9, 30), (6, 1, 3, 3), {"group": 6, "pads": [1, 2, 1, 0]}, DEPTHWISE),
     "depthwise_library_7x7_two_images": (
         (2, 40, 7, 7), (40, 1, 3, 3), {"group": 40, "pads": [1, 1, 1, 1]}, DEPTHWISE
     ),
@@ -214,7 +214,7 @@ def test_conv_matches_onnxruntime(
     if method == "conv_depthwise":
         # a direct loop, no contraction, or the library's flat planes
         library = depthwise_in_library(conv_geometry(spec.nodes[0], _Shapes(spec)))
-        assert routines == ({DEPTHWISE_FLAT_ROUTINE} if library else set()) and not kernel.packed
+        assert routines == ({DEPTHWISE_3X3_ROUTINE} if library else set()) and not kernel.packed
     elif method == DIRECT:
         assert routines == {DIRECT_CONV_ROUTINE} and len(kernel.packed) == 1
     elif mode == "library":
@@ -513,9 +513,12 @@ def test_small_depthwise_planes_share_a_task_and_a_zeroed_border() -> None:
     assert task.stop == 96
 
 
-@pytest.mark.parametrize(("planes", "size"), [(960, 7), (67, 7), (5, 7), (1, 8), (16, 1)])
+@pytest.mark.parametrize(
+    ("planes", "size"), [(960, 7), (67, 7), (5, 7), (1, 8), (576, 14), (192, 28), (3, 31)]
+)
 def test_narrow_stride1_depthwise_planes_run_in_the_library_in_short_runs(planes: int, size: int) -> None:
-    """Stride-1 planes of at most 8-wide rows (MobileNetV2's 7x7s) are computed by afc_dw_flat,
+    """Stride-1 3x3s over rows of up to 32 floats with their left pad (MobileNetV2's 7x7s to
+    28x28s) are computed by afc_dw3x3,
     a call per run of planes short enough that the epilogue finishing it finds it in L1, and
     runs enough to share out."""
     shape = (1, planes, size, size)
@@ -523,17 +526,21 @@ def test_narrow_stride1_depthwise_planes_run_in_the_library_in_short_runs(planes
     spec, _ = _spec(model)
     kernel = lower_conv(spec)
     (task,) = [s for s in kernel.body if isinstance(s, Loop)]
-    assert [c.function for c in calls(task.body)] == [DEPTHWISE_FLAT_ROUTINE]
+    assert [c.function for c in calls(task.body)] == [DEPTHWISE_3X3_ROUTINE]
     assert task.stop >= min(planes, 8)
     assert task.parallel == (4 * planes * size * size * 9 >= PARALLEL_MIN_MACS)
     per_task = -(-planes // task.stop)
     assert per_task == 1 or per_task * size * size <= 4096
-    # wider rows, stride 2 and planes whose lane masks would not fit keep the generated loop
+    # wider rows, stride 2, a 5x5, dilation, a plane too tall for AVX2's padded copy and output
+    # rows narrower than the input's keep the generated loop
     for x_shape, attrs in (
         ((1, 4, 56, 56), {"pads": [1, 1, 1, 1]}),
-        ((1, 4, 14, 14), {"pads": [1, 1, 1, 1]}),
+        ((1, 4, 32, 32), {"pads": [1, 1, 1, 1]}),
+        ((1, 4, 14, 14), {"pads": [2, 2, 2, 2], "kernel": 5}),
+        ((1, 4, 14, 14), {"pads": [2, 2, 2, 2], "dilations": [2, 2]}),
         ((1, 4, 14, 14), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
-        ((1, 4, 8, 8), {"pads": [5, 5, 5, 5], "kernel": 11}),
+        ((1, 4, 2000, 8), {"pads": [1, 1, 1, 1]}),
+        ((1, 4, 14, 14), {"pads": [1, 1, 1, 0]}),
     ):
         k = attrs.pop("kernel", 3)
         model, _ = _model(x_shape, (4, 1, k, k), bias=True, relu=True, group=4, **attrs)

@@ -961,138 +961,141 @@ static void afc_store_t(int64_t m, int64_t n, const float *tile, int64_t ldt, fl
   for (int64_t j = 0; j < n; ++j)
     for (int64_t i = i0; i < m; ++i) out[j * ldo + i] = tile[i * ldt + j];
 }
-/* Depthwise conv of stride 1 whose output rows are as wide as its input rows (pads adding up to
- * the kernel's extent), over planes small enough to be flat: output j = oy * wd + ox of a plane
- * reads input j + (ky * dh - pt) * wd + (kx * dw - pl) for tap (ky, kx), so every tap is one
- * unit-stride run of the unpadded plane, its out-of-plane lanes masked off (masked loads do not
- * fault). Why: vectors along a 7- or 14-wide row leave most lanes idle or padded (MobileNetV2's
- * 960 planes of 7x7 ran 2.3x OpenVINO's channel-blocked kernel), while the flat run keeps every
- * lane busy with no padded copy. A plane's masks are the same for every plane: built once per
- * call. The accumulators of a group of vectors stay in registers across the taps. */
-#define AFC_DW_MAX_TAPS 64
-#define AFC_DW_MAX_MASKS 1024
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+/* Depthwise 3x3 of stride 1, undilated, output rows as wide as the input's (pl plus the right
+ * pad = 2) over rows of at most 32 floats with their left pad: MobileNetV2's 28x28, 14x14 and 7x7
+ * planes. Vectors along a 7-, 14- or 28-wide row reload every tap unaligned (nine loads an output
+ * vector, most split across cache lines) or pad the row to a vector; here each padded input row
+ * is read once per column vector, its three column shifts are kept in registers with the two rows
+ * before it, so an output vector costs one row's shifts and nine multiply-adds.
+ *   AVX-512: a padded row sits in one or two registers (masked loads, the pads zero) and its
+ *   shifts are lane rotations (valignd).
+ *   AVX2: the plane is first copied into a zero-padded plane per thread, the shifts are unaligned
+ *   loads from it (lane rotations across 128-bit halves cost more there). */
+#define AFC_DW3_PAD_FLOATS 16384
 #if defined(__AVX512F__)
-#define AFC_DW_GROUP 14
-typedef __mmask16 afc_dw_mask;
-#define afc_dw_load(m, p) _mm512_maskz_loadu_ps((m), (p))
-#define afc_dw_store(m, p, v) _mm512_mask_storeu_ps((p), (m), (v))
-typedef __m512 afc_dw_vec;
-#else
-#define AFC_DW_GROUP 12
-typedef __m256i afc_dw_mask;
-#define afc_dw_load(m, p) _mm256_maskload_ps((p), (m))
-#define afc_dw_store(m, p, v) _mm256_maskstore_ps((p), (m), (v))
-typedef __m256 afc_dw_vec;
-#endif
-static inline __attribute__((always_inline)) void afc_dw_group(const int G, int64_t v0, int64_t taps,
-                                                                int64_t stride, const int64_t *restrict off,
-                                                                const afc_dw_mask *restrict masks,
-                                                                const float *restrict xp, const float *restrict wp,
-                                                                float *restrict yp) {
-  afc_dw_vec acc[AFC_DW_GROUP];
-#pragma GCC unroll 16
-  for (int v = 0; v < G; ++v) acc[v] = afc_vzero();
-  for (int64_t t = 0; t < taps; ++t) {
-    const afc_dw_vec wt = afc_vset1(wp[t]);
-    const float *src = xp + off[t] + v0 * AFC_VW;
-#pragma GCC unroll 16
-    for (int v = 0; v < G; ++v) acc[v] = afc_vfma(wt, afc_dw_load(masks[(v0 + v) * stride + t], src + v * AFC_VW), acc[v]);
-  }
-#pragma GCC unroll 16
-  for (int v = 0; v < G; ++v) afc_dw_store(masks[(v0 + v) * stride + taps], yp + (v0 + v) * AFC_VW, acc[v]);
-}
-/* The lane masks of afc_dw_flat's plane: masks[v * (taps + 1) + t] holds the lanes of vector v
- * that tap t reads inside the plane, t = taps the lanes that are outputs (the store's mask). A
- * lane is read by tap (ky, kx) where its row is inside for ky and its column for kx: kh + kw lane
- * tests a vector rather than one per tap, and no division per lane. */
-static void afc_dw_masks(int64_t nv, int64_t h, int64_t wd, int64_t npix, int64_t kw, int64_t taps, int64_t dh,
-                         int64_t dw, int64_t pt, int64_t pl, afc_dw_mask *masks) {
-  const int64_t kh = taps / kw, stride = taps + 1;
-  for (int64_t v = 0; v < nv; ++v) {
-    uint32_t rows[AFC_DW_MAX_TAPS] = {0}, cols[AFC_DW_MAX_TAPS] = {0}, out = 0;
-    int64_t oy = v * AFC_VW / wd, ox = v * AFC_VW % wd;
-    for (int l = 0; l < AFC_VW; ++l) {
-      if (v * AFC_VW + l < npix) out |= 1u << l;
-      for (int64_t ky = 0; ky < kh; ++ky) rows[ky] |= (uint32_t)(oy + ky * dh - pt >= 0 && oy + ky * dh - pt < h) << l;
-      for (int64_t kx = 0; kx < kw; ++kx) cols[kx] |= (uint32_t)(ox + kx * dw - pl >= 0 && ox + kx * dw - pl < wd) << l;
-      if (++ox == wd) ox = 0, ++oy;
-    }
-    for (int64_t t = 0; t <= taps; ++t) {
-      const uint32_t bits = t == taps ? out : out & rows[t / kw] & cols[t % kw];
-#if defined(__AVX512F__)
-      masks[v * stride + t] = (__mmask16)bits;
-#else
-      const __m256i lane = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-      masks[v * stride + t] = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)bits), lane), lane);
-#endif
-    }
+static inline __attribute__((always_inline)) void afc_dw3_row(const int NVR, const float *xp, int64_t iy,
+                                                               int64_t h, int64_t wd, int64_t pl,
+                                                               const __mmask16 *lm, __m512 s[3][2]) {
+  __m512 r[3] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  if (iy >= 0 && iy < h)
+    for (int q = 0; q < NVR; ++q) r[q] = _mm512_maskz_loadu_ps(lm[q], xp + iy * wd - pl + 16 * q);
+  for (int q = 0; q < NVR; ++q) {
+    const __m512i lo = _mm512_castps_si512(r[q]), hi = _mm512_castps_si512(r[q + 1]);
+    s[0][q] = r[q];
+    s[1][q] = _mm512_castsi512_ps(_mm512_alignr_epi32(hi, lo, 1));
+    s[2][q] = _mm512_castsi512_ps(_mm512_alignr_epi32(hi, lo, 2));
   }
 }
-
-/* The vector path of afc_dw_flat: 0 where the plane needs more masks than a thread keeps. */
-static int afc_dw_flat_v(int64_t p0, int64_t p1, int64_t cout, const float *x, const float *w, float *y,
-                         int64_t h, int64_t wd, int64_t npix, int64_t kw, int64_t taps, const int64_t *off,
-                         int64_t dh, int64_t dw, int64_t pt, int64_t pl) {
-  const int64_t nv = (npix + AFC_VW - 1) / AFC_VW, stride = taps + 1;
-  if (nv * stride > AFC_DW_MAX_MASKS) return 0;
-  /* the masks are kept per thread for the geometry they were built for: a kernel calls once per
-   * short run of planes (each run finished by the epilogue while in L1), and building them costs
-   * about as much as a 28x28 plane */
-  static __thread struct {
-    int64_t key[8];
-    afc_dw_mask masks[AFC_DW_MAX_MASKS];
-  } kept;
-  const int64_t key[8] = {h, wd, npix, kw, taps, dh << 32 | dw, pt, pl + 1};
-  const afc_dw_mask *const masks = kept.masks;
-  if (memcmp(kept.key, key, sizeof key) != 0) {
-    afc_dw_masks(nv, h, wd, npix, kw, taps, dh, dw, pt, pl, kept.masks);
-    memcpy(kept.key, key, sizeof key);
-  }
-  /* vectors in groups of equal size (49 vectors: 4 x 13 with 14 registers, not 3 x 14 + 7) */
-  const int64_t groups = (nv + AFC_DW_GROUP - 1) / AFC_DW_GROUP, per = (nv + groups - 1) / groups;
-  for (int64_t p = p0; p < p1; ++p) {
-    const float *xp = x + p * h * wd, *wp = w + p % cout * taps;
-    float *yp = y + p * npix;
-    for (int64_t v0 = 0; v0 < nv; v0 += per) {
-      switch (nv - v0 < per ? nv - v0 : per) {
-#define AFC_DW_CASE(G) \
-  case G: afc_dw_group(G, v0, taps, stride, off, masks, xp, wp, yp); break;
-        AFC_DW_CASE(1) AFC_DW_CASE(2) AFC_DW_CASE(3) AFC_DW_CASE(4) AFC_DW_CASE(5) AFC_DW_CASE(6)
-        AFC_DW_CASE(7) AFC_DW_CASE(8) AFC_DW_CASE(9) AFC_DW_CASE(10) AFC_DW_CASE(11) AFC_DW_CASE(12)
-#if AFC_DW_GROUP > 12
-        AFC_DW_CASE(13) AFC_DW_CASE(14)
-#endif
-#undef AFC_DW_CASE
-        default: break;
-      }
+static inline __attribute__((always_inline)) void afc_dw3_plane(const int NVR, const float *xp, const float *wp,
+                                                                 float *yp, int64_t h, int64_t wd, int64_t oh,
+                                                                 int64_t pt, int64_t pl, const __mmask16 *lm,
+                                                                 const __mmask16 *sm) {
+  __m512 wv[9], a[3][2], b[3][2], c[3][2];
+  for (int t = 0; t < 9; ++t) wv[t] = _mm512_set1_ps(wp[t]);
+  afc_dw3_row(NVR, xp, -pt, h, wd, pl, lm, a);
+  afc_dw3_row(NVR, xp, 1 - pt, h, wd, pl, lm, b);
+  for (int64_t oy = 0; oy < oh; ++oy) {
+    afc_dw3_row(NVR, xp, oy + 2 - pt, h, wd, pl, lm, c);
+    for (int q = 0; q < NVR; ++q) {
+      __m512 acc = _mm512_mul_ps(wv[0], a[0][q]);
+      for (int kx = 1; kx < 3; ++kx) acc = _mm512_fmadd_ps(wv[kx], a[kx][q], acc);
+      for (int kx = 0; kx < 3; ++kx) acc = _mm512_fmadd_ps(wv[3 + kx], b[kx][q], acc);
+      for (int kx = 0; kx < 3; ++kx) acc = _mm512_fmadd_ps(wv[6 + kx], c[kx][q], acc);
+      _mm512_mask_storeu_ps(yp + oy * wd + 16 * q, sm[q], acc);
     }
+    for (int kx = 0; kx < 3; ++kx)
+      for (int q = 0; q < NVR; ++q) a[kx][q] = b[kx][q], b[kx][q] = c[kx][q];
   }
-  return 1;
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+static inline __attribute__((always_inline)) void afc_dw3_shifts(const float *row, __m256 s[3]) {
+  for (int kx = 0; kx < 3; ++kx) s[kx] = _mm256_loadu_ps(row + kx);
 }
 #endif
 
-static void afc_dw_flat(int64_t p0, int64_t p1, int64_t cout, const float *x, const float *w, float *y,
-                        int64_t h, int64_t wd, int64_t oh, int64_t kh, int64_t kw, int64_t pt, int64_t pl,
-                        int64_t dh, int64_t dw) {
-  const int64_t taps = kh * kw, npix = oh * wd;
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-  if (taps <= AFC_DW_MAX_TAPS) {
-    int64_t off[AFC_DW_MAX_TAPS];
-    for (int64_t t = 0; t < taps; ++t) off[t] = (t / kw * dh - pt) * wd + (t % kw * dw - pl);
-    if (afc_dw_flat_v(p0, p1, cout, x, w, y, h, wd, npix, kw, taps, off, dh, dw, pt, pl)) return;
+static void afc_dw3x3(int64_t p0, int64_t p1, int64_t cout, const float *x, const float *w, float *y, int64_t h,
+                      int64_t wd, int64_t oh, int64_t pt, int64_t pl) {
+#if defined(__AVX512F__)
+  const int64_t nvr = (wd + pl + 15) / 16;
+  __mmask16 lm[2], sm[2]; /* lanes of input columns [0, wd) after the pad; lanes of outputs */
+  for (int q = 0; q < 2; ++q) {
+    uint32_t lb = 0, sb = 0;
+    for (int l = 0; l < 16; ++l) {
+      lb |= (uint32_t)(16 * q + l - pl >= 0 && 16 * q + l - pl < wd) << l;
+      sb |= (uint32_t)(16 * q + l < wd) << l;
+    }
+    lm[q] = (__mmask16)lb, sm[q] = (__mmask16)sb;
+  }
+  if (nvr <= 2) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const float *xp = x + p * h * wd, *wp = w + p % cout * 9;
+      float *yp = y + p * oh * wd;
+      if (nvr == 1)
+        afc_dw3_plane(1, xp, wp, yp, h, wd, oh, pt, pl, lm, sm);
+      else
+        afc_dw3_plane(2, xp, wp, yp, h, wd, oh, pt, pl, lm, sm);
+    }
+    return;
+  }
+#elif defined(__AVX2__) && defined(__FMA__)
+  /* padded row j holds input row j - pt at columns pl .. pl + wd - 1, zeros around it; the
+   * border is zeroed once per call, the interior rewritten for every plane */
+  const int64_t nv = (wd + 7) / 8, pw = 8 * nv + 8, rows = oh + 2;
+  static __thread float pad[AFC_DW3_PAD_FLOATS] __attribute__((aligned(32)));
+  if (rows * pw <= AFC_DW3_PAD_FLOATS) {
+    memset(pad, 0, (size_t)(rows * pw) * sizeof(float));
+    const int64_t j0 = pt > 0 ? pt : 0, j1 = h + pt < rows ? h + pt : rows;
+    for (int64_t p = p0; p < p1; ++p) {
+      const float *xp = x + p * h * wd, *wp = w + p % cout * 9;
+      float *yp = y + p * oh * wd;
+      for (int64_t j = j0; j < j1; ++j) {
+        float *dst = pad + j * pw + pl;
+        const float *src = xp + (j - pt) * wd;
+        for (int64_t i = 0; i < wd; ++i) dst[i] = src[i];
+      }
+      __m256 wv[9];
+      for (int t = 0; t < 9; ++t) wv[t] = _mm256_set1_ps(wp[t]);
+      /* column vectors right to left: a row's partial last vector is stored whole, its excess
+       * landing on the next row's first columns, which the vectors to its left rewrite later
+       * (AMD runs vmaskmovps stores microcoded); a vector that would pass the plane's end stores
+       * lane by lane */
+      for (int64_t q = nv - 1; q >= 0; --q) {
+        const int64_t valid = wd - 8 * q < 8 ? wd - 8 * q : 8;
+        __m256 a[3], b[3], c[3];
+        afc_dw3_shifts(pad + 8 * q, a);
+        afc_dw3_shifts(pad + pw + 8 * q, b);
+        for (int64_t oy = 0; oy < oh; ++oy) {
+          afc_dw3_shifts(pad + (oy + 2) * pw + 8 * q, c);
+          __m256 acc = _mm256_mul_ps(wv[0], a[0]);
+          for (int kx = 1; kx < 3; ++kx) acc = _mm256_fmadd_ps(wv[kx], a[kx], acc);
+          for (int kx = 0; kx < 3; ++kx) acc = _mm256_fmadd_ps(wv[3 + kx], b[kx], acc);
+          for (int kx = 0; kx < 3; ++kx) acc = _mm256_fmadd_ps(wv[6 + kx], c[kx], acc);
+          float *out = yp + oy * wd + 8 * q;
+          if (valid == 8 || out + 8 <= yp + oh * wd) {
+            _mm256_storeu_ps(out, acc);
+          } else {
+            float tail[8];
+            _mm256_storeu_ps(tail, acc);
+            for (int64_t i = 0; i < valid; ++i) out[i] = tail[i];
+          }
+          for (int kx = 0; kx < 3; ++kx) a[kx] = b[kx], b[kx] = c[kx];
+        }
+      }
+    }
+    return;
   }
 #endif
   for (int64_t p = p0; p < p1; ++p) {
-    const float *xp = x + p * h * wd, *wp = w + p % cout * taps;
-    for (int64_t j = 0; j < npix; ++j) {
-      float acc = 0.0f;
-      for (int64_t t = 0; t < taps; ++t) {
-        const int64_t iy = j / wd + t / kw * dh - pt, ix = j % wd + t % kw * dw - pl;
-        if (iy >= 0 && iy < h && ix >= 0 && ix < wd) acc += wp[t] * xp[iy * wd + ix];
+    const float *xp = x + p * h * wd, *wp = w + p % cout * 9;
+    for (int64_t oy = 0; oy < oh; ++oy)
+      for (int64_t ox = 0; ox < wd; ++ox) {
+        float acc = 0.0f;
+        for (int64_t t = 0; t < 9; ++t) {
+          const int64_t iy = oy + t / 3 - pt, ix = ox + t % 3 - pl;
+          if (iy >= 0 && iy < h && ix >= 0 && ix < wd) acc += wp[t] * xp[iy * wd + ix];
+        }
+        y[p * oh * wd + oy * wd + ox] = acc;
       }
-      y[p * npix + j] = acc;
-    }
   }
 }
 #endif /* AFC_IMPL */

@@ -69,14 +69,13 @@
  *   void afc_store_t(m, n, tile, ldt, out, ldo)
  *       out[j * ldo + i] = tile[i * ldt + j] (i < m, j < n): a pixels-as-rows tile stored into
  *       NCHW, by register transposes.
- *   void afc_dw_flat(p0, p1, cout, x, w, y, h, wd, oh, kh, kw, pt, pl, dh, dw)
- *       a depthwise conv of stride 1 whose output rows are wd wide like its input's (pl plus
- *       the right pad = (kw - 1) * dw), planes p0 .. p1 - 1 of h x wd floats at x + p * h * wd:
- *       y[p * oh * wd + oy * wd + ox] = sum over taps (ky, kx) of w[(p % cout) * kh * kw + ky * kw
- *       + kx] * x[p * h * wd + iy * wd + ix], iy = oy + ky * dh - pt, ix = ox + kx * dw - pl,
- *       taps outside the plane skipped. Vectorized where kh * kw <= 64 and (kh * kw + 1) *
- *       ceil(oh * wd / 8) <= 1024 (the lane masks a thread keeps for the last geometry it ran);
- *       larger planes take a scalar loop.
+ *   void afc_dw3x3(p0, p1, cout, x, w, y, h, wd, oh, pt, pl)
+ *       a depthwise 3x3 of stride 1, undilated, whose output rows are wd wide like its input's
+ *       (pl plus the right pad = 2), over planes p0 .. p1 - 1 of h x wd floats at x + p * h * wd:
+ *       y[p * oh * wd + oy * wd + ox] = sum over taps (ky, kx) of w[(p % cout) * 9 + ky * 3 + kx]
+ *       * x[p * h * wd + iy * wd + ix], iy = oy + ky - pt, ix = ox + kx - pl, taps outside the
+ *       plane skipped. Vectorized where wd + pl <= 32 (and, on AVX2, (oh + 2) * (8 * ceil(wd /
+ *       8) + 8) <= 16384: its zero-padded plane per thread); other planes take a scalar loop.
  * Sizes are int64_t, strides in elements. Buffers from the caller need no particular alignment;
  * packed buffers of 64-byte alignment are faster.
  */
@@ -156,7 +155,6 @@ static void afc_conv_bp(int64_t m, int64_t n, int64_t k, int64_t p0, int64_t ow,
                         const float *band, int64_t plane, int64_t wp, int64_t kh, int64_t kw, int64_t dh,
                         int64_t dw, const float *bp, float *c, int64_t ldc);
 static void afc_store_t(int64_t m, int64_t n, const float *tile, int64_t ldt, float *out, int64_t ldo);
-static void afc_dw_flat(int64_t p0, int64_t p1, int64_t cout, const float *x, const float *w, float *y,
-                        int64_t h, int64_t wd, int64_t oh, int64_t kh, int64_t kw, int64_t pt, int64_t pl,
-                        int64_t dh, int64_t dw);
+static void afc_dw3x3(int64_t p0, int64_t p1, int64_t cout, const float *x, const float *w, float *y, int64_t h,
+                      int64_t wd, int64_t oh, int64_t pt, int64_t pl);
 #endif

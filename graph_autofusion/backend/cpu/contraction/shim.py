@@ -137,10 +137,9 @@ void afcx_begin_call(void) { afc_begin_call(); }
 void afcx_store_t(int64_t m, int64_t n, const float *tile, int64_t ldt, float *out, int64_t ldo) {
   afc_store_t(m, n, tile, ldt, out, ldo);
 }
-void afcx_dw_flat(int64_t p0, int64_t p1, int64_t cout, const float *x, const float *w, float *y,
-                  int64_t h, int64_t wd, int64_t oh, int64_t kh, int64_t kw, int64_t pt, int64_t pl,
-                  int64_t dh, int64_t dw) {
-  afc_dw_flat(p0, p1, cout, x, w, y, h, wd, oh, kh, kw, pt, pl, dh, dw);
+void afcx_dw3x3(int64_t p0, int64_t p1, int64_t cout, const float *x, const float *w, float *y, int64_t h,
+                int64_t wd, int64_t oh, int64_t pt, int64_t pl) {
+  afc_dw3x3(p0, p1, cout, x, w, y, h, wd, oh, pt, pl);
 }
 /* tiles of a whole GEMM over OpenMP threads, as an anchor kernel runs them (benchmarks) */
 void afcx_gemm_ap_parallel(int64_t m, int64_t n, int64_t k, const float *ap, const float *b, float *c,
@@ -188,7 +187,7 @@ _SIGNATURES: dict[str, tuple[list[type], type | None]] = {
     "afcx_gemm_ap_in": ([_I64, _I64, _I64, ctypes.c_float, _PTR, _PTR, _I64, _I64, _PTR, _I64], None),
     "afcx_begin_call": ([], None),
     "afcx_store_t": ([_I64, _I64, _PTR, _I64, _PTR, _I64], None),
-    "afcx_dw_flat": ([_I64, _I64, _I64, _PTR, _PTR, _PTR, *[_I64] * 9], None),
+    "afcx_dw3x3": ([_I64, _I64, _I64, _PTR, _PTR, _PTR, *[_I64] * 5], None),
     "afcx_gemm_ap_parallel": ([_I64, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64], None),
     "afcx_gemm_bp_parallel": ([_I64, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64], None),
 }
@@ -320,25 +319,24 @@ class Library:
         )
         return c
 
-    def dw_flat(
+    def dw3x3(
         self,
         x: np.ndarray,
         w: np.ndarray,
         oh: int,
         pads: tuple[int, int],
-        dilations: tuple[int, int] = (1, 1),
         planes: tuple[int, int] | None = None,
     ) -> np.ndarray:
-        """A stride-1 depthwise conv (afc.h: afc_dw_flat) of `x[planes, h, wd]` by
-        `w[channels, kh, kw]` (plane p takes channel p % channels), `pads` = (top, left), as
-        y[planes, oh, wd]; only `planes` = (p0, p1) are written (the rest stay NaN)."""
+        """A stride-1 depthwise 3x3 (afc.h: afc_dw3x3) of `x[planes, h, wd]` by `w[channels, 3, 3]`
+        (plane p takes channel p % channels), `pads` = (top, left), as y[planes, oh, wd]; only
+        `planes` = (p0, p1) are written (the rest stay NaN)."""
         n, h, wd = x.shape
-        cout, kh, kw = w.shape
         p0, p1 = planes or (0, n)
         y = np.full((n, oh, wd), np.nan, np.float32)
         xs, ws = np.ascontiguousarray(x, np.float32), np.ascontiguousarray(w, np.float32)
-        geometry = (h, wd, oh, kh, kw, *pads, *dilations)
-        self.lib.afcx_dw_flat(p0, p1, cout, xs.ctypes.data, ws.ctypes.data, y.ctypes.data, *geometry)
+        self.lib.afcx_dw3x3(
+            p0, p1, w.shape[0], xs.ctypes.data, ws.ctypes.data, y.ctypes.data, h, wd, oh, *pads
+        )
         return y
 
 

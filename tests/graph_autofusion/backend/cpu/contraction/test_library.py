@@ -378,60 +378,50 @@ def test_a_right_input_too_large_to_keep_takes_the_blocked_path(lib: Library) ->
     _check(lib.gemm_ap(lib.pack_a(a), b, m, input_rows=CHUNK_ROWS), a, b)
 
 
-def _depthwise_reference(
-    x: np.ndarray, w: np.ndarray, oh: int, pads: tuple[int, int], dilations: tuple[int, int]
-) -> np.ndarray:
-    """A stride-1 depthwise conv of `x[planes, h, wd]` (plane p by channel p % channels), rows
-    `wd` wide: a zero-padded copy and one shifted window per tap, in float64."""
+def _depthwise_reference(x: np.ndarray, w: np.ndarray, oh: int, pads: tuple[int, int]) -> np.ndarray:
+    """A stride-1 depthwise 3x3 of `x[planes, h, wd]` (plane p by channel p % channels), rows `wd`
+    wide: a zero-padded copy and one shifted window per tap, in float64."""
     planes, h, wd = x.shape
-    channels, kh, kw = w.shape
-    (pt, pl), (dh, dw) = pads, dilations
-    padded = np.zeros((planes, oh + (kh - 1) * dh, wd + (kw - 1) * dw))
+    pt, pl = pads
+    padded = np.zeros((planes, oh + 2, wd + 2))
     rows = min(h, padded.shape[1] - pt)
     padded[:, pt : pt + rows, pl : pl + wd] = x[:, :rows]
-    taps = w[np.arange(planes) % channels].astype(np.float64)
+    taps = w[np.arange(planes) % w.shape[0]].astype(np.float64)
     y = np.zeros((planes, oh, wd))
-    for ky in range(kh):
-        for kx in range(kw):
-            window = padded[:, ky * dh : ky * dh + oh, kx * dw : kx * dw + wd]
-            y += taps[:, ky, kx, None, None] * window
+    for ky in range(3):
+        for kx in range(3):
+            y += taps[:, ky, kx, None, None] * padded[:, ky : ky + oh, kx : kx + wd]
     return y
 
 
-# afc_dw_flat: 7x7 planes of two images' channels, unequal pads, dilation, 5x5 taps, one-row
-# (1-D) planes, a plane of one pixel; then planes of more lanes than it keeps masks for (the
-# scalar loop). Each geometry runs twice, after another with the same plane size but other pads:
-# the lane masks a thread keeps must be the current geometry's.
+# afc_dw3x3: 7x7 planes of two images' channels, unequal pads (the left one 0, 1 or 2), rows of
+# one and two AVX-512 registers with their left pad (28, 16, 31 wide) and past them (32: the
+# scalar loop there), one-row and one-pixel planes, a plane too tall for AVX2's padded copy.
+# Each geometry runs again after one of the same plane size with another top pad.
 @pytest.mark.parametrize(
-    ("planes", "channels", "h", "wd", "oh", "kernel", "pads", "dilations"),
+    ("planes", "channels", "h", "wd", "oh", "pads"),
     [
-        (12, 6, 7, 7, 7, (3, 3), (1, 1), (1, 1)),
-        (5, 5, 7, 7, 7, (3, 3), (0, 1), (1, 1)),
-        (4, 4, 12, 8, 8, (5, 5), (3, 2), (2, 1)),
-        (3, 3, 9, 6, 9, (3, 3), (2, 2), (2, 2)),
-        (6, 6, 1, 7, 1, (1, 3), (0, 1), (1, 1)),
-        (2, 2, 1, 1, 1, (3, 3), (1, 1), (1, 1)),
-        (2, 2, 40, 40, 40, (7, 7), (3, 3), (1, 1)),
+        (12, 6, 7, 7, 7, (1, 1)),
+        (5, 5, 7, 7, 7, (0, 2)),
+        (4, 2, 28, 28, 28, (1, 1)),
+        (3, 3, 10, 16, 10, (1, 0)),
+        (2, 2, 5, 31, 6, (1, 1)),
+        (2, 2, 4, 32, 4, (1, 1)),
+        (3, 3, 1, 9, 1, (1, 1)),
+        (2, 2, 1, 1, 1, (1, 1)),
+        (2, 2, 1100, 8, 1100, (1, 1)),
     ],
 )
-def test_depthwise_flat_planes_match_the_padded_convolution(
-    lib: Library,
-    planes: int,
-    channels: int,
-    h: int,
-    wd: int,
-    oh: int,
-    kernel: tuple[int, int],
-    pads: tuple[int, int],
-    dilations: tuple[int, int],
+def test_depthwise_3x3_planes_match_the_padded_convolution(
+    lib: Library, planes: int, channels: int, h: int, wd: int, oh: int, pads: tuple[int, int]
 ) -> None:
     rng = np.random.default_rng(planes * h + wd)
     x = rng.standard_normal((planes, h, wd)).astype(np.float32)
-    w = rng.standard_normal((channels, *kernel)).astype(np.float32)
-    other = (pads[0] + 1, pads[1])  # same plane sizes, other pads: other masks
-    for geometry in (pads, other, pads):
-        got = lib.dw_flat(x, w, oh, geometry, dilations, planes=(1, planes))
-        expected = _depthwise_reference(x, w, oh, geometry, dilations)
-        assert np.isnan(got[0]).all()  # planes before p0 are not written
+    w = rng.standard_normal((channels, 3, 3)).astype(np.float32)
+    p1 = max(2, planes - 1)
+    for top in (pads[0], pads[0] + 1, pads[0]):
+        got = lib.dw3x3(x, w, oh, (top, pads[1]), planes=(1, p1))
+        expected = _depthwise_reference(x, w, oh, (top, pads[1]))
+        assert np.isnan(got[0]).all() and np.isnan(got[p1:]).all()  # only planes [p0, p1)
         scale = np.abs(expected).max()
-        np.testing.assert_allclose(got[1:], expected[1:], rtol=0, atol=1e-5 * scale)
+        np.testing.assert_allclose(got[1:p1], expected[1:p1], rtol=0, atol=1e-5 * scale)
