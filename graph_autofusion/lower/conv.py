@@ -18,7 +18,7 @@ convention (`Kernel.packed` / `prepack`) and the epilogue loop nest (`epilogue_n
   multiply-adds on registers. A task takes a run of small planes (`_depthwise_tasks`) and zeroes
   the padded plane's border once for all of them (`_depthwise_border`); output rows of at least
   DEPTHWISE_ROW_EPILOGUE_WIDTH are finished by the epilogue one by one, while in L1. Stride-1
-  3x3s over rows of up to 32 floats run in the library instead (`afc_dw3x3`,
+  3x3s whose output rows are as wide as the input's run in the library instead (`afc_dw3x3`,
   `depthwise_in_library`), a run of planes a call, then its epilogue.
 * `conv_im2col_tiled`: everything else (grouped by the task's group). The im2col matrix of one
   tile of output pixels is built in a per-thread workspace slice sized to stay in L2, multiplied
@@ -152,10 +152,8 @@ DEPTHWISE_ROW_EPILOGUE_WIDTH = 48
 DEPTHWISE_BORDER_FLOATS = 4096
 # Depthwise output planes at most this wide are computed flat (`_depthwise`).
 DEPTHWISE_FLAT_WIDTH = 8
-# Stride-1 undilated depthwise 3x3s over rows of at most this many floats with their left pad run
-# in the library (afc.h: afc_dw3x3; two AVX-512 registers), where the zero-padded plane AVX2 builds
-# takes at most DEPTHWISE_LIBRARY_PAD_FLOATS.
-DEPTHWISE_LIBRARY_ROW = 32
+# Stride-1 undilated depthwise 3x3s run in the library (afc.h: afc_dw3x3) where the zero-padded
+# plane its AVX2 build copies each plane into takes at most this many floats (a 112x112 plane).
 DEPTHWISE_LIBRARY_PAD_FLOATS = 16384
 # Convs with fewer output pixels than this, not a whole number of column panels, put the pixels in
 # the rows of the product (`pixels_as_rows`); im2col and 1x1 convs up to ROWS_MAX_IM2COL_PIXELS
@@ -1195,25 +1193,25 @@ def _direct(
 
 def depthwise_in_library(g: ConvGeometry) -> bool:
     """Whether a depthwise conv runs in the contraction library (`afc_dw3x3`): an undilated 3x3 of
-    stride 1 whose output rows are as wide as the input's, over rows of at most
-    DEPTHWISE_LIBRARY_ROW floats with their left pad (MobileNetV2's 28x28, 14x14 and 7x7 planes).
-    The library reads each padded input row once per vector and keeps its three column shifts in
-    registers with the two rows before it, where the generated loop loads every tap unaligned
-    (most loads split across cache lines) or pads a 7-wide row to a vector. MobileNetV2's
-    depthwise convs at those sizes, Zen 4: 0.45x the generated loop's time on one thread,
-    0.5-0.75x on two."""
+    stride 1 whose output rows are as wide as the input's (MobileNetV2's stride-1 depthwise convs,
+    112x112 to 7x7), its padded plane within DEPTHWISE_LIBRARY_PAD_FLOATS. The library reads each
+    padded input row once per vector and keeps its three column shifts in registers with the two
+    rows before it, where the generated loop loads every tap unaligned (most loads split across
+    cache lines) or pads a 7-wide row to a vector. Against the generated loop on Zen 4 (AVX-512):
+    0.45x at 7x7 to 28x28, 0.75x at 56x56 and 0.8x at 112x112 on one thread, 0.55-0.9x on two;
+    the AVX2 build on the same host 0.82-0.92x on one thread, 0.84-1.12x on two."""
     padded = (g.oh + 2) * (8 * -(-g.w // 8) + 8)
     return (
         (g.kh, g.kw, g.dh, g.dw, g.sh, g.sw) == (3, 3, 1, 1, 1, 1)
         and g.ow == g.w
-        and g.w + g.pl <= DEPTHWISE_LIBRARY_ROW
         and padded <= DEPTHWISE_LIBRARY_PAD_FLOATS
     )
 
 
 def _depthwise_library(g: ConvGeometry, x: Buffer, w: Buffer, dest: Buffer, finish: _Finish) -> list[Stmt]:
-    """A task per run of planes (`_depthwise_tasks`: 14 KiB of output at 7x7, 14x14 and 28x28),
-    computed by `afc_dw3x3` and then finished by the epilogue while in L1."""
+    """A task per run of planes (`_depthwise_tasks`: about 14 KiB of output at 7x7 to 28x28, a
+    plane at 56x56 and 112x112), computed by `afc_dw3x3` and then finished by the epilogue while
+    in L1 or L2."""
     planes = g.n * g.cout
     # a multiply-add on masked, unaligned loads costs about 4 of a GEMM micro-kernel's here too
     macs = 4 * planes * g.pixels * g.taps

@@ -514,11 +514,11 @@ def test_small_depthwise_planes_share_a_task_and_a_zeroed_border() -> None:
 
 
 @pytest.mark.parametrize(
-    ("planes", "size"), [(960, 7), (67, 7), (5, 7), (1, 8), (576, 14), (192, 28), (3, 31)]
+    ("planes", "size"), [(960, 7), (67, 7), (5, 7), (1, 8), (576, 14), (192, 28), (3, 31), (32, 112)]
 )
-def test_narrow_stride1_depthwise_planes_run_in_the_library_in_short_runs(planes: int, size: int) -> None:
-    """Stride-1 3x3s over rows of up to 32 floats with their left pad (MobileNetV2's 7x7s to
-    28x28s) are computed by afc_dw3x3,
+def test_stride1_depthwise_3x3s_run_in_the_library_in_short_runs(planes: int, size: int) -> None:
+    """Stride-1 3x3s whose output rows are as wide as the input's (MobileNetV2's 112x112s to
+    7x7s) are computed by afc_dw3x3,
     a call per run of planes short enough that the epilogue finishing it finds it in L1, and
     runs enough to share out."""
     shape = (1, planes, size, size)
@@ -530,12 +530,11 @@ def test_narrow_stride1_depthwise_planes_run_in_the_library_in_short_runs(planes
     assert task.stop >= min(planes, 8)
     assert task.parallel == (4 * planes * size * size * 9 >= PARALLEL_MIN_MACS)
     per_task = -(-planes // task.stop)
-    assert per_task == 1 or per_task * size * size <= 4096
-    # wider rows, stride 2, a 5x5, dilation, a plane too tall for AVX2's padded copy and output
-    # rows narrower than the input's keep the generated loop
+    assert per_task == 1 or per_task * size * size <= 4096  # a run's output within L1
+    # stride 2, a 5x5, dilation, a plane too large for AVX2's padded copy and output rows
+    # narrower than the input's keep the generated loop
     for x_shape, attrs in (
-        ((1, 4, 56, 56), {"pads": [1, 1, 1, 1]}),
-        ((1, 4, 32, 32), {"pads": [1, 1, 1, 1]}),
+        ((1, 4, 128, 128), {"pads": [1, 1, 1, 1]}),
         ((1, 4, 14, 14), {"pads": [2, 2, 2, 2], "kernel": 5}),
         ((1, 4, 14, 14), {"pads": [2, 2, 2, 2], "dilations": [2, 2]}),
         ((1, 4, 14, 14), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),

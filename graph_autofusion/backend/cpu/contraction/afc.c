@@ -962,15 +962,17 @@ static void afc_store_t(int64_t m, int64_t n, const float *tile, int64_t ldt, fl
     for (int64_t i = i0; i < m; ++i) out[j * ldo + i] = tile[i * ldt + j];
 }
 /* Depthwise 3x3 of stride 1, undilated, output rows as wide as the input's (pl plus the right
- * pad = 2) over rows of at most 32 floats with their left pad: MobileNetV2's 28x28, 14x14 and 7x7
- * planes. Vectors along a 7-, 14- or 28-wide row reload every tap unaligned (nine loads an output
- * vector, most split across cache lines) or pad the row to a vector; here each padded input row
- * is read once per column vector, its three column shifts are kept in registers with the two rows
- * before it, so an output vector costs one row's shifts and nine multiply-adds.
- *   AVX-512: a padded row sits in one or two registers (masked loads, the pads zero) and its
- *   shifts are lane rotations (valignd).
- *   AVX2: the plane is first copied into a zero-padded plane per thread, the shifts are unaligned
- *   loads from it (lane rotations across 128-bit halves cost more there). */
+ * pad = 2): MobileNetV2's stride-1 depthwise convs. Vectors along a 7-, 14- or 28-wide row
+ * reload every tap unaligned (nine loads an output vector, most split across cache lines) or pad
+ * the row to a vector; here each padded input row is read once per column vector, its three
+ * column shifts kept in registers with the two rows before it, so an output vector costs one
+ * row's shifts and nine multiply-adds.
+ *   AVX-512: a padded row of up to 32 floats sits in one or two registers (masked loads, the
+ *   pads zero) and its shifts are lane rotations (valignd); wider rows go one column vector at a
+ *   time down the plane, from that vector and the next one's first lanes.
+ *   AVX2: the plane is first copied into a zero-padded plane per thread and the shifts are
+ *   unaligned loads from it (rotations across 128-bit halves cost more there); rows of at most
+ *   a vector read that plane flat, each tap one load, as the generated loop does. */
 #define AFC_DW3_PAD_FLOATS 16384
 #if defined(__AVX512F__)
 static inline __attribute__((always_inline)) void afc_dw3_row(const int NVR, const float *xp, int64_t iy,
@@ -1007,6 +1009,36 @@ static inline __attribute__((always_inline)) void afc_dw3_plane(const int NVR, c
       for (int q = 0; q < NVR; ++q) a[kx][q] = b[kx][q], b[kx][q] = c[kx][q];
   }
 }
+/* Lanes l of a 16-lane vector with lo <= l < hi. */
+static inline __mmask16 afc_lanes(int64_t lo, int64_t hi) {
+  lo = lo < 0 ? 0 : lo > 16 ? 16 : lo;
+  hi = hi < lo ? lo : hi > 16 ? 16 : hi;
+  return (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+}
+/* Rows wider than two registers: one column vector at a time down the plane, its registers'
+ * shifts from that vector and the next one's first lanes (two loads a row). */
+static void afc_dw3_plane_cols(const float *xp, const float *wp, float *yp, int64_t h, int64_t wd, int64_t oh,
+                               int64_t pt, int64_t pl) {
+  __m512 wv[9];
+  for (int t = 0; t < 9; ++t) wv[t] = _mm512_set1_ps(wp[t]);
+  for (int64_t q = 0; 16 * q < wd; ++q) {
+    const __mmask16 lm[2] = {afc_lanes(pl - 16 * q, pl + wd - 16 * q), afc_lanes(pl - 16 * q - 16, pl + wd - 16 * q - 16)};
+    const __mmask16 sm = afc_lanes(0, wd - 16 * q);
+    const float *col = xp + 16 * q;
+    __m512 a[3][2], b[3][2], c[3][2];
+    afc_dw3_row(2, col, -pt, h, wd, pl, lm, a);
+    afc_dw3_row(2, col, 1 - pt, h, wd, pl, lm, b);
+    for (int64_t oy = 0; oy < oh; ++oy) {
+      afc_dw3_row(2, col, oy + 2 - pt, h, wd, pl, lm, c);
+      __m512 acc = _mm512_mul_ps(wv[0], a[0][0]);
+      for (int kx = 1; kx < 3; ++kx) acc = _mm512_fmadd_ps(wv[kx], a[kx][0], acc);
+      for (int kx = 0; kx < 3; ++kx) acc = _mm512_fmadd_ps(wv[3 + kx], b[kx][0], acc);
+      for (int kx = 0; kx < 3; ++kx) acc = _mm512_fmadd_ps(wv[6 + kx], c[kx][0], acc);
+      _mm512_mask_storeu_ps(yp + oy * wd + 16 * q, sm, acc);
+      for (int kx = 0; kx < 3; ++kx) a[kx][0] = b[kx][0], b[kx][0] = c[kx][0];
+    }
+  }
+}
 #elif defined(__AVX2__) && defined(__FMA__)
 static inline __attribute__((always_inline)) void afc_dw3_shifts(const float *row, __m256 s[3]) {
   for (int kx = 0; kx < 3; ++kx) s[kx] = _mm256_loadu_ps(row + kx);
@@ -1037,11 +1069,40 @@ static void afc_dw3x3(int64_t p0, int64_t p1, int64_t cout, const float *x, cons
     }
     return;
   }
+  for (int64_t p = p0; p < p1; ++p)
+    afc_dw3_plane_cols(x + p * h * wd, w + p % cout * 9, y + p * oh * wd, h, wd, oh, pt, pl);
+  return;
 #elif defined(__AVX2__) && defined(__FMA__)
   /* padded row j holds input row j - pt at columns pl .. pl + wd - 1, zeros around it; the
    * border is zeroed once per call, the interior rewritten for every plane */
-  const int64_t nv = (wd + 7) / 8, pw = 8 * nv + 8, rows = oh + 2;
   static __thread float pad[AFC_DW3_PAD_FLOATS] __attribute__((aligned(32)));
+  const int64_t rows = oh + 2;
+  if (wd <= 8 && rows * (wd + 2) + 16 <= AFC_DW3_PAD_FLOATS && (oh - 1) * (wd + 2) + wd <= 1024) {
+    /* rows of at most a vector: the padded plane read flat (output (oy, ox) at oy * fw + ox, the
+     * two padded columns between rows computed and dropped), every tap one unaligned load */
+    const int64_t fw = wd + 2, span = (oh - 1) * fw + wd, nvec = (span + 7) / 8;
+    memset(pad, 0, (size_t)(rows * fw + 16) * sizeof(float));
+    const int64_t j0 = pt > 0 ? pt : 0, j1 = h + pt < rows ? h + pt : rows;
+    float flat[1024 + 8];
+    for (int64_t p = p0; p < p1; ++p) {
+      const float *xp = x + p * h * wd, *wp = w + p % cout * 9;
+      for (int64_t j = j0; j < j1; ++j)
+        for (int64_t i = 0; i < wd; ++i) pad[j * fw + pl + i] = xp[(j - pt) * wd + i];
+      __m256 wv[9];
+      for (int t = 0; t < 9; ++t) wv[t] = _mm256_set1_ps(wp[t]);
+      for (int64_t v = 0; v < nvec; ++v) {
+        const float *base = pad + 8 * v;
+        __m256 acc = _mm256_mul_ps(wv[0], _mm256_loadu_ps(base));
+        for (int t = 1; t < 9; ++t) acc = _mm256_fmadd_ps(wv[t], _mm256_loadu_ps(base + t / 3 * fw + t % 3), acc);
+        _mm256_storeu_ps(flat + 8 * v, acc);
+      }
+      float *yp = y + p * oh * wd;
+      for (int64_t oy = 0; oy < oh; ++oy)
+        for (int64_t ox = 0; ox < wd; ++ox) yp[oy * wd + ox] = flat[oy * fw + ox];
+    }
+    return;
+  }
+  const int64_t nv = (wd + 7) / 8, pw = 8 * nv + 8;
   if (rows * pw <= AFC_DW3_PAD_FLOATS) {
     memset(pad, 0, (size_t)(rows * pw) * sizeof(float));
     const int64_t j0 = pt > 0 ? pt : 0, j1 = h + pt < rows ? h + pt : rows;

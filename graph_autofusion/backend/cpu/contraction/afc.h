@@ -74,8 +74,8 @@
  *       (pl plus the right pad = 2), over planes p0 .. p1 - 1 of h x wd floats at x + p * h * wd:
  *       y[p * oh * wd + oy * wd + ox] = sum over taps (ky, kx) of w[(p % cout) * 9 + ky * 3 + kx]
  *       * x[p * h * wd + iy * wd + ix], iy = oy + ky - pt, ix = ox + kx - pl, taps outside the
- *       plane skipped. Vectorized where wd + pl <= 32 (and, on AVX2, (oh + 2) * (8 * ceil(wd /
- *       8) + 8) <= 16384: its zero-padded plane per thread); other planes take a scalar loop.
+ *       plane skipped. Vectorized on AVX-512; on AVX2 where (oh + 2) * (8 * ceil(wd / 8) + 8)
+ *       <= 16384 (its zero-padded plane per thread); other planes take a scalar loop.
  * Sizes are int64_t, strides in elements. Buffers from the caller need no particular alignment;
  * packed buffers of 64-byte alignment are faster.
  */

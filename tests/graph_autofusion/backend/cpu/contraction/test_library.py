@@ -395,8 +395,9 @@ def _depthwise_reference(x: np.ndarray, w: np.ndarray, oh: int, pads: tuple[int,
 
 
 # afc_dw3x3: 7x7 planes of two images' channels, unequal pads (the left one 0, 1 or 2), rows of
-# one and two AVX-512 registers with their left pad (28, 16, 31 wide) and past them (32: the
-# scalar loop there), one-row and one-pixel planes, a plane too tall for AVX2's padded copy.
+# one and two AVX-512 registers with their left pad (28, 16, 31 wide) and wider (32, 47, 56: a
+# column vector at a time), AVX2's flat rows (at most 8 wide) and its padded plane, one-row and
+# one-pixel planes, a plane too tall for AVX2's padded copy (the scalar loop there).
 # Each geometry runs again after one of the same plane size with another top pad.
 @pytest.mark.parametrize(
     ("planes", "channels", "h", "wd", "oh", "pads"),
@@ -407,6 +408,9 @@ def _depthwise_reference(x: np.ndarray, w: np.ndarray, oh: int, pads: tuple[int,
         (3, 3, 10, 16, 10, (1, 0)),
         (2, 2, 5, 31, 6, (1, 1)),
         (2, 2, 4, 32, 4, (1, 1)),
+        (3, 3, 5, 47, 6, (1, 2)),
+        (2, 1, 56, 56, 56, (1, 1)),
+        (3, 3, 8, 8, 9, (0, 1)),
         (3, 3, 1, 9, 1, (1, 1)),
         (2, 2, 1, 1, 1, (1, 1)),
         (2, 2, 1100, 8, 1100, (1, 1)),
