@@ -60,6 +60,7 @@ from .hostops import HostOp
 from .isa import ISA_ENV, IsaTarget, host_isa, target_isa
 from .kernel_spec import KernelSpec
 from .render_c import PARALLEL_MIN_MACS_SYMBOL, PREPACK_ONLY_SUFFIX, WORKSPACE_SUFFIX
+from .team import TeamChoice
 from .threads import available_cpus, parallel_min_macs, set_omp_threads
 
 DRIVER_SYMBOL = "af_run_sequence"
@@ -240,6 +241,8 @@ class CompiledModel(PlannedModel):
         self.kernels = dict(kernels)
         self.unsupported = dict(unsupported)
         self.threads = threads or available_cpus()
+        # each run's team: the full one, or one thread while that is measurably faster (team.py)
+        self.team = TeamChoice(self.threads)
         self.driver_path = driver_path
         self.driver_digest = driver_digest
         # What the kernels were built for. Mapping them runs none of their code (they have no
@@ -638,8 +641,11 @@ class CompiledModel(PlannedModel):
                 self._runs += 1
             for name, _, _, view in self._input_views:
                 np.copyto(view, feeds[name], casting="no")
-            set_omp_threads(self.threads)
+            threads = self.team.threads_for_run()
+            set_omp_threads(threads)
+            started = time.perf_counter()
             self._execute()
+            self.team.record(threads, time.perf_counter() - started)
             return {name: view.copy() for name, view in self._output_views}
 
     def _require_isa(self) -> None:

@@ -1,0 +1,72 @@
+"""The run-by-run team size (backend/cpu/team.py), driven by synthetic wall times: the full team
+while it runs near its best, one thread only while that is measurably faster."""
+
+from __future__ import annotations
+
+import pytest
+
+from graph_autofusion.backend.cpu.team import (
+    ADAPTIVE_TEAM_ENV,
+    MIN_ADAPT_SECONDS,
+    PROBE_EVERY,
+    SLOW_FACTOR,
+    TeamChoice,
+)
+
+FULL_MS, ONE_MS = 5.0, 7.7  # MobileNetV2 on the Zen 4 host, two threads and one
+
+
+def _runs(team: TeamChoice, n: int, times: dict[int, float]) -> list[int]:
+    """`n` runs, each taking `times[threads]` ms; the thread counts the policy chose."""
+    chosen = []
+    for _ in range(n):
+        threads = team.threads_for_run()
+        team.record(threads, times[threads] / 1e3)
+        chosen.append(threads)
+    return chosen
+
+
+def test_a_healthy_team_keeps_every_run() -> None:
+    team = TeamChoice(2, enabled=True)
+    # spread within SLOW_FACTOR of the best: never a one-thread run
+    chosen = []
+    for k in range(10 * PROBE_EVERY):
+        full = FULL_MS * (1.0 + 0.2 * (k % 3) / 2)
+        chosen += _runs(team, 1, {2: full, 1: ONE_MS})
+    assert set(chosen) == {2}
+
+
+def test_an_impaired_team_gives_way_to_one_thread_and_takes_over_again() -> None:
+    team = TeamChoice(2, enabled=True)
+    _runs(team, 4, {2: FULL_MS, 1: ONE_MS})
+    # the second vCPU barely runs: two threads slower than one
+    slow = _runs(team, 3 * PROBE_EVERY, {2: 9.0, 1: ONE_MS})
+    switched = slow.index(1)
+    assert switched <= 8  # once the recent time passes SLOW_FACTOR x the best
+    after = slow[switched:]
+    # from then on one thread, the full team tried once every PROBE_EVERY runs
+    assert after.count(2) == pytest.approx(len(after) / (PROBE_EVERY + 1), abs=1)
+    assert team.current == 1
+    # the team recovers: the next probe finds it faster and every run goes back to it
+    back = _runs(team, 2 * PROBE_EVERY, {2: FULL_MS, 1: ONE_MS})
+    first = back.index(2)
+    assert first <= PROBE_EVERY and set(back[first:]) == {2}
+
+
+def test_a_slow_team_that_still_beats_one_thread_keeps_the_runs() -> None:
+    team = TeamChoice(2, enabled=True)
+    _runs(team, 4, {2: FULL_MS, 1: ONE_MS})
+    chosen = _runs(team, 4 * PROBE_EVERY, {2: FULL_MS * SLOW_FACTOR * 1.2, 1: ONE_MS})
+    # a probe of one thread at most every PROBE_EVERY runs, and the runs stay with the team
+    assert 1 <= chosen.count(1) <= 4 and team.current == 2
+
+
+def test_off_one_thread_and_short_models_always_take_the_full_team(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ADAPTIVE_TEAM_ENV, "0")
+    assert set(_runs(TeamChoice(2), 40, {2: 9.0, 1: 1.0})) == {2}
+    monkeypatch.delenv(ADAPTIVE_TEAM_ENV)
+    assert TeamChoice(2).enabled and not TeamChoice(1).enabled
+    assert set(_runs(TeamChoice(1), 5, {1: 1.0})) == {1}
+    short = MIN_ADAPT_SECONDS * 1e3 / 2
+    team = TeamChoice(2, enabled=True)
+    assert set(_runs(team, 40, {2: short, 1: short / 10})) == {2} and not team.enabled
