@@ -11,9 +11,9 @@ one in the normal stretches, 8.96 on two and 7.68 on one in the slow ones (OpenV
 The policy (`TeamChoice`): runs use the full team while its recent time (an average of the last
 few runs) stays within SLOW_FACTOR of the fastest full-team run seen. Past that, one run on one
 thread is tried (at most once per PROBE_EVERY runs), and while one thread is faster the runs stay
-there, trying the full team again every PROBE_EVERY runs. In the normal stretches no run is ever
-taken away from the full team; in the slow ones a probe costs one run at the slower count per
-PROBE_EVERY. Models faster than MIN_ADAPT_SECONDS on the full team are left alone: a wake-up
+there, trying the full team again every PROBE_EVERY runs. A one-thread probe that loses doubles
+the wait before the next (up to MAX_PROBE_EVERY). In the normal stretches no run is taken away
+from the full team. Models faster than MIN_ADAPT_SECONDS on the full team are left alone: a wake-up
 there is most of the run, and timing it costs a visible share. `AUTOFUSION_ADAPTIVE_TEAM=0` turns
 the policy off (every run on the full team).
 """
@@ -26,8 +26,11 @@ ADAPTIVE_TEAM_ENV = "AUTOFUSION_ADAPTIVE_TEAM"
 # The full team counts as impaired once its recent time exceeds its best by this factor (normal
 # run-to-run spread on these hosts is +-10%).
 SLOW_FACTOR = 1.25
-# Runs between probes of the other team size.
+# Runs between probes of the other team size; a one-thread probe that loses doubles the interval
+# before the next one, up to MAX_PROBE_EVERY (an impaired team that still beats one thread, as
+# ResNet-50's usually does, is not taxed a slow run every PROBE_EVERY).
 PROBE_EVERY = 16
+MAX_PROBE_EVERY = 256
 # Weight of the newest run in a team size's recent time.
 RECENT_WEIGHT = 0.25
 # Below this full-team time (seconds) the team is never changed.
@@ -50,13 +53,15 @@ class TeamChoice:
         self.recent: dict[int, float] = {}
         self.best_full: float | None = None
         self._since_probe = PROBE_EVERY  # a first probe may come at once
+        self._interval = PROBE_EVERY  # runs between one-thread probes
         self._last: int | None = None
 
     def threads_for_run(self) -> int:
         if not self.enabled:
             return self.full
         other = 1 if self.current == self.full else self.full
-        if self._since_probe >= PROBE_EVERY and self._probe_due():
+        interval = self._interval if other == 1 else PROBE_EVERY
+        if self._since_probe >= interval and self._probe_due():
             self._since_probe = 0
             return other
         self._since_probe += 1
@@ -83,4 +88,8 @@ class TeamChoice:
                 return
         one, full = self.recent.get(1), self.recent.get(self.full)
         if one is not None and full is not None:
-            self.current = 1 if one < full else self.full
+            before, self.current = self.current, 1 if one < full else self.full
+            if threads == 1 and before == self.current == self.full:  # a one-thread probe lost
+                self._interval = min(2 * self._interval, MAX_PROBE_EVERY)
+            elif self.current != before:
+                self._interval = PROBE_EVERY

@@ -3,10 +3,13 @@ while it runs near its best, one thread only while that is measurably faster."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from graph_autofusion.backend.cpu.team import (
     ADAPTIVE_TEAM_ENV,
+    MAX_PROBE_EVERY,
     MIN_ADAPT_SECONDS,
     PROBE_EVERY,
     SLOW_FACTOR,
@@ -56,9 +59,13 @@ def test_an_impaired_team_gives_way_to_one_thread_and_takes_over_again() -> None
 def test_a_slow_team_that_still_beats_one_thread_keeps_the_runs() -> None:
     team = TeamChoice(2, enabled=True)
     _runs(team, 4, {2: FULL_MS, 1: ONE_MS})
-    chosen = _runs(team, 4 * PROBE_EVERY, {2: FULL_MS * SLOW_FACTOR * 1.2, 1: ONE_MS})
-    # a probe of one thread at most every PROBE_EVERY runs, and the runs stay with the team
-    assert 1 <= chosen.count(1) <= 4 and team.current == 2
+    chosen = _runs(team, 1000, {2: FULL_MS * SLOW_FACTOR * 1.2, 1: ONE_MS})
+    # one-thread probes ever rarer (each loss doubles the wait, up to MAX_PROBE_EVERY runs), and
+    # the runs stay with the team
+    probes = [k for k, threads in enumerate(chosen) if threads == 1]
+    gaps = [b - a for a, b in itertools.pairwise(probes)]
+    assert team.current == 2 and len(probes) <= 1000 // MAX_PROBE_EVERY + 5
+    assert gaps == sorted(gaps) and gaps[-1] >= MAX_PROBE_EVERY
 
 
 def test_off_one_thread_and_short_models_always_take_the_full_team(monkeypatch: pytest.MonkeyPatch) -> None:
