@@ -661,6 +661,34 @@ static void afc_gemm_bp_panels(int64_t m, int64_t n, int64_t k, float alpha, con
 static _Atomic uint64_t afc_call_epoch; /* atomic: kernels may be called from several threads */
 static void afc_begin_call(void) { atomic_fetch_add_explicit(&afc_call_epoch, 1, memory_order_relaxed); }
 
+/* What a thread's kept packing was made from: the operand's address, shape and strides, and the
+ * kernel call. */
+typedef struct {
+  const float *at;
+  int64_t rows, cols, rs, cs;
+  uint64_t epoch;
+} afc_kept;
+
+/* 1 (and `kept` now names it) where the operand is not the one kept in this call: pack it. */
+static int afc_kept_stale(afc_kept *kept, const float *at, int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
+  const uint64_t epoch = atomic_load_explicit(&afc_call_epoch, memory_order_relaxed);
+  const afc_kept now = {at, rows, cols, rs, cs, epoch};
+  if (kept->at == at && kept->rows == rows && kept->cols == cols && kept->rs == rs && kept->cs == cs &&
+      kept->epoch == epoch)
+    return 0;
+  *kept = now;
+  return 1;
+}
+
+/* A thread's buffer of `floats` for a kept packing, allocated on first use. */
+static float *afc_kept_buffer(float **buf, int64_t floats) {
+  if (!*buf) {
+    *buf = (float *)aligned_alloc(64, sizeof(float) * (size_t)floats);
+    if (!*buf) abort();
+  }
+  return *buf;
+}
+
 /* Floats of the largest operand a thread keeps packed (afc_gemm_bp_in): 4 MiB, ViT-B/16's
  * 197 x 3072 activation (2.3 MiB) included. */
 #define AFC_INPUT_CACHE_FLOATS (1 << 20)
@@ -675,24 +703,14 @@ static void afc_begin_call(void) { atomic_fetch_add_explicit(&afc_call_epoch, 1,
 static void afc_gemm_bp_in(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t a_rs,
                            int64_t a_cs, const float *bp, float *c, int64_t ldc) {
   static _Thread_local float *buf;
-  static _Thread_local struct {
-    const float *a;
-    int64_t m, k, rs, cs;
-    uint64_t epoch;
-  } key;
+  static _Thread_local afc_kept kept;
   const int64_t mpad = (m + AFC_MR - 1) / AFC_MR * AFC_MR;
   if (m <= AFC_GEMV_ROWS || n <= 0 || k <= 0 || mpad * k > AFC_INPUT_CACHE_FLOATS) {
     afc_gemm_bp(m, n, k, alpha, a, a_rs, a_cs, bp, c, ldc);
     return;
   }
-  if (!buf) {
-    buf = (float *)aligned_alloc(64, sizeof(float) * AFC_INPUT_CACHE_FLOATS);
-    if (!buf) abort();
-  }
-  const uint64_t epoch = atomic_load_explicit(&afc_call_epoch, memory_order_relaxed);
-  const int pack =
-      !(key.a == a && key.m == m && key.k == k && key.rs == a_rs && key.cs == a_cs && key.epoch == epoch);
-  if (pack) key.a = a, key.m = m, key.k = k, key.rs = a_rs, key.cs = a_cs, key.epoch = epoch;
+  afc_kept_buffer(&buf, AFC_INPUT_CACHE_FLOATS);
+  const int pack = afc_kept_stale(&kept, a, m, k, a_rs, a_cs);
   afc_gemm_bp_blocks(m, n, k, alpha, a, a_rs, a_cs, bp, c, ldc, buf, pack);
 }
 
@@ -716,26 +734,15 @@ static void afc_gemm_bp_in(int64_t m, int64_t n, int64_t k, float alpha, const f
 static void afc_gemm_ap_in(int64_t m, int64_t n, int64_t k, float alpha, const float *ap, const float *b,
                            int64_t b_rs, int64_t b_cs, float *c, int64_t ldc) {
   static _Thread_local float *buf;
-  static _Thread_local struct {
-    const float *b;
-    int64_t n, k, rs, cs;
-    uint64_t epoch;
-  } key;
+  static _Thread_local afc_kept kept;
   if (m <= 0 || n <= 0) return;
   const int64_t npad = (n + AFC_NR - 1) / AFC_NR * AFC_NR;
   if (k <= 0 || npad * k > AFC_AP_INPUT_FLOATS) {
     afc_gemm_ap(m, n, k, alpha, ap, b, b_rs, b_cs, c, ldc);
     return;
   }
-  if (!buf) {
-    buf = (float *)aligned_alloc(64, sizeof(float) * AFC_AP_INPUT_FLOATS);
-    if (!buf) abort();
-  }
-  const uint64_t epoch = atomic_load_explicit(&afc_call_epoch, memory_order_relaxed);
-  if (!(key.b == b && key.n == n && key.k == k && key.rs == b_rs && key.cs == b_cs && key.epoch == epoch)) {
-    afc_pack_b_block(k, n, b, b_rs, b_cs, buf);
-    key.b = b, key.n = n, key.k = k, key.rs = b_rs, key.cs = b_cs, key.epoch = epoch;
-  }
+  afc_kept_buffer(&buf, AFC_AP_INPUT_FLOATS);
+  if (afc_kept_stale(&kept, b, n, k, b_rs, b_cs)) afc_pack_b_block(k, n, b, b_rs, b_cs, buf);
   const int64_t blocks = (k + AFC_AP_INPUT_KC - 1) / AFC_AP_INPUT_KC, kb = (k + blocks - 1) / blocks;
   for (int64_t k0 = 0; k0 < k; k0 += kb) {
     const int64_t kc = k - k0 < kb ? k - k0 : kb;
