@@ -17,9 +17,9 @@ convention (`Kernel.packed` / `prepack`) and the epilogue loop nest (`epilogue_n
   compile-time constants and the taps are unrolled (up to MAX_UNROLLED_TAPS), so a 3x3 is nine
   multiply-adds on registers. A task takes a run of small planes (`_depthwise_tasks`) and zeroes
   the padded plane's border once for all of them (`_depthwise_border`); output rows of at least
-  DEPTHWISE_ROW_EPILOGUE_WIDTH are finished by the epilogue one by one, while in L1. Stride-1
-  3x3s whose output rows are as wide as the input's run in the library instead (`afc_dw3x3`,
-  `depthwise_in_library`), a run of planes a call, then its epilogue.
+  DEPTHWISE_ROW_EPILOGUE_WIDTH are finished by the epilogue one by one, while in L1. 3x3s of
+  stride 1 (output rows as wide as the input's) and 2 run in the library instead (`afc_dw3x3`,
+  `afc_dw3x3_s2`, `depthwise_in_library`), a run of planes a call, then its epilogue.
 * `conv_im2col_tiled`: everything else (grouped by the task's group). The im2col matrix of one
   tile of output pixels is built in a per-thread workspace slice sized to stay in L2, multiplied
   by one single-threaded contraction straight into the output, and the epilogue finishes the
@@ -96,6 +96,7 @@ from ..plan.anchor_match import AnchorMatch, OperandView, dense_strides, match_a
 from .anchor import (
     BEGIN_CALL_ROUTINE,
     DEPTHWISE_3X3_ROUTINE,
+    DEPTHWISE_3X3_S2_ROUTINE,
     DIRECT_CONV_ROUTINE,
     DIRECT_ROWS_CONV_ROUTINE,
     PACK_A_ROUTINE,
@@ -152,8 +153,9 @@ DEPTHWISE_ROW_EPILOGUE_WIDTH = 48
 DEPTHWISE_BORDER_FLOATS = 4096
 # Depthwise output planes at most this wide are computed flat (`_depthwise`).
 DEPTHWISE_FLAT_WIDTH = 8
-# Stride-1 undilated depthwise 3x3s run in the library (afc.h: afc_dw3x3) where the zero-padded
-# plane its AVX2 build copies each plane into takes at most this many floats (a 112x112 plane).
+# Undilated depthwise 3x3s of stride 1 and 2 run in the library (afc.h: afc_dw3x3, afc_dw3x3_s2)
+# where the zero-padded plane its AVX2 build copies each plane into takes at most this many floats
+# (a 112x112 plane, or its 56x56 output at stride 2).
 DEPTHWISE_LIBRARY_PAD_FLOATS = 16384
 # Convs with fewer output pixels than this, not a whole number of column panels, put the pixels in
 # the rows of the product (`pixels_as_rows`); im2col and 1x1 convs up to ROWS_MAX_IM2COL_PIXELS
@@ -1192,20 +1194,22 @@ def _direct(
 
 
 def depthwise_in_library(g: ConvGeometry) -> bool:
-    """Whether a depthwise conv runs in the contraction library (`afc_dw3x3`): an undilated 3x3 of
-    stride 1 whose output rows are as wide as the input's (MobileNetV2's stride-1 depthwise convs,
-    112x112 to 7x7), its padded plane within DEPTHWISE_LIBRARY_PAD_FLOATS. The library reads each
-    padded input row once per vector and keeps its three column shifts in registers with the two
-    rows before it, where the generated loop loads every tap unaligned (most loads split across
-    cache lines) or pads a 7-wide row to a vector. Against the generated loop on Zen 4 (AVX-512):
-    0.45x at 7x7 to 28x28, 0.75x at 56x56 and 0.8x at 112x112 on one thread, 0.55-0.9x on two;
-    the AVX2 build on the same host 0.82-0.92x on one thread, 0.84-1.12x on two."""
-    padded = (g.oh + 2) * (8 * -(-g.w // 8) + 8)
-    return (
-        (g.kh, g.kw, g.dh, g.dw, g.sh, g.sw) == (3, 3, 1, 1, 1, 1)
-        and g.ow == g.w
-        and padded <= DEPTHWISE_LIBRARY_PAD_FLOATS
-    )
+    """Whether a depthwise conv runs in the contraction library: an undilated 3x3 of stride 1 whose
+    output rows are as wide as the input's (`afc_dw3x3`), or of stride 2 (`afc_dw3x3_s2`), its
+    padded plane within what the AVX2 build keeps per thread (DEPTHWISE_LIBRARY_PAD_FLOATS): all
+    of MobileNetV2's depthwise convs. The library reads each padded input row once per vector and
+    keeps its three column shifts in registers (at stride 2: its even columns, its odd ones, its
+    even ones one further) with the row before it, where the generated loop loads every tap
+    unaligned (most loads split across cache lines) or pads a 7-wide row to a vector. Against
+    the generated loop on Zen 4 (AVX-512), stride 1: 0.45x at 7x7 to 28x28, 0.75x at 56x56 and
+    0.8x at 112x112 on one thread, 0.55-0.9x on two; the AVX2 build on the same host 0.82-0.92x
+    on one thread, 0.84-1.12x on two."""
+    if (g.kh, g.kw, g.dh, g.dw) != (3, 3, 1, 1):
+        return False
+    vectors = 8 * -(-g.ow // 8) + 8  # the AVX2 build's padded row, in floats
+    if (g.sh, g.sw) == (1, 1):
+        return g.ow == g.w and (g.oh + 2) * vectors <= DEPTHWISE_LIBRARY_PAD_FLOATS
+    return (g.sh, g.sw) == (2, 2) and 2 * (2 * g.oh + 1) * vectors <= DEPTHWISE_LIBRARY_PAD_FLOATS
 
 
 def _depthwise_library(g: ConvGeometry, x: Buffer, w: Buffer, dest: Buffer, finish: _Finish) -> list[Stmt]:
@@ -1222,7 +1226,7 @@ def _depthwise_library(g: ConvGeometry, x: Buffer, w: Buffer, dest: Buffer, fini
         Let(p0, task * per_task),
         Let(p1, ir.minimum(task * per_task + per_task, planes)),
         Call(
-            DEPTHWISE_3X3_ROUTINE,
+            DEPTHWISE_3X3_ROUTINE if g.sh == 1 else DEPTHWISE_3X3_S2_ROUTINE,
             (
                 p0,
                 p1,
@@ -1230,7 +1234,7 @@ def _depthwise_library(g: ConvGeometry, x: Buffer, w: Buffer, dest: Buffer, fini
                 ir.addr(x, 0),
                 ir.addr(w, 0),
                 ir.addr(dest, 0),
-                *(ir.index(v) for v in (g.h, g.w, g.oh, g.pt, g.pl)),
+                *(ir.index(v) for v in (g.h, g.w, g.oh, *((g.ow,) if g.sh == 2 else ()), g.pt, g.pl)),
             ),
         ),
         *finish((p0, p1), (ir.index(0), ir.index(g.pixels))),

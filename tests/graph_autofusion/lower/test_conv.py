@@ -23,6 +23,7 @@ from graph_autofusion.lower.anchor import (
     BEGIN_CALL_ROUTINE,
     CONTRACTION_ROUTINE,
     DEPTHWISE_3X3_ROUTINE,
+    DEPTHWISE_3X3_S2_ROUTINE,
     DIRECT_CONV_ROUTINE,
     DIRECT_ROWS_CONV_ROUTINE,
     PACKED_A_INPUT_ROUTINE,
@@ -145,6 +146,10 @@ CASES = {
         (1, 2, 101, 120), (2, 1, 3, 3), {"group": 2, "strides": [2, 2], "pads": [1, 0, 0, 1]}, DEPTHWISE
     ),
     "depthwise_many_7x7": ((1, 67, 7, 7), (67, 1, 3, 3), {"group": 67, "pads": [1, 1, 1, 1]}, DEPTHWISE),
+    # a stride-2 plane too tall for the library's AVX2 copy: the generated loop
+    "depthwise_s2_generated": (
+        (1, 2, 300, 40), (2, 1, 3, 3), {"group": 2, "strides": [2, 2], "pads": [1, 1, 1, 1]}, DEPTHWISE
+    ),
     "depthwise_many_s2": (
         (1, 50, 14, 14), (50, 1, 3, 3), {"group": 50, "strides": [2, 2], "pads": [1, 1, 1, 1]}, DEPTHWISE
     ),
@@ -213,8 +218,9 @@ def test_conv_matches_onnxruntime(
     routines = {c.function for c in calls(kernel.body)}
     if method == "conv_depthwise":
         # a direct loop, no contraction, or the library's flat planes
-        library = depthwise_in_library(conv_geometry(spec.nodes[0], _Shapes(spec)))
-        assert routines == ({DEPTHWISE_3X3_ROUTINE} if library else set()) and not kernel.packed
+        g = conv_geometry(spec.nodes[0], _Shapes(spec))
+        routine = DEPTHWISE_3X3_ROUTINE if g.sh == 1 else DEPTHWISE_3X3_S2_ROUTINE
+        assert routines == ({routine} if depthwise_in_library(g) else set()) and not kernel.packed
     elif method == DIRECT:
         assert routines == {DIRECT_CONV_ROUTINE} and len(kernel.packed) == 1
     elif mode == "library":
@@ -494,13 +500,10 @@ class _Shapes:
 
 
 def test_small_depthwise_planes_share_a_task_and_a_zeroed_border() -> None:
-    """MobileNetV2's 576 planes of 14x14 at stride 2: a task per plane costs a scheduling step
-    and a zeroed plane as much as the plane's nine multiply-adds a pixel, so a task takes a run of
-    planes and zeroes the padded plane once (the copies rewrite the same interior cells every
-    plane)."""
-    model, _ = _model(
-        (1, 576, 14, 14), (576, 1, 3, 3), bias=True, relu=True, group=576, pads=[1, 1, 1, 1], strides=[2, 2]
-    )
+    """576 planes of 7x7 by a 5x5: a task per plane costs a scheduling step and a zeroed plane as
+    much as the plane's multiply-adds, so a task takes a run of planes and zeroes the padded plane
+    once (the copies rewrite the same interior cells every plane)."""
+    model, _ = _model((1, 576, 7, 7), (576, 1, 5, 5), bias=True, relu=True, group=576, pads=[2, 2, 2, 2])
     spec, _ = _spec(model)
     (task,) = [s for s in lower_conv(spec).body if isinstance(s, Loop) and s.parallel]
     assert 8 <= task.stop < 576
@@ -514,30 +517,40 @@ def test_small_depthwise_planes_share_a_task_and_a_zeroed_border() -> None:
 
 
 @pytest.mark.parametrize(
-    ("planes", "size"), [(960, 7), (67, 7), (5, 7), (1, 8), (576, 14), (192, 28), (3, 31), (32, 112)]
+    ("planes", "size", "stride"),
+    [
+        *[(960, 7, 1), (67, 7, 1), (5, 7, 1), (1, 8, 1), (576, 14, 1), (192, 28, 1), (3, 31, 1)],
+        *[(32, 112, 1), (576, 14, 2), (144, 56, 2), (96, 112, 2), (3, 9, 2)],
+    ],
 )
-def test_stride1_depthwise_3x3s_run_in_the_library_in_short_runs(planes: int, size: int) -> None:
-    """Stride-1 3x3s whose output rows are as wide as the input's (MobileNetV2's 112x112s to
-    7x7s) are computed by afc_dw3x3,
+def test_depthwise_3x3s_run_in_the_library_in_short_runs(planes: int, size: int, stride: int) -> None:
+    """3x3s of stride 1 whose output rows are as wide as the input's, and of stride 2
+    (MobileNetV2's depthwise convs), are computed by afc_dw3x3 / afc_dw3x3_s2,
     a call per run of planes short enough that the epilogue finishing it finds it in L1, and
     runs enough to share out."""
-    shape = (1, planes, size, size)
-    model, _ = _model(shape, (planes, 1, 3, 3), bias=True, relu=True, group=planes, pads=[1, 1, 1, 1])
+    shape, strides = (1, planes, size, size), [stride, stride]
+    model, _ = _model(
+        shape, (planes, 1, 3, 3), bias=True, relu=True, group=planes, pads=[1, 1, 1, 1], strides=strides
+    )
     spec, _ = _spec(model)
     kernel = lower_conv(spec)
     (task,) = [s for s in kernel.body if isinstance(s, Loop)]
-    assert [c.function for c in calls(task.body)] == [DEPTHWISE_3X3_ROUTINE]
+    routine = DEPTHWISE_3X3_ROUTINE if stride == 1 else DEPTHWISE_3X3_S2_ROUTINE
+    assert [c.function for c in calls(task.body)] == [routine]
+    side = -(-size // stride)  # output rows and columns
+    out = side * side
     assert task.stop >= min(planes, 8)
-    assert task.parallel == (4 * planes * size * size * 9 >= PARALLEL_MIN_MACS)
+    assert task.parallel == (4 * planes * out * 9 >= PARALLEL_MIN_MACS)
     per_task = -(-planes // task.stop)
-    assert per_task == 1 or per_task * size * size <= 4096  # a run's output within L1
-    # stride 2, a 5x5, dilation, a plane too large for AVX2's padded copy and output rows
+    assert per_task == 1 or per_task * out <= 4096  # a run's output within L1
+    # stride 3, a 5x5, dilation, planes too large for AVX2's padded copies and output rows
     # narrower than the input's keep the generated loop
     for x_shape, attrs in (
         ((1, 4, 128, 128), {"pads": [1, 1, 1, 1]}),
+        ((1, 4, 260, 130), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
         ((1, 4, 14, 14), {"pads": [2, 2, 2, 2], "kernel": 5}),
         ((1, 4, 14, 14), {"pads": [2, 2, 2, 2], "dilations": [2, 2]}),
-        ((1, 4, 14, 14), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+        ((1, 4, 14, 14), {"pads": [1, 1, 1, 1], "strides": [3, 3]}),
         ((1, 4, 2000, 8), {"pads": [1, 1, 1, 1]}),
         ((1, 4, 14, 14), {"pads": [1, 1, 1, 0]}),
     ):

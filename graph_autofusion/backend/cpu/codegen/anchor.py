@@ -28,7 +28,13 @@ from dataclasses import dataclass
 import onnx
 
 from ....kernel_ir import Call, If, Kernel, Loop, Stmt
-from ....lower.anchor import CONTRACTION_ROUTINE, DEPTHWISE_3X3_ROUTINE, lower_anchor, method_of
+from ....lower.anchor import (
+    CONTRACTION_ROUTINE,
+    DEPTHWISE_3X3_ROUTINE,
+    DEPTHWISE_3X3_S2_ROUTINE,
+    lower_anchor,
+    method_of,
+)
 from ....lower.chain import lower_chain, sub_spec
 from ....lower.conv import lower_conv
 from ....plan.anchor_match import ANCHOR_OPS, EPILOGUE_VIEW_OPS, STRIDE_PROLOGUE_OPS, match_anchor
@@ -100,7 +106,9 @@ def _rendered(lowered: Kernel) -> AnchorKernel:
 def uses_library(kernel: Kernel) -> bool:
     """Whether a lowered kernel calls the contraction library (it packs a weight, or runs its
     depthwise planes there), so its translation unit carries the library's text."""
-    return bool(kernel.packed) or _calls(kernel.body, DEPTHWISE_3X3_ROUTINE)
+    return bool(kernel.packed) or any(
+        _calls(kernel.body, r) for r in (DEPTHWISE_3X3_ROUTINE, DEPTHWISE_3X3_S2_ROUTINE)
+    )
 
 
 def _calls(body: tuple[Stmt, ...], function: str) -> bool:

@@ -1047,6 +1047,20 @@ static void afc_dw3_plane_cols(const float *xp, const float *wp, float *yp, int6
   }
 }
 #elif defined(__AVX2__) && defined(__FMA__)
+/* A thread's zero-padded plane for afc_dw3x3 / afc_dw3x3_s2 on AVX2. Copies rewrite the same
+ * interior cells for every plane of a geometry, so its border is zeroed only when the geometry
+ * (`key`) changes: zeroing it per call cost as much as the convolution at 112 -> 56. */
+typedef struct {
+  int64_t key[8];
+  float pad[AFC_DW3_PAD_FLOATS] __attribute__((aligned(32)));
+} afc_dw3_pad;
+static float *afc_dw3_padded(afc_dw3_pad *p, const int64_t key[8], int64_t floats) {
+  if (memcmp(p->key, key, sizeof p->key) != 0) {
+    memset(p->pad, 0, (size_t)floats * sizeof(float));
+    memcpy(p->key, key, sizeof p->key);
+  }
+  return p->pad;
+}
 static inline __attribute__((always_inline)) void afc_dw3_shifts(const float *row, __m256 s[3]) {
   for (int kx = 0; kx < 3; ++kx) s[kx] = _mm256_loadu_ps(row + kx);
 }
@@ -1080,15 +1094,16 @@ static void afc_dw3x3(int64_t p0, int64_t p1, int64_t cout, const float *x, cons
     afc_dw3_plane_cols(x + p * h * wd, w + p % cout * 9, y + p * oh * wd, h, wd, oh, pt, pl);
   return;
 #elif defined(__AVX2__) && defined(__FMA__)
-  /* padded row j holds input row j - pt at columns pl .. pl + wd - 1, zeros around it; the
-   * border is zeroed once per call, the interior rewritten for every plane */
-  static __thread float pad[AFC_DW3_PAD_FLOATS] __attribute__((aligned(32)));
+  /* padded row j holds input row j - pt at columns pl .. pl + wd - 1, zeros around it (the
+   * border zeroed when the geometry changes, afc_dw3_padded), the interior rewritten per plane */
+  static __thread afc_dw3_pad kept;
   const int64_t rows = oh + 2;
   if (wd <= 8 && rows * (wd + 2) + 16 <= AFC_DW3_PAD_FLOATS && (oh - 1) * (wd + 2) + wd <= 1024) {
     /* rows of at most a vector: the padded plane read flat (output (oy, ox) at oy * fw + ox, the
      * two padded columns between rows computed and dropped), every tap one unaligned load */
     const int64_t fw = wd + 2, span = (oh - 1) * fw + wd, nvec = (span + 7) / 8;
-    memset(pad, 0, (size_t)(rows * fw + 16) * sizeof(float));
+    const int64_t key[8] = {1, h, wd, oh, pt, pl, 0, 1};
+    float *const pad = afc_dw3_padded(&kept, key, rows * fw + 16);
     const int64_t j0 = pt > 0 ? pt : 0, j1 = h + pt < rows ? h + pt : rows;
     float flat[1024 + 8];
     for (int64_t p = p0; p < p1; ++p) {
@@ -1111,7 +1126,8 @@ static void afc_dw3x3(int64_t p0, int64_t p1, int64_t cout, const float *x, cons
   }
   const int64_t nv = (wd + 7) / 8, pw = 8 * nv + 8;
   if (rows * pw <= AFC_DW3_PAD_FLOATS) {
-    memset(pad, 0, (size_t)(rows * pw) * sizeof(float));
+    const int64_t key[8] = {1, h, wd, oh, pt, pl, 0, 2};
+    float *const pad = afc_dw3_padded(&kept, key, rows * pw);
     const int64_t j0 = pt > 0 ? pt : 0, j1 = h + pt < rows ? h + pt : rows;
     for (int64_t p = p0; p < p1; ++p) {
       const float *xp = x + p * h * wd, *wp = w + p % cout * 9;
@@ -1163,6 +1179,144 @@ static void afc_dw3x3(int64_t p0, int64_t p1, int64_t cout, const float *x, cons
           if (iy >= 0 && iy < h && ix >= 0 && ix < wd) acc += wp[t] * xp[iy * wd + ix];
         }
         y[p * oh * wd + oy * wd + ox] = acc;
+      }
+  }
+}
+/* afc_dw3x3 at stride 2: output (oy, ox) reads padded rows 2 oy + ky and padded columns 2 ox + kx.
+ * The column shifts of a padded row are its even columns (kx = 0), its odd ones (kx = 1) and its
+ * even ones one further (kx = 2), so one row serves three taps here too, and the row of ky = 2 is
+ * the next output row's ky = 0.
+ *   AVX-512: 32 padded columns from two registers split in even and odd lanes (vpermt2ps), the
+ *   third shift one lane rotation further with the next register's first lane.
+ *   AVX2: the plane is copied into two zero-padded column phases per thread (even and odd
+ *   padded columns), the shifts unaligned loads from them. */
+#if defined(__AVX512F__)
+static inline __attribute__((always_inline)) void afc_dw3s2_row(const float *col, int64_t iy, int64_t h,
+                                                                 int64_t wd, int64_t pl, const __mmask16 *lm,
+                                                                 __m512 s[3]) {
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  const __m512i next = _mm512_setr_epi32(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16);
+  __m512 r0 = _mm512_setzero_ps(), r1 = r0, r2 = r0;
+  if (iy >= 0 && iy < h) {
+    const float *row = col + iy * wd - pl;
+    r0 = _mm512_maskz_loadu_ps(lm[0], row);
+    r1 = _mm512_maskz_loadu_ps(lm[1], row + 16);
+    r2 = _mm512_maskz_loadu_ps(lm[2], row + 32);
+  }
+  s[0] = _mm512_permutex2var_ps(r0, even, r1);
+  s[1] = _mm512_permutex2var_ps(r0, odd, r1);
+  s[2] = _mm512_permutex2var_ps(s[0], next, r2);
+}
+static void afc_dw3s2_plane(const float *xp, const float *wp, float *yp, int64_t h, int64_t wd, int64_t oh,
+                            int64_t ow, int64_t pt, int64_t pl) {
+  __m512 wv[9];
+  for (int t = 0; t < 9; ++t) wv[t] = _mm512_set1_ps(wp[t]);
+  for (int64_t q = 0; 16 * q < ow; ++q) {
+    const int64_t c0 = 32 * q - pl; /* input column of the vector's first padded column */
+    const __mmask16 lm[3] = {afc_lanes(-c0, wd - c0), afc_lanes(-c0 - 16, wd - c0 - 16),
+                             afc_lanes(-c0 - 32, wd - c0 - 32) & (__mmask16)1};
+    const __mmask16 sm = afc_lanes(0, ow - 16 * q);
+    const float *col = xp + 32 * q;
+    __m512 a[3], b[3], c[3];
+    afc_dw3s2_row(col, -pt, h, wd, pl, lm, a);
+    for (int64_t oy = 0; oy < oh; ++oy) {
+      afc_dw3s2_row(col, 2 * oy + 1 - pt, h, wd, pl, lm, b);
+      afc_dw3s2_row(col, 2 * oy + 2 - pt, h, wd, pl, lm, c);
+      __m512 acc = _mm512_mul_ps(wv[0], a[0]);
+      for (int kx = 1; kx < 3; ++kx) acc = _mm512_fmadd_ps(wv[kx], a[kx], acc);
+      for (int kx = 0; kx < 3; ++kx) acc = _mm512_fmadd_ps(wv[3 + kx], b[kx], acc);
+      for (int kx = 0; kx < 3; ++kx) acc = _mm512_fmadd_ps(wv[6 + kx], c[kx], acc);
+      _mm512_mask_storeu_ps(yp + oy * ow + 16 * q, sm, acc);
+      for (int kx = 0; kx < 3; ++kx) a[kx] = c[kx];
+    }
+  }
+}
+#endif
+
+static void afc_dw3x3_s2(int64_t p0, int64_t p1, int64_t cout, const float *x, const float *w, float *y,
+                         int64_t h, int64_t wd, int64_t oh, int64_t ow, int64_t pt, int64_t pl) {
+#if defined(__AVX512F__)
+  for (int64_t p = p0; p < p1; ++p)
+    afc_dw3s2_plane(x + p * h * wd, w + p % cout * 9, y + p * oh * ow, h, wd, oh, ow, pt, pl);
+  return;
+#elif defined(__AVX2__) && defined(__FMA__)
+  /* phase f, padded row j, column t holds padded column 2 t + f of padded row j (input row
+   * j - pt, column 2 t + f - pl); the border zeroed when the geometry changes (afc_dw3_padded) */
+  static __thread afc_dw3_pad kept;
+  const int64_t nv = (ow + 7) / 8, pw = 8 * nv + 8, rows = 2 * oh + 1, phase = rows * pw;
+  if (2 * phase <= AFC_DW3_PAD_FLOATS) {
+    const int64_t key[8] = {2, h, wd, oh, ow, pt, pl, 3};
+    float *const pad = afc_dw3_padded(&kept, key, 2 * phase);
+    const int64_t j0 = pt > 0 ? pt : 0, j1 = h + pt < rows ? h + pt : rows;
+    const int64_t i1 = wd < 2 * ow + 1 - pl ? wd : 2 * ow + 1 - pl; /* input columns read */
+    for (int64_t p = p0; p < p1; ++p) {
+      const float *xp = x + p * h * wd, *wp = w + p % cout * 9;
+      float *yp = y + p * oh * ow;
+      /* input column i goes to padded column i + pl: 16 at a time split in their even and odd
+       * elements (a float at a time cost 2 cycles, 0.7 ms of MobileNetV2's 112 -> 56) */
+      float *const even = pad + (pl & 1) * phase + pl / 2, *const odd = pad + ((pl + 1) & 1) * phase + (pl + 1) / 2;
+      for (int64_t j = j0; j < j1; ++j) {
+        const float *src = xp + (j - pt) * wd;
+        int64_t i = 0;
+        for (; i + 16 <= i1; i += 16) {
+          const __m256 v0 = _mm256_loadu_ps(src + i), v1 = _mm256_loadu_ps(src + i + 8);
+          const __m256 e = _mm256_shuffle_ps(v0, v1, _MM_SHUFFLE(2, 0, 2, 0));
+          const __m256 o = _mm256_shuffle_ps(v0, v1, _MM_SHUFFLE(3, 1, 3, 1));
+          _mm256_storeu_ps(even + j * pw + i / 2, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), 0xD8)));
+          _mm256_storeu_ps(odd + j * pw + i / 2, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o), 0xD8)));
+        }
+        for (; i < i1; ++i) {
+          const int64_t c = i + pl;
+          pad[(c & 1) * phase + j * pw + (c >> 1)] = src[i];
+        }
+      }
+      __m256 wv[9];
+      for (int t = 0; t < 9; ++t) wv[t] = _mm256_set1_ps(wp[t]);
+      for (int64_t q = nv - 1; q >= 0; --q) { /* right to left: see afc_dw3x3 */
+        const int64_t valid = ow - 8 * q < 8 ? ow - 8 * q : 8;
+        __m256 a[3], b[3], c[3];
+#define AFC_DW3S2_ROW(j, s)                                      \
+  do {                                                           \
+    const float *e = pad + (j) * pw + 8 * q, *o = e + phase;     \
+    (s)[0] = _mm256_loadu_ps(e);                                 \
+    (s)[1] = _mm256_loadu_ps(o);                                 \
+    (s)[2] = _mm256_loadu_ps(e + 1);                             \
+  } while (0)
+        AFC_DW3S2_ROW(0, a);
+        for (int64_t oy = 0; oy < oh; ++oy) {
+          AFC_DW3S2_ROW(2 * oy + 1, b);
+          AFC_DW3S2_ROW(2 * oy + 2, c);
+          __m256 acc = _mm256_mul_ps(wv[0], a[0]);
+          for (int kx = 1; kx < 3; ++kx) acc = _mm256_fmadd_ps(wv[kx], a[kx], acc);
+          for (int kx = 0; kx < 3; ++kx) acc = _mm256_fmadd_ps(wv[3 + kx], b[kx], acc);
+          for (int kx = 0; kx < 3; ++kx) acc = _mm256_fmadd_ps(wv[6 + kx], c[kx], acc);
+          float *out = yp + oy * ow + 8 * q;
+          if (valid == 8 || out + 8 <= yp + oh * ow) {
+            _mm256_storeu_ps(out, acc);
+          } else {
+            float tail[8];
+            _mm256_storeu_ps(tail, acc);
+            for (int64_t i = 0; i < valid; ++i) out[i] = tail[i];
+          }
+          for (int kx = 0; kx < 3; ++kx) a[kx] = c[kx];
+        }
+#undef AFC_DW3S2_ROW
+      }
+    }
+    return;
+  }
+#endif
+  for (int64_t p = p0; p < p1; ++p) {
+    const float *xp = x + p * h * wd, *wp = w + p % cout * 9;
+    for (int64_t oy = 0; oy < oh; ++oy)
+      for (int64_t ox = 0; ox < ow; ++ox) {
+        float acc = 0.0f;
+        for (int64_t t = 0; t < 9; ++t) {
+          const int64_t iy = 2 * oy + t / 3 - pt, ix = 2 * ox + t % 3 - pl;
+          if (iy >= 0 && iy < h && ix >= 0 && ix < wd) acc += wp[t] * xp[iy * wd + ix];
+        }
+        y[p * oh * ow + oy * ow + ox] = acc;
       }
   }
 }

@@ -76,6 +76,10 @@
  *       * x[p * h * wd + iy * wd + ix], iy = oy + ky - pt, ix = ox + kx - pl, taps outside the
  *       plane skipped. Vectorized on AVX-512; on AVX2 where (oh + 2) * (8 * ceil(wd / 8) + 8)
  *       <= 16384 (its zero-padded plane per thread); other planes take a scalar loop.
+ *   void afc_dw3x3_s2(p0, p1, cout, x, w, y, h, wd, oh, ow, pt, pl)
+ *       the same at stride 2 (output rows ow wide): y[p * oh * ow + oy * ow + ox] reads input
+ *       rows 2 oy + ky - pt and columns 2 ox + kx - pl. Vectorized on AVX-512; on AVX2 where 2 *
+ *       (2 oh + 1) * (8 * ceil(ow / 8) + 8) <= 16384 (its padded column phases per thread).
  * Sizes are int64_t, strides in elements. Buffers from the caller need no particular alignment;
  * packed buffers of 64-byte alignment are faster.
  */
@@ -155,6 +159,8 @@ static void afc_conv_bp(int64_t m, int64_t n, int64_t k, int64_t p0, int64_t ow,
                         const float *band, int64_t plane, int64_t wp, int64_t kh, int64_t kw, int64_t dh,
                         int64_t dw, const float *bp, float *c, int64_t ldc);
 static void afc_store_t(int64_t m, int64_t n, const float *tile, int64_t ldt, float *out, int64_t ldo);
+static void afc_dw3x3_s2(int64_t p0, int64_t p1, int64_t cout, const float *x, const float *w, float *y,
+                         int64_t h, int64_t wd, int64_t oh, int64_t ow, int64_t pt, int64_t pl);
 static void afc_dw3x3(int64_t p0, int64_t p1, int64_t cout, const float *x, const float *w, float *y, int64_t h,
                       int64_t wd, int64_t oh, int64_t pt, int64_t pl);
 #endif

@@ -141,6 +141,10 @@ void afcx_dw3x3(int64_t p0, int64_t p1, int64_t cout, const float *x, const floa
                 int64_t wd, int64_t oh, int64_t pt, int64_t pl) {
   afc_dw3x3(p0, p1, cout, x, w, y, h, wd, oh, pt, pl);
 }
+void afcx_dw3x3_s2(int64_t p0, int64_t p1, int64_t cout, const float *x, const float *w, float *y, int64_t h,
+                   int64_t wd, int64_t oh, int64_t ow, int64_t pt, int64_t pl) {
+  afc_dw3x3_s2(p0, p1, cout, x, w, y, h, wd, oh, ow, pt, pl);
+}
 /* tiles of a whole GEMM over OpenMP threads, as an anchor kernel runs them (benchmarks) */
 void afcx_gemm_ap_parallel(int64_t m, int64_t n, int64_t k, const float *ap, const float *b, float *c,
                            int64_t mb, int64_t nb) {
@@ -188,6 +192,7 @@ _SIGNATURES: dict[str, tuple[list[type], type | None]] = {
     "afcx_begin_call": ([], None),
     "afcx_store_t": ([_I64, _I64, _PTR, _I64, _PTR, _I64], None),
     "afcx_dw3x3": ([_I64, _I64, _I64, _PTR, _PTR, _PTR, *[_I64] * 5], None),
+    "afcx_dw3x3_s2": ([_I64, _I64, _I64, _PTR, _PTR, _PTR, *[_I64] * 6], None),
     "afcx_gemm_ap_parallel": ([_I64, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64], None),
     "afcx_gemm_bp_parallel": ([_I64, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64], None),
 }
@@ -323,20 +328,24 @@ class Library:
         self,
         x: np.ndarray,
         w: np.ndarray,
-        oh: int,
+        out: tuple[int, int],
         pads: tuple[int, int],
+        stride: int = 1,
         planes: tuple[int, int] | None = None,
     ) -> np.ndarray:
-        """A stride-1 depthwise 3x3 (afc.h: afc_dw3x3) of `x[planes, h, wd]` by `w[channels, 3, 3]`
-        (plane p takes channel p % channels), `pads` = (top, left), as y[planes, oh, wd]; only
-        `planes` = (p0, p1) are written (the rest stay NaN)."""
+        """A depthwise 3x3 (afc.h: afc_dw3x3, or afc_dw3x3_s2 at `stride` 2) of `x[planes, h, wd]`
+        by `w[channels, 3, 3]` (plane p takes channel p % channels), `pads` = (top, left), as
+        y[planes, oh, ow] (`out` = (oh, ow); ow = wd at stride 1); only `planes` = (p0, p1) are
+        written (the rest stay NaN)."""
         n, h, wd = x.shape
-        p0, p1 = planes or (0, n)
-        y = np.full((n, oh, wd), np.nan, np.float32)
+        (oh, ow), (p0, p1) = out, planes or (0, n)
+        y = np.full((n, oh, ow), np.nan, np.float32)
         xs, ws = np.ascontiguousarray(x, np.float32), np.ascontiguousarray(w, np.float32)
-        self.lib.afcx_dw3x3(
-            p0, p1, w.shape[0], xs.ctypes.data, ws.ctypes.data, y.ctypes.data, h, wd, oh, *pads
-        )
+        pointers = (w.shape[0], xs.ctypes.data, ws.ctypes.data, y.ctypes.data)
+        if stride == 1:
+            self.lib.afcx_dw3x3(p0, p1, *pointers, h, wd, oh, *pads)
+        else:
+            self.lib.afcx_dw3x3_s2(p0, p1, *pointers, h, wd, oh, ow, *pads)
         return y
 
 

@@ -378,19 +378,22 @@ def test_a_right_input_too_large_to_keep_takes_the_blocked_path(lib: Library) ->
     _check(lib.gemm_ap(lib.pack_a(a), b, m, input_rows=CHUNK_ROWS), a, b)
 
 
-def _depthwise_reference(x: np.ndarray, w: np.ndarray, oh: int, pads: tuple[int, int]) -> np.ndarray:
-    """A stride-1 depthwise 3x3 of `x[planes, h, wd]` (plane p by channel p % channels), rows `wd`
-    wide: a zero-padded copy and one shifted window per tap, in float64."""
+def _depthwise_reference(
+    x: np.ndarray, w: np.ndarray, out: tuple[int, int], pads: tuple[int, int], stride: int = 1
+) -> np.ndarray:
+    """A depthwise 3x3 of `x[planes, h, wd]` (plane p by channel p % channels) as y[planes, oh,
+    ow]: a zero-padded copy and one strided window per tap, in float64."""
     planes, h, wd = x.shape
-    pt, pl = pads
-    padded = np.zeros((planes, oh + 2, wd + 2))
+    (oh, ow), (pt, pl) = out, pads
+    padded = np.zeros((planes, stride * oh + 2, stride * ow + 2 + wd))
     rows = min(h, padded.shape[1] - pt)
     padded[:, pt : pt + rows, pl : pl + wd] = x[:, :rows]
     taps = w[np.arange(planes) % w.shape[0]].astype(np.float64)
-    y = np.zeros((planes, oh, wd))
+    y = np.zeros((planes, oh, ow))
     for ky in range(3):
         for kx in range(3):
-            y += taps[:, ky, kx, None, None] * padded[:, ky : ky + oh, kx : kx + wd]
+            window = padded[:, ky : ky + stride * oh : stride, kx : kx + stride * ow : stride]
+            y += taps[:, ky, kx, None, None] * window
     return y
 
 
@@ -419,13 +422,54 @@ def _depthwise_reference(x: np.ndarray, w: np.ndarray, oh: int, pads: tuple[int,
 def test_depthwise_3x3_planes_match_the_padded_convolution(
     lib: Library, planes: int, channels: int, h: int, wd: int, oh: int, pads: tuple[int, int]
 ) -> None:
-    rng = np.random.default_rng(planes * h + wd)
-    x = rng.standard_normal((planes, h, wd)).astype(np.float32)
+    _check_depthwise(lib, planes, channels, (h, wd), (oh, wd), pads, stride=1)
+
+
+def _check_depthwise(
+    lib: Library,
+    planes: int,
+    channels: int,
+    size: tuple[int, int],
+    out: tuple[int, int],
+    pads: tuple[int, int],
+    stride: int,
+) -> None:
+    """Planes [1, p1) of a run against the reference, the planes around them untouched, then
+    again with another top pad (the same plane sizes) and once more as at first."""
+    rng = np.random.default_rng(planes * size[0] + size[1])
+    x = rng.standard_normal((planes, *size)).astype(np.float32)
     w = rng.standard_normal((channels, 3, 3)).astype(np.float32)
     p1 = max(2, planes - 1)
     for top in (pads[0], pads[0] + 1, pads[0]):
-        got = lib.dw3x3(x, w, oh, (top, pads[1]), planes=(1, p1))
-        expected = _depthwise_reference(x, w, oh, (top, pads[1]))
+        got = lib.dw3x3(x, w, out, (top, pads[1]), stride=stride, planes=(1, p1))
+        expected = _depthwise_reference(x, w, out, (top, pads[1]), stride)
         assert np.isnan(got[0]).all() and np.isnan(got[p1:]).all()  # only planes [p0, p1)
         scale = np.abs(expected).max()
         np.testing.assert_allclose(got[1:p1], expected[1:p1], rtol=0, atol=1e-5 * scale)
+
+
+# afc_dw3x3_s2: MobileNetV2's 14 -> 7, 28 -> 14, 56 -> 28 and 112 -> 56 (pads 1 and the TF-style
+# 0 / 1), odd input sizes, outputs of one and of several AVX-512 vectors, a one-row plane, and a
+# plane too large for AVX2's padded column phases (the scalar loop there).
+@pytest.mark.parametrize(
+    ("planes", "channels", "size", "out", "pads"),
+    [
+        (12, 6, (14, 14), (7, 7), (1, 1)),
+        (4, 4, (28, 28), (14, 14), (0, 0)),
+        (3, 3, (56, 56), (28, 28), (1, 1)),
+        (2, 2, (112, 112), (56, 56), (1, 1)),
+        (3, 3, (15, 37), (8, 19), (1, 1)),
+        (3, 3, (9, 70), (4, 34), (0, 0)),
+        (3, 3, (1, 9), (1, 5), (1, 1)),
+        (2, 2, (400, 40), (200, 20), (1, 1)),
+    ],
+)
+def test_depthwise_3x3_stride2_planes_match_the_padded_convolution(
+    lib: Library,
+    planes: int,
+    channels: int,
+    size: tuple[int, int],
+    out: tuple[int, int],
+    pads: tuple[int, int],
+) -> None:
+    _check_depthwise(lib, planes, channels, size, out, pads, stride=2)
