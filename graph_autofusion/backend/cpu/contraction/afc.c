@@ -981,6 +981,23 @@ static void afc_store_t(int64_t m, int64_t n, const float *tile, int64_t ldt, fl
  *   unaligned loads from it (rotations across 128-bit halves cost more there); rows of at most
  *   a vector read that plane flat, each tap one load, as the generated loop does. */
 #define AFC_DW3_PAD_FLOATS 16384
+/* afc_dw3x3 / afc_dw3x3_s2 a tap at a time (portable builds, planes too large for AVX2's copy). */
+static void afc_dw3_scalar(int64_t p0, int64_t p1, int64_t cout, const float *x, const float *w, float *y,
+                           int64_t h, int64_t wd, int64_t oh, int64_t ow, int64_t stride, int64_t pt,
+                           int64_t pl) {
+  for (int64_t p = p0; p < p1; ++p) {
+    const float *xp = x + p * h * wd, *wp = w + p % cout * 9;
+    for (int64_t oy = 0; oy < oh; ++oy)
+      for (int64_t ox = 0; ox < ow; ++ox) {
+        float acc = 0.0f;
+        for (int64_t t = 0; t < 9; ++t) {
+          const int64_t iy = stride * oy + t / 3 - pt, ix = stride * ox + t % 3 - pl;
+          if (iy >= 0 && iy < h && ix >= 0 && ix < wd) acc += wp[t] * xp[iy * wd + ix];
+        }
+        y[p * oh * ow + oy * ow + ox] = acc;
+      }
+  }
+}
 #if defined(__AVX512F__)
 static inline __attribute__((always_inline)) void afc_dw3_row(const int NVR, const float *xp, int64_t iy,
                                                                int64_t h, int64_t wd, int64_t pl,
@@ -1060,6 +1077,28 @@ static float *afc_dw3_padded(afc_dw3_pad *p, const int64_t key[8], int64_t float
     memcpy(p->key, key, sizeof p->key);
   }
   return p->pad;
+}
+/* The nine taps of an output vector from the column shifts of its three input rows. */
+static inline __attribute__((always_inline)) __m256 afc_dw3_taps8(const __m256 *wv, const __m256 *a, const __m256 *b,
+                                                                   const __m256 *c) {
+  __m256 acc = _mm256_mul_ps(wv[0], a[0]);
+  for (int kx = 1; kx < 3; ++kx) acc = _mm256_fmadd_ps(wv[kx], a[kx], acc);
+  for (int kx = 0; kx < 3; ++kx) acc = _mm256_fmadd_ps(wv[3 + kx], b[kx], acc);
+  for (int kx = 0; kx < 3; ++kx) acc = _mm256_fmadd_ps(wv[6 + kx], c[kx], acc);
+  return acc;
+}
+/* An output vector of `valid` lanes at `out`: stored whole unless that passes the plane's `end`
+ * (column vectors run right to left, so the excess lands on cells rewritten later; AMD runs
+ * vmaskmovps stores microcoded). */
+static inline __attribute__((always_inline)) void afc_dw3_store8(float *out, __m256 acc, int64_t valid,
+                                                                  const float *end) {
+  if (valid == 8 || out + 8 <= end) {
+    _mm256_storeu_ps(out, acc);
+    return;
+  }
+  float tail[8];
+  _mm256_storeu_ps(tail, acc);
+  for (int64_t i = 0; i < valid; ++i) out[i] = tail[i];
 }
 static inline __attribute__((always_inline)) void afc_dw3_shifts(const float *row, __m256 s[3]) {
   for (int kx = 0; kx < 3; ++kx) s[kx] = _mm256_loadu_ps(row + kx);
@@ -1150,18 +1189,8 @@ static void afc_dw3x3(int64_t p0, int64_t p1, int64_t cout, const float *x, cons
         afc_dw3_shifts(pad + pw + 8 * q, b);
         for (int64_t oy = 0; oy < oh; ++oy) {
           afc_dw3_shifts(pad + (oy + 2) * pw + 8 * q, c);
-          __m256 acc = _mm256_mul_ps(wv[0], a[0]);
-          for (int kx = 1; kx < 3; ++kx) acc = _mm256_fmadd_ps(wv[kx], a[kx], acc);
-          for (int kx = 0; kx < 3; ++kx) acc = _mm256_fmadd_ps(wv[3 + kx], b[kx], acc);
-          for (int kx = 0; kx < 3; ++kx) acc = _mm256_fmadd_ps(wv[6 + kx], c[kx], acc);
-          float *out = yp + oy * wd + 8 * q;
-          if (valid == 8 || out + 8 <= yp + oh * wd) {
-            _mm256_storeu_ps(out, acc);
-          } else {
-            float tail[8];
-            _mm256_storeu_ps(tail, acc);
-            for (int64_t i = 0; i < valid; ++i) out[i] = tail[i];
-          }
+          const __m256 acc = afc_dw3_taps8(wv, a, b, c);
+          afc_dw3_store8(yp + oy * wd + 8 * q, acc, valid, yp + oh * wd);
           for (int kx = 0; kx < 3; ++kx) a[kx] = b[kx], b[kx] = c[kx];
         }
       }
@@ -1169,18 +1198,7 @@ static void afc_dw3x3(int64_t p0, int64_t p1, int64_t cout, const float *x, cons
     return;
   }
 #endif
-  for (int64_t p = p0; p < p1; ++p) {
-    const float *xp = x + p * h * wd, *wp = w + p % cout * 9;
-    for (int64_t oy = 0; oy < oh; ++oy)
-      for (int64_t ox = 0; ox < wd; ++ox) {
-        float acc = 0.0f;
-        for (int64_t t = 0; t < 9; ++t) {
-          const int64_t iy = oy + t / 3 - pt, ix = ox + t % 3 - pl;
-          if (iy >= 0 && iy < h && ix >= 0 && ix < wd) acc += wp[t] * xp[iy * wd + ix];
-        }
-        y[p * oh * wd + oy * wd + ox] = acc;
-      }
-  }
+  afc_dw3_scalar(p0, p1, cout, x, w, y, h, wd, oh, wd, 1, pt, pl);
 }
 /* afc_dw3x3 at stride 2: output (oy, ox) reads padded rows 2 oy + ky and padded columns 2 ox + kx.
  * The column shifts of a padded row are its even columns (kx = 0), its odd ones (kx = 1) and its
@@ -1287,18 +1305,8 @@ static void afc_dw3x3_s2(int64_t p0, int64_t p1, int64_t cout, const float *x, c
         for (int64_t oy = 0; oy < oh; ++oy) {
           AFC_DW3S2_ROW(2 * oy + 1, b);
           AFC_DW3S2_ROW(2 * oy + 2, c);
-          __m256 acc = _mm256_mul_ps(wv[0], a[0]);
-          for (int kx = 1; kx < 3; ++kx) acc = _mm256_fmadd_ps(wv[kx], a[kx], acc);
-          for (int kx = 0; kx < 3; ++kx) acc = _mm256_fmadd_ps(wv[3 + kx], b[kx], acc);
-          for (int kx = 0; kx < 3; ++kx) acc = _mm256_fmadd_ps(wv[6 + kx], c[kx], acc);
-          float *out = yp + oy * ow + 8 * q;
-          if (valid == 8 || out + 8 <= yp + oh * ow) {
-            _mm256_storeu_ps(out, acc);
-          } else {
-            float tail[8];
-            _mm256_storeu_ps(tail, acc);
-            for (int64_t i = 0; i < valid; ++i) out[i] = tail[i];
-          }
+          const __m256 acc = afc_dw3_taps8(wv, a, b, c);
+          afc_dw3_store8(yp + oy * ow + 8 * q, acc, valid, yp + oh * ow);
           for (int kx = 0; kx < 3; ++kx) a[kx] = c[kx];
         }
 #undef AFC_DW3S2_ROW
@@ -1307,17 +1315,6 @@ static void afc_dw3x3_s2(int64_t p0, int64_t p1, int64_t cout, const float *x, c
     return;
   }
 #endif
-  for (int64_t p = p0; p < p1; ++p) {
-    const float *xp = x + p * h * wd, *wp = w + p % cout * 9;
-    for (int64_t oy = 0; oy < oh; ++oy)
-      for (int64_t ox = 0; ox < ow; ++ox) {
-        float acc = 0.0f;
-        for (int64_t t = 0; t < 9; ++t) {
-          const int64_t iy = 2 * oy + t / 3 - pt, ix = 2 * ox + t % 3 - pl;
-          if (iy >= 0 && iy < h && ix >= 0 && ix < wd) acc += wp[t] * xp[iy * wd + ix];
-        }
-        y[p * oh * ow + oy * ow + ox] = acc;
-      }
-  }
+  afc_dw3_scalar(p0, p1, cout, x, w, y, h, wd, oh, ow, 2, pt, pl);
 }
 #endif /* AFC_IMPL */

@@ -401,31 +401,41 @@ def _depthwise_reference(
 # one and two AVX-512 registers with their left pad (28, 16, 31 wide) and wider (32, 47, 56: a
 # column vector at a time), AVX2's flat rows (at most 8 wide) and its padded plane, one-row and
 # one-pixel planes, a plane too tall for AVX2's padded copy (the scalar loop there).
-# Each geometry runs again after one of the same plane size with another top pad.
+STRIDE1 = [
+    (12, 6, (7, 7), 7, (1, 1)),
+    (5, 5, (7, 7), 7, (0, 2)),
+    (4, 2, (28, 28), 28, (1, 1)),
+    (3, 3, (10, 16), 10, (1, 0)),
+    (2, 2, (5, 31), 6, (1, 1)),
+    (2, 2, (4, 32), 4, (1, 1)),
+    (3, 3, (5, 47), 6, (1, 2)),
+    (2, 1, (56, 56), 56, (1, 1)),
+    (3, 3, (8, 8), 9, (0, 1)),
+    (3, 3, (1, 9), 1, (1, 1)),
+    (2, 2, (1, 1), 1, (1, 1)),
+    (2, 2, (1100, 8), 1100, (1, 1)),
+]
+# afc_dw3x3_s2: MobileNetV2's 14 -> 7, 28 -> 14, 56 -> 28 and 112 -> 56 (pads 1 and the TF-style
+# 0 / 1), odd input sizes, outputs of one and of several AVX-512 vectors, a one-row plane, and a
+# plane too large for AVX2's padded column phases (the scalar loop there).
+STRIDE2 = [
+    (12, 6, (14, 14), (7, 7), (1, 1)),
+    (4, 4, (28, 28), (14, 14), (0, 0)),
+    (3, 3, (56, 56), (28, 28), (1, 1)),
+    (2, 2, (112, 112), (56, 56), (1, 1)),
+    (3, 3, (15, 37), (8, 19), (1, 1)),
+    (3, 3, (9, 70), (4, 34), (0, 0)),
+    (3, 3, (1, 9), (1, 5), (1, 1)),
+    (2, 2, (400, 40), (200, 20), (1, 1)),
+]
+
+
 @pytest.mark.parametrize(
-    ("planes", "channels", "h", "wd", "oh", "pads"),
-    [
-        (12, 6, 7, 7, 7, (1, 1)),
-        (5, 5, 7, 7, 7, (0, 2)),
-        (4, 2, 28, 28, 28, (1, 1)),
-        (3, 3, 10, 16, 10, (1, 0)),
-        (2, 2, 5, 31, 6, (1, 1)),
-        (2, 2, 4, 32, 4, (1, 1)),
-        (3, 3, 5, 47, 6, (1, 2)),
-        (2, 1, 56, 56, 56, (1, 1)),
-        (3, 3, 8, 8, 9, (0, 1)),
-        (3, 3, 1, 9, 1, (1, 1)),
-        (2, 2, 1, 1, 1, (1, 1)),
-        (2, 2, 1100, 8, 1100, (1, 1)),
-    ],
+    ("planes", "channels", "size", "out", "pads", "stride"),
+    [(n, c, size, (oh, size[1]), pads, 1) for n, c, size, oh, pads in STRIDE1]
+    + [(*case, 2) for case in STRIDE2],
 )
 def test_depthwise_3x3_planes_match_the_padded_convolution(
-    lib: Library, planes: int, channels: int, h: int, wd: int, oh: int, pads: tuple[int, int]
-) -> None:
-    _check_depthwise(lib, planes, channels, (h, wd), (oh, wd), pads, stride=1)
-
-
-def _check_depthwise(
     lib: Library,
     planes: int,
     channels: int,
@@ -435,7 +445,8 @@ def _check_depthwise(
     stride: int,
 ) -> None:
     """Planes [1, p1) of a run against the reference, the planes around them untouched, then
-    again with another top pad (the same plane sizes) and once more as at first."""
+    again with another top pad (the same plane sizes: a thread's kept padded plane must follow)
+    and once more as at first."""
     rng = np.random.default_rng(planes * size[0] + size[1])
     x = rng.standard_normal((planes, *size)).astype(np.float32)
     w = rng.standard_normal((channels, 3, 3)).astype(np.float32)
@@ -446,30 +457,3 @@ def _check_depthwise(
         assert np.isnan(got[0]).all() and np.isnan(got[p1:]).all()  # only planes [p0, p1)
         scale = np.abs(expected).max()
         np.testing.assert_allclose(got[1:p1], expected[1:p1], rtol=0, atol=1e-5 * scale)
-
-
-# afc_dw3x3_s2: MobileNetV2's 14 -> 7, 28 -> 14, 56 -> 28 and 112 -> 56 (pads 1 and the TF-style
-# 0 / 1), odd input sizes, outputs of one and of several AVX-512 vectors, a one-row plane, and a
-# plane too large for AVX2's padded column phases (the scalar loop there).
-@pytest.mark.parametrize(
-    ("planes", "channels", "size", "out", "pads"),
-    [
-        (12, 6, (14, 14), (7, 7), (1, 1)),
-        (4, 4, (28, 28), (14, 14), (0, 0)),
-        (3, 3, (56, 56), (28, 28), (1, 1)),
-        (2, 2, (112, 112), (56, 56), (1, 1)),
-        (3, 3, (15, 37), (8, 19), (1, 1)),
-        (3, 3, (9, 70), (4, 34), (0, 0)),
-        (3, 3, (1, 9), (1, 5), (1, 1)),
-        (2, 2, (400, 40), (200, 20), (1, 1)),
-    ],
-)
-def test_depthwise_3x3_stride2_planes_match_the_padded_convolution(
-    lib: Library,
-    planes: int,
-    channels: int,
-    size: tuple[int, int],
-    out: tuple[int, int],
-    pads: tuple[int, int],
-) -> None:
-    _check_depthwise(lib, planes, channels, size, out, pads, stride=2)
