@@ -1201,9 +1201,9 @@ def depthwise_in_library(g: ConvGeometry) -> bool:
     keeps its three column shifts in registers (at stride 2: its even columns, its odd ones, its
     even ones one further) with the row before it, where the generated loop loads every tap
     unaligned (most loads split across cache lines) or pads a 7-wide row to a vector. Against
-    the generated loop on Zen 4 (AVX-512), stride 1: 0.45x at 7x7 to 28x28, 0.75x at 56x56 and
-    0.8x at 112x112 on one thread, 0.55-0.9x on two; the AVX2 build on the same host 0.82-0.92x
-    on one thread, 0.84-1.12x on two."""
+    the generated loop on Zen 4 (AVX-512), one thread: 0.45x at 7x7 to 28x28, 0.75x at 56x56,
+    0.8x at 112x112, 0.43-0.73x at stride 2 (0.5-0.9x on two threads); the AVX2 build on the same
+    host 0.79-0.89x at stride 1, 0.82-1.2x at stride 2, the model 0.97x."""
     if (g.kh, g.kw, g.dh, g.dw) != (3, 3, 1, 1):
         return False
     vectors = 8 * -(-g.ow // 8) + 8  # the AVX2 build's padded row, in floats
@@ -1214,10 +1214,11 @@ def depthwise_in_library(g: ConvGeometry) -> bool:
 
 def _depthwise_library(g: ConvGeometry, x: Buffer, w: Buffer, dest: Buffer, finish: _Finish) -> list[Stmt]:
     """A task per run of planes (`_depthwise_tasks`: about 14 KiB of output at 7x7 to 28x28, a
-    plane at 56x56 and 112x112), computed by `afc_dw3x3` and then finished by the epilogue while
-    in L1 or L2."""
+    plane at 56x56 and 112x112), computed by `afc_dw3x3` / `afc_dw3x3_s2` and then finished by
+    the epilogue while in L1 or L2."""
     planes = g.n * g.cout
-    # a multiply-add on masked, unaligned loads costs about 4 of a GEMM micro-kernel's here too
+    # a multiply-add here (with its share of loads and lane shuffles) costs about 4 of a GEMM
+    # micro-kernel's, as in the generated loop
     macs = 4 * planes * g.pixels * g.taps
     parallel = planes > 1 and macs >= PARALLEL_MIN_MACS
     per_task, tasks = _depthwise_tasks(planes, g.pixels * g.taps)

@@ -974,9 +974,9 @@ static void afc_store_t(int64_t m, int64_t n, const float *tile, int64_t ldt, fl
  * the row to a vector; here each padded input row is read once per column vector, its three
  * column shifts kept in registers with the two rows before it, so an output vector costs one
  * row's shifts and nine multiply-adds.
- *   AVX-512: a padded row of up to 32 floats sits in one or two registers (masked loads, the
- *   pads zero) and its shifts are lane rotations (valignd); wider rows go one column vector at a
- *   time down the plane, from that vector and the next one's first lanes.
+ *   AVX-512: a column vector at a time down the plane, each padded row's part in two registers
+ *   (masked loads, the pads zero), its shifts lane rotations (valignd). Keeping a 7- or 14-wide
+ *   row whole in one register instead measured 2-10% faster (Zen 4): not worth a second path.
  *   AVX2: the plane is first copied into a zero-padded plane per thread and the shifts are
  *   unaligned loads from it (rotations across 128-bit halves cost more there); rows of at most
  *   a vector read that plane flat, each tap one load, as the generated loop does. */
@@ -999,67 +999,52 @@ static void afc_dw3_scalar(int64_t p0, int64_t p1, int64_t cout, const float *x,
   }
 }
 #if defined(__AVX512F__)
-static inline __attribute__((always_inline)) void afc_dw3_row(const int NVR, const float *xp, int64_t iy,
-                                                               int64_t h, int64_t wd, int64_t pl,
-                                                               const __mmask16 *lm, __m512 s[3][2]) {
-  __m512 r[3] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-  if (iy >= 0 && iy < h)
-    for (int q = 0; q < NVR; ++q) r[q] = _mm512_maskz_loadu_ps(lm[q], xp + iy * wd - pl + 16 * q);
-  for (int q = 0; q < NVR; ++q) {
-    const __m512i lo = _mm512_castps_si512(r[q]), hi = _mm512_castps_si512(r[q + 1]);
-    s[0][q] = r[q];
-    s[1][q] = _mm512_castsi512_ps(_mm512_alignr_epi32(hi, lo, 1));
-    s[2][q] = _mm512_castsi512_ps(_mm512_alignr_epi32(hi, lo, 2));
-  }
-}
-static inline __attribute__((always_inline)) void afc_dw3_plane(const int NVR, const float *xp, const float *wp,
-                                                                 float *yp, int64_t h, int64_t wd, int64_t oh,
-                                                                 int64_t pt, int64_t pl, const __mmask16 *lm,
-                                                                 const __mmask16 *sm) {
-  __m512 wv[9], a[3][2], b[3][2], c[3][2];
-  for (int t = 0; t < 9; ++t) wv[t] = _mm512_set1_ps(wp[t]);
-  afc_dw3_row(NVR, xp, -pt, h, wd, pl, lm, a);
-  afc_dw3_row(NVR, xp, 1 - pt, h, wd, pl, lm, b);
-  for (int64_t oy = 0; oy < oh; ++oy) {
-    afc_dw3_row(NVR, xp, oy + 2 - pt, h, wd, pl, lm, c);
-    for (int q = 0; q < NVR; ++q) {
-      __m512 acc = _mm512_mul_ps(wv[0], a[0][q]);
-      for (int kx = 1; kx < 3; ++kx) acc = _mm512_fmadd_ps(wv[kx], a[kx][q], acc);
-      for (int kx = 0; kx < 3; ++kx) acc = _mm512_fmadd_ps(wv[3 + kx], b[kx][q], acc);
-      for (int kx = 0; kx < 3; ++kx) acc = _mm512_fmadd_ps(wv[6 + kx], c[kx][q], acc);
-      _mm512_mask_storeu_ps(yp + oy * wd + 16 * q, sm[q], acc);
-    }
-    for (int kx = 0; kx < 3; ++kx)
-      for (int q = 0; q < NVR; ++q) a[kx][q] = b[kx][q], b[kx][q] = c[kx][q];
-  }
-}
 /* Lanes l of a 16-lane vector with lo <= l < hi. */
 static inline __mmask16 afc_lanes(int64_t lo, int64_t hi) {
   lo = lo < 0 ? 0 : lo > 16 ? 16 : lo;
   hi = hi < lo ? lo : hi > 16 ? 16 : hi;
   return (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
 }
-/* Rows wider than two registers: one column vector at a time down the plane, its registers'
- * shifts from that vector and the next one's first lanes (two loads a row). */
-static void afc_dw3_plane_cols(const float *xp, const float *wp, float *yp, int64_t h, int64_t wd, int64_t oh,
-                               int64_t pt, int64_t pl) {
+/* The three column shifts of one vector of padded row iy (`col` at the vector's first column):
+ * that vector and the next one's first lanes, masked to the plane (zeros outside it). */
+static inline __attribute__((always_inline)) void afc_dw3_row(const float *col, int64_t iy, int64_t h, int64_t wd,
+                                                               int64_t pl, const __mmask16 *lm, __m512 s[3]) {
+  __m512 r0 = _mm512_setzero_ps(), r1 = r0;
+  if (iy >= 0 && iy < h) {
+    r0 = _mm512_maskz_loadu_ps(lm[0], col + iy * wd - pl);
+    r1 = _mm512_maskz_loadu_ps(lm[1], col + iy * wd - pl + 16);
+  }
+  const __m512i lo = _mm512_castps_si512(r0), hi = _mm512_castps_si512(r1);
+  s[0] = r0;
+  s[1] = _mm512_castsi512_ps(_mm512_alignr_epi32(hi, lo, 1));
+  s[2] = _mm512_castsi512_ps(_mm512_alignr_epi32(hi, lo, 2));
+}
+/* The nine taps of an output vector from the column shifts of its three input rows. */
+static inline __attribute__((always_inline)) __m512 afc_dw3_taps16(const __m512 *wv, const __m512 *a,
+                                                                    const __m512 *b, const __m512 *c) {
+  __m512 acc = _mm512_mul_ps(wv[0], a[0]);
+  for (int kx = 1; kx < 3; ++kx) acc = _mm512_fmadd_ps(wv[kx], a[kx], acc);
+  for (int kx = 0; kx < 3; ++kx) acc = _mm512_fmadd_ps(wv[3 + kx], b[kx], acc);
+  for (int kx = 0; kx < 3; ++kx) acc = _mm512_fmadd_ps(wv[6 + kx], c[kx], acc);
+  return acc;
+}
+/* One plane, a column vector at a time down it: an output row costs one input row's shifts. */
+static void afc_dw3_plane(const float *xp, const float *wp, float *yp, int64_t h, int64_t wd, int64_t oh,
+                          int64_t pt, int64_t pl) {
   __m512 wv[9];
   for (int t = 0; t < 9; ++t) wv[t] = _mm512_set1_ps(wp[t]);
   for (int64_t q = 0; 16 * q < wd; ++q) {
-    const __mmask16 lm[2] = {afc_lanes(pl - 16 * q, pl + wd - 16 * q), afc_lanes(pl - 16 * q - 16, pl + wd - 16 * q - 16)};
+    const int64_t c0 = 16 * q - pl; /* input column of the vector's first padded column */
+    const __mmask16 lm[2] = {afc_lanes(-c0, wd - c0), afc_lanes(-c0 - 16, wd - c0 - 16)};
     const __mmask16 sm = afc_lanes(0, wd - 16 * q);
     const float *col = xp + 16 * q;
-    __m512 a[3][2], b[3][2], c[3][2];
-    afc_dw3_row(2, col, -pt, h, wd, pl, lm, a);
-    afc_dw3_row(2, col, 1 - pt, h, wd, pl, lm, b);
+    __m512 a[3], b[3], c[3];
+    afc_dw3_row(col, -pt, h, wd, pl, lm, a);
+    afc_dw3_row(col, 1 - pt, h, wd, pl, lm, b);
     for (int64_t oy = 0; oy < oh; ++oy) {
-      afc_dw3_row(2, col, oy + 2 - pt, h, wd, pl, lm, c);
-      __m512 acc = _mm512_mul_ps(wv[0], a[0][0]);
-      for (int kx = 1; kx < 3; ++kx) acc = _mm512_fmadd_ps(wv[kx], a[kx][0], acc);
-      for (int kx = 0; kx < 3; ++kx) acc = _mm512_fmadd_ps(wv[3 + kx], b[kx][0], acc);
-      for (int kx = 0; kx < 3; ++kx) acc = _mm512_fmadd_ps(wv[6 + kx], c[kx][0], acc);
-      _mm512_mask_storeu_ps(yp + oy * wd + 16 * q, sm, acc);
-      for (int kx = 0; kx < 3; ++kx) a[kx][0] = b[kx][0], b[kx][0] = c[kx][0];
+      afc_dw3_row(col, oy + 2 - pt, h, wd, pl, lm, c);
+      _mm512_mask_storeu_ps(yp + oy * wd + 16 * q, sm, afc_dw3_taps16(wv, a, b, c));
+      for (int kx = 0; kx < 3; ++kx) a[kx] = b[kx], b[kx] = c[kx];
     }
   }
 }
@@ -1108,29 +1093,7 @@ static inline __attribute__((always_inline)) void afc_dw3_shifts(const float *ro
 static void afc_dw3x3(int64_t p0, int64_t p1, int64_t cout, const float *x, const float *w, float *y, int64_t h,
                       int64_t wd, int64_t oh, int64_t pt, int64_t pl) {
 #if defined(__AVX512F__)
-  const int64_t nvr = (wd + pl + 15) / 16;
-  __mmask16 lm[2], sm[2]; /* lanes of input columns [0, wd) after the pad; lanes of outputs */
-  for (int q = 0; q < 2; ++q) {
-    uint32_t lb = 0, sb = 0;
-    for (int l = 0; l < 16; ++l) {
-      lb |= (uint32_t)(16 * q + l - pl >= 0 && 16 * q + l - pl < wd) << l;
-      sb |= (uint32_t)(16 * q + l < wd) << l;
-    }
-    lm[q] = (__mmask16)lb, sm[q] = (__mmask16)sb;
-  }
-  if (nvr <= 2) {
-    for (int64_t p = p0; p < p1; ++p) {
-      const float *xp = x + p * h * wd, *wp = w + p % cout * 9;
-      float *yp = y + p * oh * wd;
-      if (nvr == 1)
-        afc_dw3_plane(1, xp, wp, yp, h, wd, oh, pt, pl, lm, sm);
-      else
-        afc_dw3_plane(2, xp, wp, yp, h, wd, oh, pt, pl, lm, sm);
-    }
-    return;
-  }
-  for (int64_t p = p0; p < p1; ++p)
-    afc_dw3_plane_cols(x + p * h * wd, w + p % cout * 9, y + p * oh * wd, h, wd, oh, pt, pl);
+  for (int64_t p = p0; p < p1; ++p) afc_dw3_plane(x + p * h * wd, w + p % cout * 9, y + p * oh * wd, h, wd, oh, pt, pl);
   return;
 #elif defined(__AVX2__) && defined(__FMA__)
   /* padded row j holds input row j - pt at columns pl .. pl + wd - 1, zeros around it (the
@@ -1241,11 +1204,7 @@ static void afc_dw3s2_plane(const float *xp, const float *wp, float *yp, int64_t
     for (int64_t oy = 0; oy < oh; ++oy) {
       afc_dw3s2_row(col, 2 * oy + 1 - pt, h, wd, pl, lm, b);
       afc_dw3s2_row(col, 2 * oy + 2 - pt, h, wd, pl, lm, c);
-      __m512 acc = _mm512_mul_ps(wv[0], a[0]);
-      for (int kx = 1; kx < 3; ++kx) acc = _mm512_fmadd_ps(wv[kx], a[kx], acc);
-      for (int kx = 0; kx < 3; ++kx) acc = _mm512_fmadd_ps(wv[3 + kx], b[kx], acc);
-      for (int kx = 0; kx < 3; ++kx) acc = _mm512_fmadd_ps(wv[6 + kx], c[kx], acc);
-      _mm512_mask_storeu_ps(yp + oy * ow + 16 * q, sm, acc);
+      _mm512_mask_storeu_ps(yp + oy * ow + 16 * q, sm, afc_dw3_taps16(wv, a, b, c));
       for (int kx = 0; kx < 3; ++kx) a[kx] = c[kx];
     }
   }
