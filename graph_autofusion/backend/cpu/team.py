@@ -8,30 +8,39 @@ on the Zen 4 host, medians over a minute of interleaved runs, 4.84 ms on two thr
 one in the normal stretches, 8.96 on two and 7.68 on one in the slow ones (OpenVINO 4.57 and
 7.22). A thread count fixed at load cannot follow that; the run's own wall time can.
 
-The policy (`TeamChoice`): runs use the full team while its recent time (an average of the last
-few runs) stays within SLOW_FACTOR of the fastest full-team run seen. Past that, one run on one
-thread is tried (at most once per PROBE_EVERY runs), and while one thread is faster the runs stay
-there, trying the full team again every PROBE_EVERY runs. A one-thread probe that loses doubles
-the wait before the next (up to MAX_PROBE_EVERY). In the normal stretches no run is taken away
-from the full team. Models faster than MIN_ADAPT_SECONDS on the full team are left alone: a wake-up
-there is most of the run, and timing it costs a visible share. `AUTOFUSION_ADAPTIVE_TEAM=0` turns
-the policy off (every run on the full team).
+The policy (`TeamChoice`): runs use the full team while the median of its last WINDOW runs stays
+within SLOW_FACTOR of the fastest full-team run seen. Past that, one run on one thread is tried (at
+most once per PROBE_EVERY runs); if it beats that median, the runs stay on one thread, trying the
+full team again every PROBE_EVERY runs and going back to it as soon as one of its runs beats one
+thread's recent time. A one-thread probe that loses doubles the wait before the next (up to
+MAX_PROBE_EVERY). A median, not a mean: the first run pays page faults and cold caches (2-3x a
+warm run), and a mean that remembered it sent MobileNetV2 to one thread for its first 16 runs on
+the Emerald Rapids host, where two threads are 1.6x faster.
+In the normal stretches no run is taken away from the full team. Models faster than
+MIN_ADAPT_SECONDS on the full team are left alone: a wake-up there is most of the run, and timing
+it costs a visible share. `AUTOFUSION_ADAPTIVE_TEAM=0` turns the policy off (every run on the full
+team).
 """
 
 from __future__ import annotations
 
 import os
+import statistics
+from collections import deque
 
 ADAPTIVE_TEAM_ENV = "AUTOFUSION_ADAPTIVE_TEAM"
-# The full team counts as impaired once its recent time exceeds its best by this factor (normal
-# run-to-run spread on these hosts is +-10%).
+# The full team counts as impaired once the median of its last WINDOW runs exceeds its best by
+# this factor (normal run-to-run spread on these hosts is +-10%).
 SLOW_FACTOR = 1.25
+# Full-team runs whose median tells an impaired team from a slow run or two; at least
+# WINDOW // 2 + 1 of them must be in before a one-thread probe.
+WINDOW = 5
 # Runs between probes of the other team size; a one-thread probe that loses doubles the interval
 # before the next one, up to MAX_PROBE_EVERY (an impaired team that still beats one thread, as
 # ResNet-50's usually does, is not taxed a slow run every PROBE_EVERY).
 PROBE_EVERY = 16
 MAX_PROBE_EVERY = 256
-# Weight of the newest run in a team size's recent time.
+# Weight of the newest run in one thread's recent time.
 RECENT_WEIGHT = 0.25
 # Below this full-team time (seconds) the team is never changed.
 MIN_ADAPT_SECONDS = 1e-3
@@ -50,46 +59,51 @@ class TeamChoice:
         self.full = threads
         self.enabled = (adaptive_team_enabled() if enabled is None else enabled) and threads > 1
         self.current = threads  # the team size runs use between probes
-        self.recent: dict[int, float] = {}
+        self.full_runs: deque[float] = deque(maxlen=WINDOW)  # the last full-team wall times
         self.best_full: float | None = None
+        self.recent_one: float | None = None  # one thread's recent time (a running average)
         self._since_probe = PROBE_EVERY  # a first probe may come at once
         self._interval = PROBE_EVERY  # runs between one-thread probes
-        self._last: int | None = None
 
     def threads_for_run(self) -> int:
         if not self.enabled:
             return self.full
-        other = 1 if self.current == self.full else self.full
-        interval = self._interval if other == 1 else PROBE_EVERY
-        if self._since_probe >= interval and self._probe_due():
+        if self.current == self.full:
+            due = self._since_probe >= self._interval and self.impaired()
+        else:
+            due = self._since_probe >= PROBE_EVERY  # is the full team well again?
+        if due:
             self._since_probe = 0
-            return other
+            return 1 if self.current == self.full else self.full
         self._since_probe += 1
         return self.current
 
-    def _probe_due(self) -> bool:
-        if self.current != self.full:
-            return True  # is the full team well again?
-        recent, best = self.recent.get(self.full), self.best_full
-        return recent is not None and best is not None and recent > SLOW_FACTOR * best
+    def impaired(self) -> bool:
+        """Whether the full team's recent runs are, as a median, past SLOW_FACTOR x its best."""
+        if len(self.full_runs) <= WINDOW // 2 or self.best_full is None:
+            return False
+        return statistics.median(self.full_runs) > SLOW_FACTOR * self.best_full
 
     def record(self, threads: int, seconds: float) -> None:
         """The wall time of a run on `threads` threads."""
         if not self.enabled:
             return
-        previous = self.recent.get(threads)
-        consecutive = self._last == threads and previous is not None
-        self.recent[threads] = previous + RECENT_WEIGHT * (seconds - previous) if consecutive else seconds
-        self._last = threads
         if threads == self.full:
+            self.full_runs.append(seconds)
             self.best_full = seconds if self.best_full is None else min(self.best_full, seconds)
-            if self.best_full < MIN_ADAPT_SECONDS and self.current == self.full:
-                self.enabled = False  # too short a model to be worth timing
-                return
-        one, full = self.recent.get(1), self.recent.get(self.full)
-        if one is not None and full is not None:
-            before, self.current = self.current, 1 if one < full else self.full
-            if threads == 1 and before == self.current == self.full:  # a one-thread probe lost
-                self._interval = min(2 * self._interval, MAX_PROBE_EVERY)
-            elif self.current != before:
+            if self.current == self.full:
+                if self.best_full < MIN_ADAPT_SECONDS:
+                    self.enabled = False  # too short a model to be worth timing
+            elif self.recent_one is not None and seconds < self.recent_one:
+                self.current = self.full  # a full-team probe won: its old slow runs are history
+                self.full_runs.clear()
+                self.full_runs.append(seconds)
                 self._interval = PROBE_EVERY
+            return
+        previous = self.recent_one
+        self.recent_one = seconds if previous is None else previous + RECENT_WEIGHT * (seconds - previous)
+        if self.current == self.full:  # a one-thread probe
+            if seconds < statistics.median(self.full_runs):
+                self.current, self._interval = 1, PROBE_EVERY
+            else:
+                self._interval = min(2 * self._interval, MAX_PROBE_EVERY)

@@ -13,6 +13,7 @@ from graph_autofusion.backend.cpu.team import (
     MIN_ADAPT_SECONDS,
     PROBE_EVERY,
     SLOW_FACTOR,
+    WINDOW,
     TeamChoice,
 )
 
@@ -36,6 +37,16 @@ def test_a_healthy_team_keeps_every_run() -> None:
     for k in range(10 * PROBE_EVERY):
         full = FULL_MS * (1.0 + 0.2 * (k % 3) / 2)
         chosen += _runs(team, 1, {2: full, 1: ONE_MS})
+    assert set(chosen) == {2}
+
+
+def test_a_cold_first_run_or_a_slow_run_now_and_then_leaves_the_team_alone() -> None:
+    team = TeamChoice(2, enabled=True)
+    # the first run pays page faults (2.6x), then a one-off 2x run every WINDOW runs
+    times = [2.6 * FULL_MS] + [FULL_MS * (2.0 if k % WINDOW == 0 else 1.0) for k in range(1, 20 * WINDOW)]
+    chosen = []
+    for ms in times:
+        chosen += _runs(team, 1, {2: ms, 1: ONE_MS})
     assert set(chosen) == {2}
 
 
