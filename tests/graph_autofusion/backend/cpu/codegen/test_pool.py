@@ -60,7 +60,9 @@ def test_rows_split_into_border_and_interior_match_onnxruntime(kernel_cache, att
 
 
 def test_the_interior_loop_has_constant_window_bounds() -> None:
-    """ResNet-50's first MaxPool: row 0 clamps its window, rows 1..55 read 3 taps unclamped."""
+    """ResNet-50's first MaxPool: column 0 clamps its window, columns 1..55 read 3 taps unclamped;
+    the rows' window has a constant trip count everywhere, its positions clamped into the input
+    (a fold with clamped bounds inside the column loop kept it from vectorizing)."""
     import onnx
 
     from graph_autofusion.backend.cpu.extract import extract
@@ -75,4 +77,25 @@ def test_the_interior_loop_has_constant_window_bounds() -> None:
     assert isinstance(outer, Loop)
     rows = [s for s in outer.body if isinstance(s, Loop)]
     assert [(r.start, r.stop) for r in rows] == [(0, 1), (1, 56)]
-    assert "max(w1_2615 from 0 to 3:" in format_kernel(kernel).split("1 <= i3 < 56")[1]
+    text = format_kernel(kernel)
+    assert "max(w1_2615 from 0 to 3:" in text.split("1 <= i3 < 56")[1]
+    assert text.count("max(w0_2615 from 0 to 3:") == 2
+    assert "min(max(add(sub(mul(i2, 2), 1), w0_2615), 0), 111)" in text
+
+
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        # positions -1, 1, 3: -1 clamped would be 0, outside the window
+        {"kernel_shape": [3], "dilations": [2], "pads": [1, 1]},
+        {"kernel_shape": [3], "dilations": [3], "pads": [2, 2], "strides": [2]},
+    ],
+)
+def test_dilated_max_windows_never_read_a_clamped_position(kernel_cache, attrs) -> None:
+    """A window's clamped position is one of its own only when it is undilated: input 0 (the
+    largest of a descending ramp) must not win a window it is not in."""
+    nodes = [helper.make_node("MaxPool", ["x"], ["y"], **attrs)]
+    model = make_model(nodes, {"x": [1, 2, 11]}, ["y"])
+    ramp = -np.arange(2 * 11, dtype=np.float32).reshape(1, 2, 11)
+    check(model, kernel_cache, "pool", feeds={"x": ramp})
+    check(model, kernel_cache, "pool", feeds={"x": ramp[..., ::-1].copy()})
