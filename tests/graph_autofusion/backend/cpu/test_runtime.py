@@ -144,7 +144,7 @@ def test_threads_are_configurable(kernel_cache) -> None:
     assert (one.stats["threads"], two.stats["threads"]) == (1, 2)
     assert_close(one(feeds), two(feeds), rtol=0, atol=0)
     # each run's wall time reaches the team policy (team.py); a model this short keeps its team
-    assert list(two.team.recent) == [2] and not two.team.enabled and two.team.threads_for_run() == 2
+    assert len(two.team.full_runs) == 1 and not two.team.enabled and two.team.threads_for_run() == 2
     with pytest.raises(ValueError, match="threads"):
         compile_model(model, cache=kernel_cache, threads=0)
 
