@@ -41,12 +41,13 @@ convention (`Kernel.packed` / `prepack`) and the epilogue loop nest (`epilogue_n
   the (kw - 1) * dw columns between them computed and dropped), then the epilogue: no im2col tile
   and no per-tile B packing (ResNet-50's 56x56 3x3 convs, 9-13% faster than im2col on Zen 4).
 
-* pixels as rows over whole output rows (`_band_rows_shape`, library only): a stride-1 conv of at
-  most CONV_BP_INPLACE_CHANNELS output channels with more pixels than the narrow convs below:
-  per task (image, tile of whole output rows), the zero-padded band, then one `afc_conv_bp` call
-  whose micro-kernel broadcasts each pixel's taps from the band in place against the weight's
-  B-panels (`Y^T` into this thread's tile), then `afc_store_t` stores the tile transposed into
-  NCHW, then the epilogue (ResNet-50's 3x3 convs of 64 and 128 channels at 56x56 and 28x28).
+* pixels as rows over whole output rows (`_band_rows_shape`, library only): a stride-1 (or, with
+  enough input channels, stride-2) conv of at most CONV_BP_INPLACE_CHANNELS output channels with
+  more pixels than the narrow convs below: per task (image, tile of whole output rows), the
+  zero-padded band, then one `afc_conv_bp` call whose micro-kernel broadcasts each pixel's taps
+  from the band in place against the weight's B-panels (`Y^T` into this thread's tile), then
+  `afc_store_t` stores the tile transposed into NCHW, then the epilogue (ResNet-50's 3x3 convs of
+  64 and 128 channels at 56x56 and 28x28, and its 128-channel one of stride 2).
 
 * `conv_transpose_col2im` (ConvTranspose): per (image, group, block of output channels), one
   contraction `col = W_g^T x X[n, g]` into a per-thread workspace slice, then a scatter-add
@@ -172,6 +173,9 @@ ROWS_MAX_IM2COL_PIXELS = 256
 # DIRECT_TILE_COLUMNS flat band columns (output rows times the band width) and its band at most
 # DIRECT_BAND_FLOATS floats (256 KiB: in L2 next to the weight's A-panels and the output tile).
 DIRECT_MAX_DROP = 16
+# The fewest pixels of a strided conv's tile of whole output rows read from its band in place
+# (`_band_min_rows`).
+BAND_MIN_PIXELS = 64
 DIRECT_MIN_WIDTH = 16
 DIRECT_TILE_COLUMNS = 256
 DIRECT_BAND_FLOATS = 64 * 1024
@@ -384,12 +388,12 @@ def _direct_min_rows(g: ConvGeometry) -> int:
     return min(g.oh, -(-DIRECT_TILE_COLUMNS // _phase_width(g, g.sw)))
 
 
-def _balanced_rows(g: ConvGeometry, width: int, images: int, tile_channels: int) -> int:
-    """Output rows per tile of the band methods: at least `_direct_min_rows`, a band within
+def _balanced_rows(g: ConvGeometry, width: int, images: int, tile_channels: int, least: int) -> int:
+    """Output rows per tile of the band methods: at least `least`, a band within
     DIRECT_BAND_FLOATS and a tile of `tile_channels` floats a pixel within OUT_TILE_FLOATS (both
     stay in L2), the one whose `images` x row tiles BALANCE_THREADS threads finish soonest
     (`_makespan` over `width` columns a row; the widest wins ties)."""
-    best = lo = _direct_min_rows(g)
+    best = lo = least
     best_span = _makespan(g.oh * width, lo * width, images, 1)
     for rt in range(lo + 1, g.oh + 1):
         if _direct_band_floats(g, rt) > DIRECT_BAND_FLOATS or rt * g.ow * tile_channels > OUT_TILE_FLOATS:
@@ -406,7 +410,7 @@ def direct_tiles(g: ConvGeometry) -> tuple[int, int, int, int]:
     finishes in L2). Output channels split in two tiles only when the rows make fewer tasks than
     threads."""
     images = g.n * g.group
-    best = _balanced_rows(g, _phase_width(g, g.sw), images, g.cog)
+    best = _balanced_rows(g, _phase_width(g, g.sw), images, g.cog, _direct_min_rows(g))
     rtn = -(-g.oh // best)
     ct = g.cog
     if images * rtn < BALANCE_THREADS and g.cog >= 2 * CHANNEL_QUANTUM:
@@ -431,8 +435,10 @@ def _band_rows_shape(g: ConvGeometry) -> bool:
     """Whether a conv with more pixels than the other pixels-as-rows convs takes that path too,
     in tiles of whole output rows (`band_row_tiles`) whose taps `afc_conv_bp` reads from the
     zero-padded band in place, the weight's B-panels the only packed operand and every vector load
-    aligned: 2-D stride-1 convs of one group with more than one tap and at most
-    CONV_BP_INPLACE_CHANNELS output channels whose narrowest tile's band fits DIRECT_BAND_FLOATS.
+    aligned: 2-D convs of one group with more than one tap and at most CONV_BP_INPLACE_CHANNELS
+    output channels whose narrowest tile's band fits DIRECT_BAND_FLOATS, at stride 1, or at
+    stride 2 with at least 16 input channels (the micro-kernel broadcasts a pixel's taps, so the
+    stride only moves where they are read).
 
     Why: on Intel's AVX-512 cores an unaligned 64-byte load splits across two cache lines, and
     `conv_direct`'s vector loads are the band's runs at every tap offset (the micro-kernel alone,
@@ -441,24 +447,36 @@ def _band_rows_shape(g: ConvGeometry) -> bool:
     (Intel Xeon with AVX-512 and AMX, 2 vCPUs; fastest of 15-30 interleaved runs): ResNet-50's
     64-channel 3x3 at 56x56 against `conv_direct` 1.67-1.71 -> 1.57-1.61 ms on one thread (CPU
     time), 0.87-0.90 -> 0.90-0.91 ms on two; its 128-channel 3x3 at 28x28 against im2col
-    1.74-1.79 -> 1.57 ms on one thread, 0.98 -> 0.81 ms on two. Strided convs keep their methods:
-    the stem (7x7, stride 2, 3 channels) measured 1.75 -> 1.97 ms this way against
-    `conv_direct`'s phase planes. Not measured on AMD hosts, where unaligned loads cost less."""
+    1.74-1.79 -> 1.57 ms on one thread, 0.98 -> 0.81 ms on two; its 128-channel 3x3 of stride 2
+    (56x56 to 28x28, 3-row tiles) against im2col 1.86-2.87 -> 1.65-2.64 ms on one thread (CPU
+    time, 0.88-0.92), 1.32 -> 1.14 ms on two (Intel Xeon, Emerald Rapids). The stem (7x7, stride
+    2, 3 channels) measured 1.75 -> 1.97 ms this way against `conv_direct`'s phase planes, so
+    convs of few input channels keep their methods. Not measured on AMD hosts, where unaligned
+    loads cost less."""
     return (
         g.group == 1
         and g.d == g.od == g.kd == 1
-        and g.sh == g.sw == 1
+        and (g.sh == g.sw == 1 or (g.sh == g.sw == 2 and g.cig >= 16))
         and g.taps > 1
         and g.pixels > ROWS_MAX_IM2COL_PIXELS
         and g.cog <= CONV_BP_INPLACE_CHANNELS
-        and _direct_band_floats(g, _direct_min_rows(g)) <= DIRECT_BAND_FLOATS
+        and _direct_band_floats(g, _band_min_rows(g)) <= DIRECT_BAND_FLOATS
     )
+
+
+def _band_min_rows(g: ConvGeometry) -> int:
+    """The fewest output rows of a `_band_rows_shape` tile: `_direct_min_rows` at stride 1; a
+    strided conv's band grows twice as fast with its rows, so it takes tiles of at least
+    BAND_MIN_PIXELS pixels instead (the weight's B-panels, from L2, stream past that many rows)."""
+    if g.sh == 1:
+        return _direct_min_rows(g)
+    return min(g.oh, -(-BAND_MIN_PIXELS // g.ow))
 
 
 def band_row_tiles(g: ConvGeometry) -> tuple[int, int]:
     """(output rows per tile, row tiles) of a `_band_rows_shape` conv (`_balanced_rows`, the
     tile holding the product's padded rows of pixels)."""
-    best = _balanced_rows(g, g.ow, g.n, g.cog + TILE_ROW_PAD)
+    best = _balanced_rows(g, g.ow, g.n, g.cog + TILE_ROW_PAD, _band_min_rows(g))
     return best, -(-g.oh // best)
 
 

@@ -185,6 +185,10 @@ CASES = {
     "rows_valid_k5_few_channels": ((1, 3, 20, 80), (5, 3, 5, 5), {"auto_pad": "VALID"}, BAND_ROWS),
     "3x3_28_rows": ((1, 8, 28, 28), (16, 8, 3, 3), {"pads": [1, 1, 1, 1]}, BAND_ROWS),
     "rows_conv1d": ((1, 8, 300), (40, 8, 5), {"pads": [2, 2]}, BAND_ROWS),
+    # stride 2 with enough input channels (ResNet-50's 128-channel 3x3 from 56x56 to 28x28): tiles
+    # of at least BAND_MIN_PIXELS, two images, asymmetric padding, a last tile of fewer rows
+    "rows_s2": ((1, 16, 40, 40), (24, 16, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}, BAND_ROWS),
+    "rows_s2_asym": ((2, 16, 31, 45), (12, 16, 3, 3), {"strides": [2, 2], "pads": [0, 1, 2, 1]}, BAND_ROWS),
     # more output channels than afc_conv_bp reads in place for, groups, or strides: the taps are
     # the vector loads of afc_conv_ap, from the band in phase planes where strided (a stem, a
     # dilated stride-2 with asymmetric padding, mixed)
