@@ -97,6 +97,12 @@ NORM_ROWS = 16
 # sleep at once (OMP_WAIT_POLICY=PASSIVE, backend/cpu/threads.py) and a wake-up costs tens of
 # microseconds, the runtime raises the bar from the measured wake-up cost without recompiling.
 PARALLEL_MIN_MACS = 1 << 19
+# A weight float a product streams costs about as long as this many multiply-adds at the library's
+# full rate: a product of few rows (a GEMV) is bound by its weight's bytes, not its multiply-adds
+# (`parallel_work`). MLP 784 -> 512 at batch 1: 401K multiply-adds, below PARALLEL_MIN_MACS, took
+# 35 us on one thread streaming its 1.6 MB weight (Emerald Rapids), where 401K multiply-adds of a
+# GEMM tile take about 5.
+STREAMED_WEIGHT_MACS = 8
 
 # The routines `contraction` calls: backend/cpu/blas.py's single-threaded sgemm on row-major tiles,
 # or the contraction library's tile with a right operand packed once (backend/cpu/contraction/afc.h).
@@ -222,6 +228,13 @@ def _round_up(x: int, q: int) -> int:
     return -(-x // q) * q
 
 
+def parallel_work(p: Contraction) -> int:
+    """The work of a product as multiply-adds, against PARALLEL_MIN_MACS and the runtime's bar
+    (`Loop.macs`): its multiply-adds, or, for few rows, its right operand's floats (each streamed
+    once) at STREAMED_WEIGHT_MACS each, whichever is more."""
+    return max(p.macs, p.batch_count * p.k * p.n * STREAMED_WEIGHT_MACS)
+
+
 def tile_sizes(p: Contraction, full_rows: bool = False) -> tuple[int, int]:
     """(rows, columns) of one output tile: near TILE_ROWS x TILE_COLS and equal-sized; when the
     problem is worth parallelising, at least MIN_TILES tiles and an even count (two threads split
@@ -239,11 +252,12 @@ def tile_sizes(p: Contraction, full_rows: bool = False) -> tuple[int, int]:
     def count() -> int:
         return p.batch_count * mct * nct
 
-    if p.macs >= PARALLEL_MIN_MACS and not full_rows:
+    work = parallel_work(p)
+    if work >= PARALLEL_MIN_MACS and not full_rows:
         nb = _panel_columns(p, p.batch_count * mct, nct)
         if nb is not None:
             return min(p.m, _round_up(-(-p.m // mct), 8)), nb
-    if p.macs >= PARALLEL_MIN_MACS:
+    if work >= PARALLEL_MIN_MACS:
         while (
             not full_rows and (count() < MIN_TILES or count() % 2) and -(-p.n // (nct + 1)) >= MIN_TILE_COLS
         ):
@@ -542,9 +556,10 @@ def _tiles(
         head.append(epilogue_nest(values, match, dest, write_back, flat, out_buf, rows, (n0, n1)))
     if match.norm is not None and full_rows:
         head.append(norm_rows(values, match.norm, dest, (bi * p.m + m0, bi * p.m + m1)))
-    parallel = tasks > 1 and p.macs >= PARALLEL_MIN_MACS
+    work = parallel_work(p)
+    parallel = tasks > 1 and work >= PARALLEL_MIN_MACS
     loop = Loop(
-        task, tasks, tuple(head), parallel=parallel, dynamic=parallel, scratch=tuple(scratch), macs=p.macs
+        task, tasks, tuple(head), parallel=parallel, dynamic=parallel, scratch=tuple(scratch), macs=work
     )
     # a library tile that keeps its packing of the input for the call's later tiles needs the
     # call's start marked, so that no packing of an earlier call is taken for this one's

@@ -13,7 +13,16 @@ from onnx import helper
 from graph_autofusion.backend.cpu.contraction import PANEL_QUANTUM
 from graph_autofusion.backend.cpu.render_c import render_kernel
 from graph_autofusion.kernel_ir import Loop, format_kernel
-from graph_autofusion.lower.anchor import CONTRACTION_ROUTINE, MIN_TILES, lower_anchor, method_of, tile_sizes
+from graph_autofusion.lower.anchor import (
+    CONTRACTION_ROUTINE,
+    MIN_TILES,
+    PARALLEL_MIN_MACS,
+    STREAMED_WEIGHT_MACS,
+    lower_anchor,
+    method_of,
+    parallel_work,
+    tile_sizes,
+)
 from graph_autofusion.plan.anchor_match import match_anchor
 
 
@@ -68,6 +77,19 @@ def test_small_products_stay_on_the_calling_thread() -> None:
     assert not loop.parallel and not loop.dynamic
     assert len(calls(kernel.body)) == 1
     assert "for r" not in format_kernel(kernel)  # the product is the output: no epilogue at all
+
+
+def test_a_gemv_streaming_a_large_weight_splits_its_columns_over_the_threads() -> None:
+    """One row against a 512 x 256 weight: 131K multiply-adds, under PARALLEL_MIN_MACS, but each
+    of the 131K weight floats is streamed once (`parallel_work`), which two cores do faster."""
+    spec = anchor_spec(
+        [helper.make_node("MatMul", ["x", "w"], ["o"])], {"x": (1, 512), "w": (512, 256)}, {"o": (1, 256)}
+    )
+    p = match_anchor(spec).contraction
+    assert p is not None and p.macs < PARALLEL_MIN_MACS <= parallel_work(p)
+    (loop,) = lower_anchor(spec).body
+    assert isinstance(loop, Loop) and loop.parallel and loop.stop >= MIN_TILES
+    assert loop.macs == 512 * 256 * STREAMED_WEIGHT_MACS
 
 
 def test_batched_broadcast_matmul_with_gemm_addend_runs_like_numpy(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from graph_autofusion.backend.cpu.contraction import CONTRACTION_ENV
 from graph_autofusion.kernel_ir import Loop
 from graph_autofusion.lower.anchor import CONTRACTION_ROUTINE, PACKED_B_ROUTINE
 from graph_autofusion.lower.chain import lower_chain
+from graph_autofusion.lower.values import Unsupported
 
 # The anchor kernels' harness (build a case, run it against onnxruntime) lives with their tests.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backend" / "cpu" / "codegen"))
@@ -145,3 +146,23 @@ def test_residual_and_layer_norm_after_the_second_product(mode: str) -> None:
         template="anchor_chain",
     )  # fmt: skip
     _check_chain(case, f"chain_norm_{mode}", 64, mode)
+
+
+def test_a_single_row_chain_streaming_large_weights_runs_as_two_parallel_stages(mode: str) -> None:
+    """A batch-1 MLP block: one row makes one row block, which one thread would run, streaming
+    both weights alone (164K multiply-adds, under PARALLEL_MIN_MACS, as many weight floats). The
+    chain declines; its two products run one after the other, each splitting its columns over
+    the threads (the first's 131K weight floats are worth it), and compute what onnxruntime does."""
+    rng = np.random.default_rng(6)
+    case = make_case(
+        [N("MatMul", ["x", "w1"], ["h"]), N("Relu", ["h"], ["a"]), N("MatMul", ["a", "w2"], ["o"])],
+        {"x": rand(rng, 1, 512)},
+        ["o"],
+        {"w1": rand(rng, 512, 256) * 0.1, "w2": rand(rng, 256, 128) * 0.1},
+        template="anchor_chain",
+    )
+    spec, _ = spec_for(case, f"chain_gemv_{mode}", weights=True)
+    with pytest.raises(Unsupported, match="one row block"):
+        lower_chain(spec)
+    kernel = check(case, f"chain_gemv_{mode}", k=512, weights=True)
+    assert kernel.source.count("#pragma omp parallel for") >= 1  # the first product at least
