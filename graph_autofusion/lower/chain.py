@@ -129,9 +129,26 @@ def _right(
     return ir.addr(values.buffer_of(p.b.tensor), p.b.offset), layout[0], layout[1]
 
 
-def lower_chain(spec: KernelSpec, chain: ChainMatch | None = None) -> Kernel:
+class StreamingChain(Unsupported):
+    """A chain that would run on one thread while its products are bound by their weights'
+    bytes (`_streams_alone`): the caller runs its two products as stages, each split over the
+    threads, and takes the chain anyway (`decline_streaming=False`) where the stages cannot be."""
+
+
+def _streams_alone(p1: Contraction, p2: Contraction, blocks: int) -> bool:
+    """Whether one row block of GEMV-shaped products (fewer rows than CHAIN_ROW_STEP: streaming
+    their weights costs more than their multiply-adds) carries work worth the thread team. A
+    batch-1 MLP's two GEMVs then stream both weights from one core (MLP 784 -> 512 -> 256: 43 us
+    against onnxruntime's 30 on two threads, Emerald Rapids)."""
+    return (
+        blocks == 1 and p1.m < CHAIN_ROW_STEP and parallel_work(p1) + parallel_work(p2) >= PARALLEL_MIN_MACS
+    )
+
+
+def lower_chain(spec: KernelSpec, chain: ChainMatch | None = None, decline_streaming: bool = True) -> Kernel:
     """The kernel of an `anchor_chain` spec; raises `Unsupported` when its layout rules out row
-    blocks (the caller then runs the halves as two anchor kernels)."""
+    blocks (the caller then runs the halves as two anchor kernels), and `StreamingChain` (unless
+    `decline_streaming` is off) when its one row block would stream large weights on one thread."""
     chain = chain or match_chain(spec)
     match1, match2 = chain_halves(spec, chain)
     p1, p2 = match1.contraction, match2.contraction
@@ -159,11 +176,8 @@ def lower_chain(spec: KernelSpec, chain: ChainMatch | None = None) -> Kernel:
     cols1, cols2 = (ir.index(0), ir.index(p1.n)), (ir.index(0), ir.index(p2.n))
     mb, blocks = row_blocks(p1, p2)
     work = parallel_work(p1) + parallel_work(p2)
-    if blocks == 1 and work >= PARALLEL_MIN_MACS:
-        # one row block runs on one thread: a batch-1 MLP's two GEMVs stream their weights from
-        # one core (MLP 784 -> 512 -> 256: 43 us against 30 for onnxruntime on two threads);
-        # as two stages, each splits its columns over the threads
-        raise Unsupported(
+    if decline_streaming and _streams_alone(p1, p2, blocks):
+        raise StreamingChain(
             f"{p1.m} row(s) make one row block, on one thread, while the weights' streaming is "
             "worth splitting over the threads by columns"
         )

@@ -16,7 +16,7 @@ from onnx import helper
 from graph_autofusion.backend.cpu.contraction import CONTRACTION_ENV
 from graph_autofusion.kernel_ir import Loop
 from graph_autofusion.lower.anchor import CONTRACTION_ROUTINE, PACKED_B_ROUTINE
-from graph_autofusion.lower.chain import lower_chain
+from graph_autofusion.lower.chain import StreamingChain, lower_chain
 from graph_autofusion.lower.values import Unsupported
 
 # The anchor kernels' harness (build a case, run it against onnxruntime) lives with their tests.
@@ -166,3 +166,31 @@ def test_a_single_row_chain_streaming_large_weights_runs_as_two_parallel_stages(
         lower_chain(spec)
     kernel = check(case, f"chain_gemv_{mode}", k=512, weights=True)
     assert kernel.source.count("#pragma omp parallel for") >= 1  # the first product at least
+
+
+def test_a_streaming_chain_the_stages_cannot_run_stays_a_chain(mode: str) -> None:
+    """The same single row with a Reshape before a Gemm, which a stage cannot take as its
+    prologue: the chain declines (`StreamingChain`), the stages fail, and the row-block chain runs
+    after all, on one thread, rather than leaving the kernel to the host."""
+    rng = np.random.default_rng(7)
+    case = make_case(
+        [
+            N("MatMul", ["x", "w1"], ["h"]),
+            N("Relu", ["h"], ["hr"]),
+            N("Reshape", ["hr", "shape"], ["h2"]),
+            N("Gemm", ["h2", "w2", "b2"], ["o"], transB=1),
+        ],
+        {"x": rand(rng, 1, 512)},
+        ["o"],
+        {
+            "w1": rand(rng, 512, 256) * 0.1,
+            "shape": np.array([1, 256], dtype=np.int64),
+            "w2": rand(rng, 128, 256) * 0.1,
+            "b2": rand(rng, 128),
+        },
+        template="anchor_chain",
+    )
+    spec, _ = spec_for(case, f"chain_streaming_reshape_{mode}", weights=True)
+    with pytest.raises(StreamingChain):
+        lower_chain(spec)
+    check(case, f"chain_streaming_reshape_{mode}", k=512, method="matmul_chain", weights=True)

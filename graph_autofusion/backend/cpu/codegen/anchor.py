@@ -35,7 +35,7 @@ from ....lower.anchor import (
     lower_anchor,
     method_of,
 )
-from ....lower.chain import lower_chain, sub_spec
+from ....lower.chain import StreamingChain, lower_chain, sub_spec
 from ....lower.conv import lower_conv
 from ....plan.anchor_match import ANCHOR_OPS, EPILOGUE_VIEW_OPS, STRIDE_PROLOGUE_OPS, match_anchor
 from ..blas import BLAS_PREAMBLE
@@ -137,6 +137,8 @@ def _emit_chain(spec: KernelSpec, anchors: list[int]) -> AnchorKernel:
         try:
             return _emit_staged_chain(spec, anchors, str(exc))
         except CodegenUnsupported as staged:
+            if isinstance(exc, StreamingChain):
+                return _rendered(lower_chain(spec, decline_streaming=False))
             raise CodegenUnsupported(f"{exc}; and as two stages: {staged}") from staged
 
 
