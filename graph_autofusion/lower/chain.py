@@ -135,14 +135,12 @@ class StreamingChain(Unsupported):
     threads, and takes the chain anyway (`decline_streaming=False`) where the stages cannot be."""
 
 
-def _streams_alone(p1: Contraction, p2: Contraction, blocks: int) -> bool:
+def _streams_alone(p1: Contraction, blocks: int, work: int) -> bool:
     """Whether one row block of GEMV-shaped products (fewer rows than CHAIN_ROW_STEP: streaming
-    their weights costs more than their multiply-adds) carries work worth the thread team. A
-    batch-1 MLP's two GEMVs then stream both weights from one core (MLP 784 -> 512 -> 256: 43 us
-    against onnxruntime's 30 on two threads, Emerald Rapids)."""
-    return (
-        blocks == 1 and p1.m < CHAIN_ROW_STEP and parallel_work(p1) + parallel_work(p2) >= PARALLEL_MIN_MACS
-    )
+    their weights costs more than their multiply-adds) carries `work` (`parallel_work` of both)
+    worth the thread team. A batch-1 MLP's two GEMVs then stream both weights from one core (MLP
+    784 -> 512 -> 256: 43 us against onnxruntime's 30 on two threads, Emerald Rapids)."""
+    return blocks == 1 and p1.m < CHAIN_ROW_STEP and work >= PARALLEL_MIN_MACS
 
 
 def lower_chain(spec: KernelSpec, chain: ChainMatch | None = None, decline_streaming: bool = True) -> Kernel:
@@ -176,7 +174,7 @@ def lower_chain(spec: KernelSpec, chain: ChainMatch | None = None, decline_strea
     cols1, cols2 = (ir.index(0), ir.index(p1.n)), (ir.index(0), ir.index(p2.n))
     mb, blocks = row_blocks(p1, p2)
     work = parallel_work(p1) + parallel_work(p2)
-    if decline_streaming and _streams_alone(p1, p2, blocks):
+    if decline_streaming and _streams_alone(p1, blocks, work):
         raise StreamingChain(
             f"{p1.m} row(s) make one row block, on one thread, while the weights' streaming is "
             "worth splitting over the threads by columns"

@@ -173,12 +173,13 @@ ROWS_MAX_IM2COL_PIXELS = 256
 # DIRECT_TILE_COLUMNS flat band columns (output rows times the band width) and its band at most
 # DIRECT_BAND_FLOATS floats (256 KiB: in L2 next to the weight's A-panels and the output tile).
 DIRECT_MAX_DROP = 16
-# The fewest pixels of a strided conv's tile of whole output rows read from its band in place
-# (`_band_min_rows`).
-BAND_MIN_PIXELS = 64
 DIRECT_MIN_WIDTH = 16
 DIRECT_TILE_COLUMNS = 256
 DIRECT_BAND_FLOATS = 64 * 1024
+# Stride-2 convs read their taps from the band in place with the pixels as rows (`_band_rows_shape`)
+# from this many input channels on, in tiles of at least BAND_MIN_PIXELS pixels (`_band_min_rows`).
+BAND_STRIDED_MIN_CHANNELS = 16
+BAND_MIN_PIXELS = 64
 # Pixel tiles of at most this many rows with the pixels as rows, a multiple of ROWS_QUANTUM: half
 # an AVX-512 row panel, which the micro-kernel runs at half the cost (afc.c's `afc_ukernel`; on
 # AVX2, 6-row panels, a tail of 4 runs 3 rows + 1), so
@@ -437,8 +438,8 @@ def _band_rows_shape(g: ConvGeometry) -> bool:
     zero-padded band in place, the weight's B-panels the only packed operand and every vector load
     aligned: 2-D convs of one group with more than one tap and at most CONV_BP_INPLACE_CHANNELS
     output channels whose narrowest tile's band fits DIRECT_BAND_FLOATS, at stride 1, or at
-    stride 2 with at least 16 input channels (the micro-kernel broadcasts a pixel's taps, so the
-    stride only moves where they are read).
+    stride 2 with at least BAND_STRIDED_MIN_CHANNELS input channels (the micro-kernel broadcasts
+    a pixel's taps, so the stride only moves where they are read).
 
     Why: on Intel's AVX-512 cores an unaligned 64-byte load splits across two cache lines, and
     `conv_direct`'s vector loads are the band's runs at every tap offset (the micro-kernel alone,
@@ -456,7 +457,7 @@ def _band_rows_shape(g: ConvGeometry) -> bool:
     return (
         g.group == 1
         and g.d == g.od == g.kd == 1
-        and (g.sh == g.sw == 1 or (g.sh == g.sw == 2 and g.cig >= 16))
+        and (g.sh == g.sw == 1 or (g.sh == g.sw == 2 and g.cig >= BAND_STRIDED_MIN_CHANNELS))
         and g.taps > 1
         and g.pixels > ROWS_MAX_IM2COL_PIXELS
         and g.cog <= CONV_BP_INPLACE_CHANNELS
