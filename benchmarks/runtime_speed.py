@@ -126,23 +126,31 @@ def relative_error(got: Sequence[np.ndarray], expected: Sequence[np.ndarray]) ->
     return worst
 
 
+# A block lasts at least this long: six calls of a 20 us MLP are over before a woken thread pool
+# settles, and their median swung 1.0-1.3x onnxruntime from one run of the script to the next.
+MIN_BLOCK_SECONDS = 0.05
+
+
 def block_medians(runners: dict[str, Callable[[], Any]], reps: int, rounds: int = 3) -> dict[str, float]:
     """Median wall time (ms) of each runner over `rounds` rounds of consecutive calls.
 
     Each round runs every contender in turn, a block of calls each (the first call of a block is
     a warm-up and not timed): alternating rounds spread a noisy neighbour over all of them, while
     blocks keep one runtime's idle thread pool (onnxruntime and OpenMP workers spin for a while
-    after a run) from stealing the cores of the next contender's timed calls.
+    after a run) from stealing the cores of the next contender's timed calls. A block holds
+    `reps // rounds` calls, and more while it has lasted under `MIN_BLOCK_SECONDS`.
     """
     times: dict[str, list[float]] = {name: [] for name in runners}
     per_round = max(1, reps // rounds)
     for _ in range(rounds):
         for name, run in runners.items():
             run()
-            for _ in range(per_round):
+            calls, began = 0, time.perf_counter()
+            while calls < per_round or time.perf_counter() - began < MIN_BLOCK_SECONDS:
                 t0 = time.perf_counter()
                 run()
                 times[name].append((time.perf_counter() - t0) * 1e3)
+                calls += 1
     return {name: statistics.median(values) for name, values in times.items()}
 
 
@@ -217,7 +225,8 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"onnxruntime {ort.__version__}, "
         + (f"OpenVINO {ov_version}" if ov_version else "OpenVINO not installed (pip install -e '.[bench]')")
-        + f"; {args.threads} threads, median of {args.reps} runs in alternating rounds",
+        + f"; {args.threads} threads, median of at least {args.reps} runs in alternating rounds"
+        + f" (blocks of at least {MIN_BLOCK_SECONDS * 1e3:.0f} ms)",
         file=out,
         flush=True,
     )
@@ -238,18 +247,24 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(rows, indent=2))
 
 
+def ms(value: float) -> str:
+    """A latency in a 9-wide column with three significant digits below 10 ms (an MLP's 0.05 ms
+    would otherwise print as 0.05 for both 0.046 and 0.054)."""
+    return f"{value:>9.2f}" if value >= 10 else f"{value:>9.3g}"
+
+
 def format_row(row: dict[str, Any]) -> str:
     arena = f"{row['arena_unfused_bytes'] / 1e6:.1f}→{row['arena_fused_bytes'] / 1e6:.1f}"
     if row.get("openvino_ms") is not None:
         err = row["openvino_rel_err_vs_ort"]
-        ov = f"{row['openvino_ms']:>9.2f}"
+        ov = ms(row["openvino_ms"])
         f_ov = f"{row['fused_vs_openvino']:>6.2f}"
         ov_err = f"{err:>7.1e}" + ("!" if err > OV_AGREEMENT else " ")
     else:
         ov, f_ov, ov_err = f"{'-':>9}", f"{'-':>6}", f"{'-':>8}"
     return (
-        f"{row['model']:<13} {row['unfused_ms']:>9.2f} {row['fused_ms']:>9.2f} "
-        f"{row['ort_disable_all_ms']:>9.2f} {row['ort_enable_all_ms']:>9.2f} {ov} "
+        f"{row['model']:<13} {ms(row['unfused_ms'])} {ms(row['fused_ms'])} "
+        f"{ms(row['ort_disable_all_ms'])} {ms(row['ort_enable_all_ms'])} {ov} "
         f"{row['fused_vs_unfused']:>6.2f} {row['fused_vs_ort_enable_all']:>6.2f} {f_ov} {ov_err} "
         f"{100 * row['unfused_anchor_share']:>7.1f} {arena:>19} {row['cold_compile_s']:>7.2f} "
         f"{row['warm_load_s']:>7.3f}"
