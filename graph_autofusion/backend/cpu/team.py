@@ -11,11 +11,15 @@ one in the normal stretches, 8.96 on two and 7.68 on one in the slow ones (OpenV
 The policy (`TeamChoice`): runs use the full team while the median of its last WINDOW runs stays
 within SLOW_FACTOR of the fastest full-team run seen. Past that, one run on one thread is tried (at
 most once per PROBE_EVERY runs); if it beats that median, the runs stay on one thread, trying the
-full team again every PROBE_EVERY runs and going back to it as soon as one of its runs beats one
-thread's recent time. A one-thread probe that loses doubles the wait before the next (up to
-MAX_PROBE_EVERY). A median, not a mean: the first run pays page faults and cold caches (2-3x a
-warm run), and a mean that remembered it sent MobileNetV2 to one thread for its first 16 runs on
-the Emerald Rapids host, where two threads are 1.6x faster.
+full team again every PROBE_EVERY runs, FULL_PROBE_RUNS runs in a row, and going back to it as soon
+as one of them beats one thread's recent time. In a row because a worker idle since the last
+probe has gone to sleep, and the run that wakes it pays for that: a batch-1 MLP's full-team probes
+took 60-140 us against 16-20 for the run after, so a lone probe never won and the MLP stayed on
+one thread (47 us) for good once another runtime's spinning threads had sent it there. A
+one-thread probe that loses doubles the wait before the next (up to MAX_PROBE_EVERY). A median,
+not a mean: the first run pays page faults and cold caches (2-3x a warm run), and a mean that
+remembered it sent MobileNetV2 to one thread for its first 16 runs on the Emerald Rapids host,
+where two threads are 1.6x faster.
 In the normal stretches no run is taken away from the full team. Short models adapt too: a
 batch-1 MLP (25 us on two threads, 47 on one) whose worker thread waits behind another runtime's
 spinning threads in the same process (OpenVINO's, in the benchmark's alternating rounds) took
@@ -44,6 +48,8 @@ WINDOW = 5
 # ResNet-50's usually does, is not taxed a slow run every PROBE_EVERY).
 PROBE_EVERY = 16
 MAX_PROBE_EVERY = 256
+# Consecutive full-team runs in a probe from one thread (the first wakes the sleeping workers).
+FULL_PROBE_RUNS = 2
 # Weight of the newest run in one thread's recent time.
 RECENT_WEIGHT = 0.25
 # Below this full-team time (seconds) the team is never changed.
@@ -68,9 +74,13 @@ class TeamChoice:
         self.recent_one: float | None = None  # one thread's recent time (a running average)
         self._since_probe = PROBE_EVERY  # a first probe may come at once
         self._interval = PROBE_EVERY  # runs between one-thread probes
+        self._probe_left = 0  # full-team runs still due in the current probe from one thread
 
     def threads_for_run(self) -> int:
         if not self.enabled:
+            return self.full
+        if self._probe_left:
+            self._probe_left -= 1
             return self.full
         if self.current == self.full:
             due = self._since_probe >= self._interval and self.impaired()
@@ -78,7 +88,10 @@ class TeamChoice:
             due = self._since_probe >= PROBE_EVERY  # is the full team well again?
         if due:
             self._since_probe = 0
-            return 1 if self.current == self.full else self.full
+            if self.current == self.full:
+                return 1
+            self._probe_left = FULL_PROBE_RUNS - 1
+            return self.full
         self._since_probe += 1
         return self.current
 
@@ -100,6 +113,7 @@ class TeamChoice:
                     self.enabled = False  # too short a model to be worth timing
             elif self.recent_one is not None and seconds < self.recent_one:
                 self.current = self.full  # a full-team probe won: its old slow runs are history
+                self._probe_left = 0
                 self.full_runs.clear()
                 self.full_runs.append(seconds)
                 self._interval = PROBE_EVERY

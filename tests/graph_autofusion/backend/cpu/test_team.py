@@ -9,6 +9,7 @@ import pytest
 
 from graph_autofusion.backend.cpu.team import (
     ADAPTIVE_TEAM_ENV,
+    FULL_PROBE_RUNS,
     MAX_PROBE_EVERY,
     MIN_ADAPT_SECONDS,
     PROBE_EVERY,
@@ -59,13 +60,35 @@ def test_an_impaired_team_gives_way_to_one_thread_and_takes_over_again(scale: fl
     switched = slow.index(1)
     assert switched <= 8  # once the recent time passes SLOW_FACTOR x the best
     after = slow[switched:]
-    # from then on one thread, the full team tried once every PROBE_EVERY runs
-    assert after.count(2) == pytest.approx(len(after) / (PROBE_EVERY + 1), abs=1)
+    # from then on one thread, the full team tried FULL_PROBE_RUNS runs in a row every PROBE_EVERY
+    probes = len(after) / (PROBE_EVERY + FULL_PROBE_RUNS)
+    assert after.count(2) == pytest.approx(FULL_PROBE_RUNS * probes, abs=FULL_PROBE_RUNS)
+    assert all(
+        len(list(g)) == FULL_PROBE_RUNS for k, g in itertools.groupby(after[:-FULL_PROBE_RUNS]) if k == 2
+    )
     assert team.current == 1
     # the team recovers: the next probe finds it faster and every run goes back to it
     back = _runs(team, 2 * PROBE_EVERY, {2: FULL_MS * scale, 1: ONE_MS * scale})
     first = back.index(2)
     assert first <= PROBE_EVERY and set(back[first:]) == {2}
+
+
+def test_a_full_team_probe_that_must_first_wake_its_workers_still_takes_the_runs_back() -> None:
+    team = TeamChoice(2, enabled=True)
+    _runs(team, 4, {2: FULL_MS, 1: ONE_MS})
+    _runs(team, 3 * PROBE_EVERY, {2: 9.0 * FULL_MS, 1: ONE_MS})
+    assert team.current == 1
+    # healthy again, but the worker slept through the one-thread runs: a full-team run right
+    # after one costs 3x one thread's (a batch-1 MLP: 60-140 us against 47), the next FULL_MS
+    chosen, previous = [], 1
+    for _ in range(2 * PROBE_EVERY):
+        threads = team.threads_for_run()
+        team.record(
+            threads, (3 * ONE_MS if previous == 1 else FULL_MS) / 1e3 if threads == 2 else ONE_MS / 1e3
+        )
+        chosen.append(previous := threads)
+    first = chosen.index(2)
+    assert first <= PROBE_EVERY and set(chosen[first:]) == {2} and team.current == 2
 
 
 def test_a_slow_team_that_still_beats_one_thread_keeps_the_runs() -> None:
