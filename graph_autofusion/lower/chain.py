@@ -70,6 +70,7 @@ def sub_spec(
     kernel_outputs = {t.name for t in spec.outputs}
     outputs = [o for n in nodes for o in n.output if o in kernel_outputs or o in extra_outputs]
     return KernelSpec(
+        weights=spec.weights & frozenset(reads),
         symbol=symbol,
         template="anchor",
         nodes=tuple(body),

@@ -17,12 +17,13 @@ called one after the other with the intermediate in a heap buffer.
 With `AUTOFUSION_CONTRACTION=library`, a constant weight operand is packed once at load for the
 contraction library (backend/cpu/contraction): the lowered kernel holds it as its `packed` buffer
 and `prepack` loop (kernel_spec.py: the `<symbol>_prepack` convention), and the library's text
-sits atop the unit. The stages of a staged chain are called without that buffer, so they
-contract through OpenBLAS.
+sits atop the unit. A staged chain exports the convention for both stages: one packed argument
+holding the first stage's block, then the second's.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import onnx
@@ -41,7 +42,16 @@ from ....plan.anchor_match import ANCHOR_OPS, EPILOGUE_VIEW_OPS, STRIDE_PROLOGUE
 from ..blas import BLAS_PREAMBLE
 from ..contraction import library_source
 from ..kernel_spec import KernelSpec
-from ..render_c import PRELUDE, WORKSPACE_SUFFIX, c_comment, render_kernel
+from ..render_c import (
+    PRELUDE,
+    PREPACK_ONLY_SUFFIX,
+    PREPACK_SUFFIX,
+    c_comment,
+    packed_layout,
+    prepack_only,
+    render_kernel,
+    workspace_layout,
+)
 from .common import CodegenUnsupported
 
 # Ops that only relabel elements (the match's own view sets): the staged chain looks through
@@ -85,10 +95,15 @@ def emit_anchor(spec: KernelSpec) -> AnchorKernel:
         return _emit_chain(spec, anchors)
     if len(anchors) != 1:
         raise CodegenUnsupported(f"an anchor kernel has exactly one anchor, found {len(anchors)}")
+    return _rendered(_lowered(spec))
+
+
+def _lowered(spec: KernelSpec) -> Kernel:
+    """A one-anchor spec lowered to the kernel IR."""
     match = match_anchor(spec)
     if match.contraction is None:  # Conv / ConvTranspose
-        return _rendered(lower_conv(spec, match))
-    return _rendered(lower_anchor(spec, match))
+        return lower_conv(spec, match)
+    return lower_anchor(spec, match)
 
 
 def _rendered(lowered: Kernel) -> AnchorKernel:
@@ -176,33 +191,72 @@ def _emit_staged_chain(spec: KernelSpec, anchors: list[int], reason: str) -> Anc
     mid_info = spec.tensors[mid]
     sub1 = sub_spec(spec, f"{spec.symbol}_s1", stage1, [mid])
     sub2 = sub_spec(spec, f"{spec.symbol}_s2", stage2, [mid])
-    k1, k2 = emit_anchor(sub1), emit_anchor(sub2)
-    for sub, k in ((sub1, k1), (sub2, k2)):
-        if f"{sub.symbol}{WORKSPACE_SUFFIX}" in k.source:  # called below without a workspace
-            raise CodegenUnsupported(f"stage {sub.symbol} of a staged chain needs a workspace")
+    l1, l2 = _lowered(sub1), _lowered(sub2)
+    for lowered in (l1, l2):
+        if workspace_layout(lowered)[1]:  # called below without a workspace
+            raise CodegenUnsupported(f"stage {lowered.name} of a staged chain needs a workspace")
+    k1, k2 = _rendered(l1), _rendered(l2)
     index = {t.name: k for k, t in enumerate((*spec.inputs, *spec.outputs))}
     mid_is_output = mid in {t.name for t in spec.outputs}
     mid_ptr = f"args[{index[mid]}]" if mid_is_output else "mid"
+    # each stage with the offset of its block in the packed argument
+    stages = [(sub1, l1, 0), (sub2, l2, packed_layout(l1)[1])]
+    packed_floats = stages[-1][2] + packed_layout(l2)[1]
 
-    def argv(sub: KernelSpec) -> str:
-        items = [mid_ptr if t.name == mid else f"args[{index[t.name]}]" for t in (*sub.inputs, *sub.outputs)]
+    def argv(sub: KernelSpec, lowered: Kernel, at: int | None, mid_text: str) -> str:
+        """A stage's arguments; `at`: its packed block follows its parameters (when it packs)."""
+        items = [mid_text if t.name == mid else f"args[{index[t.name]}]" for t in (*sub.inputs, *sub.outputs)]
+        if at is not None and packed_layout(lowered)[1]:
+            items.append(f"af_packed + {at}")
         return ", ".join(items)
 
     body = [f"void {spec.symbol}(void *const *args) {{"]
+    if packed_floats:
+        body.append(f"  float *const af_packed = (float *)args[{len(index)}];")
     if not mid_is_output:
         body.append(f"  void *mid = malloc(sizeof(float) * {max(1, mid_info.numel)});")
-    body += [
-        f"  void *const a1[] = {{{argv(sub1)}}};",
-        f"  {sub1.symbol}(a1);",
-        f"  void *const a2[] = {{{argv(sub2)}}};",
-        f"  {sub2.symbol}(a2);",
-    ]
+    for n, (sub, lowered, at) in enumerate(stages, 1):
+        body += [f"  void *const a{n}[] = {{{argv(sub, lowered, at, mid_ptr)}}};", f"  {sub.symbol}(a{n});"]
     if not mid_is_output:
         body.append("  free(mid);")
     body.append("}")
+    if packed_floats:
+        body = _staged_prepack(spec, stages, packed_floats, index, argv) + body
     desc = (
         f"method: matmul_chain_staged; two stages ({k1.method} -> {k2.method}) with the intermediate "
         f"{list(mid_info.shape)} in memory, because the row-block chain does not apply: {reason}"
     )
     parts = [PRELUDE, k1.source, k2.source, c_comment(spec.describe(desc)), *body]
     return AnchorKernel("\n".join(parts) + "\n", "matmul_chain_staged", k1.uses_blas or k2.uses_blas)
+
+
+def _staged_prepack(
+    spec: KernelSpec,
+    stages: list[tuple[KernelSpec, Kernel, int]],
+    packed_floats: int,
+    index: dict[str, int],
+    argv: Callable[[KernelSpec, Kernel, int | None, str], str],
+) -> list[str]:
+    """The kernel_spec.py prepack convention for a staged chain: each stage's packed weights at
+    its offset in one argument, filled by calling each stage's own `_prepack` (the intermediate,
+    which packing never reads, passed as NULL), and a parameter counted prepack-only where every
+    stage that takes it reads it only packed."""
+    readers: dict[int, list[bool]] = {}
+    for sub, lowered, _ in stages:
+        only = prepack_only(lowered)
+        for j, t in enumerate((*sub.inputs, *sub.outputs)):
+            if t.name in index:
+                readers.setdefault(index[t.name], []).append(j in only)
+    mask = sum(1 << j for j, flags in readers.items() if j < 63 and all(flags))
+    lines = [
+        f"const int64_t {spec.symbol}{PREPACK_SUFFIX}_floats = {packed_floats};",
+        f"const int64_t {spec.symbol}{PREPACK_ONLY_SUFFIX} = {mask};",
+        f"void {spec.symbol}{PREPACK_SUFFIX}(void *const *args, float *af_packed) {{",
+    ]
+    for n, (sub, lowered, at) in enumerate(stages, 1):
+        if packed_layout(lowered)[1]:
+            lines += [
+                f"  void *const p{n}[] = {{{argv(sub, lowered, None, 'NULL')}}};",
+                f"  {sub.symbol}{PREPACK_SUFFIX}(p{n}, af_packed + {at});",
+            ]
+    return [*lines, "}"]

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
-from anchor_helpers import RTOL, check, make_case, rand, run_kernel, run_ort, spec_for
+from anchor_helpers import ATOL_PER_SQRT_K, RTOL, check, make_case, rand, run_kernel, run_ort, spec_for
 from cpu_backend_helpers import assert_close, make_model, ort_run, random_feeds
 from onnx import helper, numpy_helper
 
@@ -406,6 +407,45 @@ def test_chain_with_batched_weights_runs_in_two_stages(rng: np.random.Generator)
     )
     kernel = check(case, "chain_staged", k=8, method="matmul_chain_staged")
     assert "chain_staged_s1(a1);" in kernel.source and "free(mid);" in kernel.source
+
+
+def _gemv_mlp(rng: np.random.Generator) -> tuple:
+    """A batch-1 MLP block, x @ w1 + b1 -> Relu -> @ w2: one row, so the row-block chain declines
+    for streaming and the chain runs as two stages that each split their columns."""
+    nodes = [
+        _node("MatMul", ["x", "w1"], ["h"]),
+        _node("Add", ["h", "b1"], ["hb"]),
+        _node("Relu", ["hb"], ["a"]),
+        _node("MatMul", ["a", "w2"], ["o"]),
+    ]
+    # enough weight floats to stream for a parallel split (lower/chain.py: _streams_alone)
+    weights = {"w1": rand(rng, 128, 384), "b1": rand(rng, 384), "w2": rand(rng, 384, 96)}
+    return nodes, {"x": rand(rng, 1, 128)}, weights
+
+
+def test_staged_gemv_chain_contracts_on_weights_packed_once(rng: np.random.Generator) -> None:
+    """Both stages of a staged chain read their weights packed (one argument, the first stage's
+    block, then the second's), not raw through BLAS: the packed argument is filled with NaN
+    before prepack, so a stage reading another's block or an unpacked gap fails the comparison."""
+    nodes, feeds, weights = _gemv_mlp(rng)
+    case = make_case(nodes, feeds, ["o"], weights, template="anchor_chain")
+    kernel = check(case, "gemv_chain", k=384, method="matmul_chain_staged", weights=True)
+    assert not kernel.uses_blas
+    for stage in ("gemv_chain_s1", "gemv_chain_s2"):
+        assert f"{stage}_prepack(p" in kernel.source
+    # w1 and w2 (parameters 1 and 3) are read only packed; the bias b1 (2) is read raw
+    assert "const int64_t gemv_chain_prepack_only = 10;" in kernel.source
+
+
+def test_staged_gemv_chain_releases_its_raw_weights(rng: np.random.Generator, kernel_cache) -> None:
+    """Through the runtime: the chain's matrices are held only packed, the bias raw."""
+    nodes, feeds, weights = _gemv_mlp(rng)
+    model = make_model(nodes, {"x": [1, 128]}, ["o"], weights)
+    compiled = compile_model(gaf.fuse(model).model, cache=kernel_cache, threads=2)
+    assert [k["template"] for k in compiled.stats["per_kernel"]] == ["anchor_chain"]
+    assert compiled.released_weights == ["w1", "w2"]
+    got, want = compiled.run(feeds)["o"], ort_run(model, feeds)["o"]
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL_PER_SQRT_K * math.sqrt(384))
 
 
 def test_where_epilogue_with_a_constant_mask_reads_its_operands_unconditionally(kernel_cache) -> None:
