@@ -138,12 +138,34 @@ def cpu_model() -> str:
     benchmark prints it, since a figure means nothing without its host."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+            found = model_from_cpuinfo(f.read())
+        if found:
+            return found
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def model_from_cpuinfo(text: str) -> str | None:
+    """The first processor's model name in /proc/cpuinfo's text, with its x86 family and model
+    numbers where given: virtual machines often report only a generic name ("AMD EPYC", "Intel
+    Xeon Processor") for CPUs as far apart as Zen 3 with AVX2 and Zen 5 with full-width
+    AVX-512, and the numbers tell them apart (family 25 is Zen 3/4, 26 Zen 5)."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            if fields:
+                break  # the first processor's block is enough
+            continue
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name")
+    if not name:
+        return None
+    family, model = fields.get("cpu family"), fields.get("model")
+    if family and model and family.isdigit() and model.isdigit():
+        return f"{name} (family {family}, model {model})"
+    return name
 
 
 def host_isa_name() -> str:
