@@ -26,6 +26,7 @@ from graph_autofusion.lower.anchor import (
     DEPTHWISE_3X3_S2_ROUTINE,
     DIRECT_CONV_ROUTINE,
     DIRECT_ROWS_CONV_ROUTINE,
+    PACKED_A_INPUT_POST_ROUTINE,
     PACKED_A_INPUT_ROUTINE,
     PACKED_A_ROUTINE,
     PACKED_B_ROUTINE,
@@ -54,8 +55,9 @@ BAND_ROWS = "band_rows"
 
 
 def _model(
-    x_shape, w_shape, *, bias: bool, relu: bool, op: str = "Conv", **attrs
+    x_shape, w_shape, *, bias: bool, relu: bool, op: str = "Conv", act: str = "Relu", **attrs
 ) -> tuple[onnx.ModelProto, dict]:
+    """A conv (`op`), with a bias when asked, then `act` (Relu; any unary op) when `relu`."""
     rng = np.random.default_rng(7)
     w = rng.standard_normal(w_shape).astype(np.float32)
     inits = [numpy_helper.from_array(w, "w")]
@@ -67,7 +69,7 @@ def _model(
     nodes = [helper.make_node(op, ins, ["y"], **attrs)]
     out = "y"
     if relu:
-        nodes.append(helper.make_node("Relu", ["y"], ["o"]))
+        nodes.append(helper.make_node(act, ["y"], ["o"]))
         out = "o"
     graph = helper.make_graph(
         nodes,
@@ -393,11 +395,12 @@ def test_narrow_convs_put_the_pixels_in_the_rows(
     spec, weights = _spec(model)
     kernel = lower_conv(spec)
     # 3x3s read their rows from the padded band (afc_conv_bp), a 1x1 from the activation (its
-    # channels in chunks, each finished while in L1, past EPILOGUE_CHUNK_ROWS of them)
+    # channels in chunks, each finished while in L1 by the library's post-ops, past
+    # EPILOGUE_CHUNK_ROWS of them)
     if rows:
         routines = {DIRECT_ROWS_CONV_ROUTINE if w_shape[2:] == (3, 3) else PACKED_B_ROUTINE, STORE_T_ROUTINE}
     elif w_shape[2:] == (1, 1) and w_shape[0] > EPILOGUE_CHUNK_ROWS:
-        routines = {BEGIN_CALL_ROUTINE, PACKED_A_INPUT_ROUTINE}
+        routines = {BEGIN_CALL_ROUTINE, PACKED_A_INPUT_POST_ROUTINE}
     else:
         routines = {PACKED_A_ROUTINE}
     # the product's tile stored transposed into NCHW
@@ -408,34 +411,42 @@ def test_narrow_convs_put_the_pixels_in_the_rows(
 
 
 @pytest.mark.parametrize(
-    ("x_shape", "w_shape", "bias", "chunked"),
+    ("x_shape", "w_shape", "bias", "act", "chunked"),
     [
-        ((1, 40, 20, 30), (100, 40, 1, 1), True, True),  # channel tiles of 32: chunks of 24 + 8
-        ((2, 200, 16, 20), (60, 200, 1, 1), True, True),  # two depth blocks, two images, 32 + 28
-        ((1, 512, 24, 24), (64, 512, 1, 1), True, False),  # the tile's pixels too deep to keep
-        ((1, 40, 20, 30), (100, 40, 1, 1), False, False),  # no epilogue to finish
+        ((1, 40, 20, 30), (100, 40, 1, 1), True, "Relu", "post"),  # channel tiles of 32: chunks of 24 + 8
+        ((2, 200, 16, 20), (60, 200, 1, 1), True, "Relu", "post"),  # two depth blocks, two images, 32 + 28
+        ((1, 40, 20, 30), (100, 40, 1, 1), True, "Sigmoid", "epilogue"),  # not a post-op: the nest
+        ((1, 512, 24, 24), (64, 512, 1, 1), True, "Relu", ""),  # the tile's pixels too deep to keep
+        ((1, 40, 20, 30), (100, 40, 1, 1), False, "Relu", ""),  # no epilogue to finish
     ],
 )
 def test_a_1x1_tile_is_finished_chunk_by_chunk(
-    x_shape, w_shape, bias: bool, chunked: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    x_shape, w_shape, bias: bool, act: str, chunked: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Chunks of EPILOGUE_CHUNK_ROWS channels against the tile's pixels packed once, each finished
+    right after its product: by the library (afc_gemm_ap_in_post) where the epilogue is bias,
+    residual and Relu/Clip, by the generated epilogue nest over the chunk's rows otherwise."""
     monkeypatch.setenv(CONTRACTION_ENV, "library")
-    model, feeds = _model(x_shape, w_shape, bias=bias, relu=bias)
+    model, feeds = _model(x_shape, w_shape, bias=bias, relu=bias, act=act)
     spec, weights = _spec(model)
     kernel = lower_conv(spec)
     assert method_of(kernel) == GEMM1X1
     chunks = [s for s in _walk(kernel.body) if isinstance(s, Loop) and s.var.name == "rc"]
-    assert len(chunks) == int(chunked)
+    assert len(chunks) == int(bool(chunked))
     if chunked:
         (chunk,) = chunks
         assert chunk.step == EPILOGUE_CHUNK_ROWS
-        # the chunk's product, then its epilogue over the chunk's channels
-        assert [c.function for c in calls(chunk.body)] == [PACKED_A_INPUT_ROUTINE]
-        assert any(isinstance(s, Loop) and s.var.name == "r" for s in _walk(chunk.body))
+        # the chunk's product, then its epilogue over the chunk's channels, or both in one call
+        routine = PACKED_A_INPUT_POST_ROUTINE if chunked == "post" else PACKED_A_INPUT_ROUTINE
+        assert [c.function for c in calls(chunk.body)] == [routine]
+        nest = any(isinstance(s, Loop) and s.var.name == "r" for s in _walk(chunk.body))
+        assert nest == (chunked == "epilogue")
         assert isinstance(kernel.body[0], type(calls(chunk.body)[0]))
         assert kernel.body[0].function == BEGIN_CALL_ROUTINE  # the call's kept packings retired
     else:
-        assert PACKED_A_INPUT_ROUTINE not in {c.function for c in calls(kernel.body)}
+        assert not {PACKED_A_INPUT_ROUTINE, PACKED_A_INPUT_POST_ROUTINE} & {
+            c.function for c in calls(kernel.body)
+        }
     _assert_matches_onnxruntime(kernel, weights, model, feeds, tmp_path)
 
 

@@ -158,6 +158,32 @@ static void afc_pack_b(int64_t k, int64_t n, const float *b, int64_t rs, int64_t
 #define AFC_BROW(bp, arow, offs, kk) ((offs) && !(arow) ? (bp) + (offs)[kk] : (bp) + (kk) * AFC_NR)
 #define AFC_APTR(ap, arow, offs, kk, i) ((arow) ? (arow)[i] + (offs)[kk] : (ap) + (i))
 
+/* Post-ops of a finished product tile (afc_gemm_ap_in_post): rows [i0, i0 + mr) and columns
+ * [j0, j0 + nr) of C, right after the micro-kernel stored them (in L1), in the order and with the
+ * comparisons of the ONNX ops they stand for (ops/elementwise.py): + bias[i], then + the residual,
+ * then Relu (v > 0 ? v : 0) or Clip (v < lo ? lo : v, then v > hi ? hi : v). */
+static inline void afc_post_tile(const afc_post *p, int64_t i0, int64_t j0, int mr, int nr, float *c, int64_t ldc) {
+  for (int i = 0; i < mr; ++i) {
+    float *restrict row = c + i * ldc;
+    const float bias = p->bias ? p->bias[i0 + i] : 0.0f;
+    const float *restrict res = p->res ? p->res + (i0 + i) * p->res_ld + j0 : row;
+    const int has_bias = p->bias != 0, has_res = p->res != 0, act = p->act;
+    const float lo = p->lo, hi = p->hi;
+#pragma omp simd
+    for (int j = 0; j < nr; ++j) {
+      float v = row[j];
+      if (has_bias) v = v + bias;
+      if (has_res) v = v + res[j];
+      if (act == AFC_POST_RELU) v = v > 0.0f ? v : 0.0f;
+      if (act == AFC_POST_CLIP) {
+        v = v < lo ? lo : v;
+        v = v > hi ? hi : v;
+      }
+      row[j] = v;
+    }
+  }
+}
+
 /* The micro-kernel: C[mr x nr] (= or +=) alpha * sum_kk ap[kk][0:MR] (x) bp[kk][0:NR].
  * `ap`, `bp` are panels of depth kc; mr <= MR and nr <= NR say how much of the tile is stored.
  * `pf` (advancing `pfs` floats per depth step, one prefetch per step: a new line every 16 / pfs
@@ -194,13 +220,43 @@ static inline __attribute__((always_inline)) void afc_ukernel_16(const int R, in
   }
 }
 
-static inline __attribute__((always_inline)) void afc_ukernel_r(const int R, int64_t kc, const float *restrict ap,
-                                                              const float *const *arow,
-                                                              const float *restrict bp, const int32_t *offs,
-                                                              float *restrict c, int64_t ldc, int mr, int nr,
-                                                              float alpha, int acc, const float *pf, int64_t pfs) {
+/* The post-ops of afc_post_tile on a tile row's two vectors in registers, before their store. */
+static inline __attribute__((always_inline)) void afc_post_row(const afc_post *p, int64_t i, int64_t j,
+                                                             __mmask16 k0, __mmask16 k1, __m512 *v0, __m512 *v1) {
+  if (p->bias) {
+    const __m512 b = _mm512_set1_ps(p->bias[i]);
+    *v0 = _mm512_add_ps(*v0, b);
+    *v1 = _mm512_add_ps(*v1, b);
+  }
+  if (p->res) {
+    const float *r = p->res + i * p->res_ld + j;
+    *v0 = _mm512_add_ps(*v0, _mm512_maskz_loadu_ps(k0, r));
+    *v1 = _mm512_add_ps(*v1, _mm512_maskz_loadu_ps(k1, r + 16));
+  }
+  if (p->act == AFC_POST_RELU) {
+    const __m512 z = _mm512_setzero_ps();
+    *v0 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(*v0, z, _CMP_GT_OQ), *v0);
+    *v1 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(*v1, z, _CMP_GT_OQ), *v1);
+  } else if (p->act == AFC_POST_CLIP) {
+    const __m512 lo = _mm512_set1_ps(p->lo), hi = _mm512_set1_ps(p->hi);
+    *v0 = _mm512_mask_mov_ps(*v0, _mm512_cmp_ps_mask(*v0, lo, _CMP_LT_OQ), lo);
+    *v1 = _mm512_mask_mov_ps(*v1, _mm512_cmp_ps_mask(*v1, lo, _CMP_LT_OQ), lo);
+    *v0 = _mm512_mask_mov_ps(*v0, _mm512_cmp_ps_mask(*v0, hi, _CMP_GT_OQ), hi);
+    *v1 = _mm512_mask_mov_ps(*v1, _mm512_cmp_ps_mask(*v1, hi, _CMP_GT_OQ), hi);
+  }
+}
+
+/* `post` (the tile's first row and column in the call: pi0, pj0) is applied to the accumulators
+ * before they are stored (afc_gemm_ap_in_post); the one-vector tail applies it after. */
+static inline __attribute__((always_inline)) void afc_ukernel_rp(const int R, int64_t kc, const float *restrict ap,
+                                                               const float *const *arow,
+                                                               const float *restrict bp, const int32_t *offs,
+                                                               float *restrict c, int64_t ldc, int mr, int nr,
+                                                               float alpha, int acc, const float *pf, int64_t pfs,
+                                                               const afc_post *post, int64_t pi0, int64_t pj0) {
   if (nr <= 16) {
     afc_ukernel_16(R, kc, ap, arow, bp, offs, c, ldc, mr, nr, alpha, acc);
+    if (post) afc_post_tile(post, pi0, pj0, mr, nr, c, ldc);
     return;
   }
   __m512 c0[AFC_MR], c1[AFC_MR];
@@ -242,6 +298,7 @@ static inline __attribute__((always_inline)) void afc_ukernel_r(const int R, int
         c0[i] = _mm512_add_ps(c0[i], _mm512_loadu_ps(row));
         c1[i] = _mm512_add_ps(c1[i], _mm512_loadu_ps(row + 16));
       }
+      if (post) afc_post_row(post, pi0 + i, pj0, (__mmask16)0xFFFF, (__mmask16)0xFFFF, &c0[i], &c1[i]);
       _mm512_storeu_ps(row, c0[i]);
       _mm512_storeu_ps(row + 16, c1[i]);
     }
@@ -255,9 +312,18 @@ static inline __attribute__((always_inline)) void afc_ukernel_r(const int R, int
       c0[i] = _mm512_add_ps(c0[i], _mm512_maskz_loadu_ps(k0, row));
       c1[i] = _mm512_add_ps(c1[i], _mm512_maskz_loadu_ps(k1, row + 16));
     }
+    if (post) afc_post_row(post, pi0 + i, pj0, k0, k1, &c0[i], &c1[i]);
     _mm512_mask_storeu_ps(row, k0, c0[i]);
     _mm512_mask_storeu_ps(row + 16, k1, c1[i]);
   }
+}
+
+static inline __attribute__((always_inline)) void afc_ukernel_r(const int R, int64_t kc, const float *restrict ap,
+                                                              const float *const *arow,
+                                                              const float *restrict bp, const int32_t *offs,
+                                                              float *restrict c, int64_t ldc, int mr, int nr,
+                                                              float alpha, int acc, const float *pf, int64_t pfs) {
+  afc_ukernel_rp(R, kc, ap, arow, bp, offs, c, ldc, mr, nr, alpha, acc, pf, pfs, 0, 0, 0);
 }
 #elif defined(__AVX2__) && defined(__FMA__)
 /* A tile of at most 8 columns runs on one vector per row (see the AVX-512 twin). */
@@ -375,6 +441,19 @@ static inline void afc_ukernel_r(const int R, int64_t kc, const float *restrict 
       row[j] = acc ? row[j] + v : v;
     }
   }
+}
+#endif
+
+#if !defined(__AVX512F__)
+/* Without AVX-512 the post-ops run on the stored tile, while it is in L1. */
+static inline __attribute__((always_inline)) void afc_ukernel_rp(const int R, int64_t kc, const float *restrict ap,
+                                                               const float *const *arow,
+                                                               const float *restrict bp, const int32_t *offs,
+                                                               float *restrict c, int64_t ldc, int mr, int nr,
+                                                               float alpha, int acc, const float *pf, int64_t pfs,
+                                                               const afc_post *post, int64_t pi0, int64_t pj0) {
+  afc_ukernel_r(R, kc, ap, arow, bp, offs, c, ldc, mr, nr, alpha, acc, pf, pfs);
+  if (post) afc_post_tile(post, pi0, pj0, mr, nr, c, ldc);
 }
 #endif
 
@@ -730,15 +809,22 @@ static void afc_gemm_bp_in(int64_t m, int64_t n, int64_t k, float alpha, const f
  * chunks of the same B reuse the packing, so the caller can finish each chunk's epilogue while
  * its rows are still in L1 instead of writing a whole tile of every output channel and reading it
  * back. Within a chunk the B panels stream from L2 past the chunk's A panels, which stay in L1.
- * A B of more than AFC_AP_INPUT_FLOATS (more than an L2 block) takes afc_gemm_ap. */
-static void afc_gemm_ap_in(int64_t m, int64_t n, int64_t k, float alpha, const float *ap, const float *b,
-                           int64_t b_rs, int64_t b_cs, float *c, int64_t ldc) {
+ * A B of more than AFC_AP_INPUT_FLOATS (more than an L2 block) takes afc_gemm_ap. With `post`,
+ * each tile of the last depth block gets its post-ops on its accumulators before its store
+ * (AVX-512; right after it elsewhere). */
+static inline __attribute__((always_inline)) void afc_gemm_ap_in_impl(int64_t m, int64_t n, int64_t k, float alpha,
+                                                                      const float *ap, const float *b, int64_t b_rs,
+                                                                      int64_t b_cs, float *c, int64_t ldc,
+                                                                      const afc_post *post) {
   static _Thread_local float *buf;
   static _Thread_local afc_kept kept;
   if (m <= 0 || n <= 0) return;
   const int64_t npad = (n + AFC_NR - 1) / AFC_NR * AFC_NR;
   if (k <= 0 || npad * k > AFC_AP_INPUT_FLOATS) {
     afc_gemm_ap(m, n, k, alpha, ap, b, b_rs, b_cs, c, ldc);
+    if (post)
+      for (int64_t i0 = 0; i0 < m; i0 += AFC_MR)
+        afc_post_tile(post, i0, 0, (int)(m - i0 < AFC_MR ? m - i0 : AFC_MR), (int)n, c + i0 * ldc, ldc);
     return;
   }
   afc_kept_buffer(&buf, AFC_AP_INPUT_FLOATS);
@@ -746,6 +832,7 @@ static void afc_gemm_ap_in(int64_t m, int64_t n, int64_t k, float alpha, const f
   const int64_t blocks = (k + AFC_AP_INPUT_KC - 1) / AFC_AP_INPUT_KC, kb = (k + blocks - 1) / blocks;
   for (int64_t k0 = 0; k0 < k; k0 += kb) {
     const int64_t kc = k - k0 < kb ? k - k0 : kb;
+    const int last = k0 + kc >= k;
     for (int64_t j0 = 0; j0 < n; j0 += AFC_NR) {
       const int nr = (int)(n - j0 < AFC_NR ? n - j0 : AFC_NR);
       for (int64_t i0 = 0; i0 < m; i0 += AFC_MR) {
@@ -753,11 +840,23 @@ static void afc_gemm_ap_in(int64_t m, int64_t n, int64_t k, float alpha, const f
         const float *a_panel = ap + i0 * k + k0 * AFC_MR;
         /* the first pass over the chunk's A panels (weights, from L3) fetches each one's
          * successor, the next chunk's first panel included (panels are contiguous) */
-        afc_ukernel_r(AFC_MR, kc, a_panel, 0, buf + j0 * k + k0 * AFC_NR, 0, c + i0 * ldc + j0, ldc, mr, nr,
-                      alpha, k0 > 0, a_panel + AFC_MR * k, j0 == 0 ? AFC_MR : 0);
+        afc_ukernel_rp(AFC_MR, kc, a_panel, 0, buf + j0 * k + k0 * AFC_NR, 0, c + i0 * ldc + j0, ldc, mr, nr,
+                       alpha, k0 > 0, a_panel + AFC_MR * k, j0 == 0 ? AFC_MR : 0, last ? post : 0, i0, j0);
       }
     }
   }
+}
+
+static void afc_gemm_ap_in(int64_t m, int64_t n, int64_t k, float alpha, const float *ap, const float *b,
+                           int64_t b_rs, int64_t b_cs, float *c, int64_t ldc) {
+  afc_gemm_ap_in_impl(m, n, k, alpha, ap, b, b_rs, b_cs, c, ldc, 0);
+}
+
+static void afc_gemm_ap_in_post(int64_t m, int64_t n, int64_t k, const float *ap, const float *b, int64_t b_rs,
+                                float *c, int64_t ldc, const float *bias, const float *res, int64_t res_ld, int act,
+                                float lo, float hi) {
+  const afc_post post = {bias, res, res_ld, act, lo, hi};
+  afc_gemm_ap_in_impl(m, n, k, 1.0f, ap, b, b_rs, 1, c, ldc, &post);
 }
 
 /* The whole-panel path above, or afc_gemv_bp for at most AFC_GEMV_ROWS rows (afc.h). */

@@ -46,6 +46,12 @@
  *       afc_gemm_ap for a B that does not change during the kernel call, called per chunk of a
  *       few A-panels (m rows starting at a whole panel): each thread packs B once per call (up to
  *       AFC_KC x AFC_NC floats; a larger B takes afc_gemm_ap) and reuses it for the later chunks
+ *   void afc_gemm_ap_in_post(m, n, k, ap, b, b_rs, c, ldc, bias, res, res_ld, act, lo, hi)
+ *       afc_gemm_ap_in (alpha 1, B's columns contiguous) whose tiles get the post-ops of a conv's
+ *       common epilogue right after their last store, while in L1: C[i][j] + bias[i] (bias not
+ *       NULL), then + res[i * res_ld + j] (res not NULL), then `act`: AFC_POST_RELU
+ *       (v > 0 ? v : 0) or AFC_POST_CLIP (v < lo ? lo : v, then v > hi ? hi : v) or
+ *       AFC_POST_NONE. `bias` and `res` are indexed from the call's first row and column.
  *   void afc_begin_call(void)                         a kernel call starts (before its parallel
  *       loop): packings kept by afc_gemm_bp_in / afc_gemm_ap_in for an earlier call are not reused
  *   void afc_conv_ap(m, rows, ow, k, ap, band, plane, phase, wp, sh, sw, kh, kw, dh, dw, c, ldc)
@@ -151,6 +157,19 @@ static void afc_gemm_bp_in(int64_t m, int64_t n, int64_t k, float alpha, const f
                            int64_t a_cs, const float *bp, float *c, int64_t ldc);
 static void afc_gemm_ap_in(int64_t m, int64_t n, int64_t k, float alpha, const float *ap, const float *b,
                            int64_t b_rs, int64_t b_cs, float *c, int64_t ldc);
+#define AFC_POST_NONE 0
+#define AFC_POST_RELU 1
+#define AFC_POST_CLIP 2
+typedef struct {
+  const float *bias;
+  const float *res;
+  int64_t res_ld;
+  int act;
+  float lo, hi;
+} afc_post;
+static void afc_gemm_ap_in_post(int64_t m, int64_t n, int64_t k, const float *ap, const float *b, int64_t b_rs,
+                                float *c, int64_t ldc, const float *bias, const float *res, int64_t res_ld, int act,
+                                float lo, float hi);
 static void afc_begin_call(void);
 static void afc_conv_ap(int64_t m, int64_t rows, int64_t ow, int64_t k, const float *ap, const float *band,
                         int64_t plane, int64_t phase, int64_t wp, int64_t sh, int64_t sw, int64_t kh, int64_t kw,

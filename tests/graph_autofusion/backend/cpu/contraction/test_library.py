@@ -351,6 +351,58 @@ def test_a_kept_input_serves_every_row_chunk(lib: Library, m: int, n: int, k: in
     _check(lib.gemm_ap(lib.pack_a(a), b, m, input_rows=CHUNK_ROWS), a, b)
 
 
+# afc.h's AFC_POST_* codes
+POST_NONE, POST_RELU, POST_CLIP = 0, 1, 2
+
+
+def _post(c: np.ndarray, bias: np.ndarray | None, res: np.ndarray | None, act: int, lo: float, hi: float):
+    """The post-ops in float32, in the order and with the comparisons of ops/elementwise.py."""
+    v = c.copy()
+    if bias is not None:
+        v = v + bias[:, None]
+    if res is not None:
+        v = v + res
+    if act == POST_RELU:
+        v = np.where(v > 0, v, np.float32(0))
+    elif act == POST_CLIP:
+        v = np.where(v < lo, np.float32(lo), v)
+        v = np.where(v > hi, np.float32(hi), v)
+    return v.astype(np.float32)
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "k", "bias", "res", "act"),
+    [
+        (3 * CHUNK_ROWS + 5, 70, 64, True, True, POST_RELU),  # ResNet's bias + residual + Relu
+        (2 * CHUNK_ROWS, 224, 256, True, False, POST_CLIP),  # two depth blocks: post on the last
+        (CHUNK_ROWS + 1, 33, 201, False, True, POST_NONE),  # a one-row chunk, residual alone
+        (CHUNK_ROWS, 230, 300, True, True, POST_CLIP),  # B past the kept block: afc_gemm_ap, then post
+        (7, 3, 1, True, False, POST_RELU),
+    ],
+)
+def test_post_ops_are_the_epilogue_of_the_same_product(
+    lib: Library, m: int, n: int, k: int, bias: bool, res: bool, act: int
+) -> None:
+    """afc_gemm_ap_in_post equals afc_gemm_ap_in's product with the post-ops applied after it, bit
+    for bit (the same product; the ops in the same order), NaN included: Relu maps it to 0, Clip
+    keeps it, as the generated epilogue does."""
+    rng = np.random.default_rng(m + n + k)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    ap = lib.pack_a(a)
+    bias_v = rng.standard_normal(m).astype(np.float32) if bias else None
+    res_v = rng.standard_normal((m, n)).astype(np.float32) if res else None
+    if res_v is not None:
+        res_v[m // 2, n // 2] = np.nan
+    lib.lib.afcx_begin_call()
+    plain = lib.gemm_ap(ap, b, m, input_rows=CHUNK_ROWS)
+    lib.lib.afcx_begin_call()
+    got = lib.gemm_ap_post(ap, b, m, (bias_v, res_v, act, -0.5, 0.75), CHUNK_ROWS)
+    np.testing.assert_array_equal(got, _post(plain, bias_v, res_v, act, -0.5, 0.75))
+    if res_v is not None:
+        assert (got[m // 2, n // 2] == 0) if act == POST_RELU else np.isnan(got[m // 2, n // 2])
+
+
 def test_a_right_input_is_packed_once_per_kernel_call(lib: Library) -> None:
     rng = np.random.default_rng(13)
     m, k, n = 2 * CHUNK_ROWS, 96, lib.nr + 5
