@@ -105,6 +105,7 @@ from .anchor import (
     PACK_A_ROUTINE,
     PACKED_A_INPUT_POST_ROUTINE,
     PACKED_A_INPUT_ROUTINE,
+    PACKED_A_POST_ROUTINE,
     PARALLEL_MIN_MACS,
     POST_CLIP,
     POST_NONE,
@@ -654,6 +655,33 @@ class _Post:
     lo: float = 0.0
     hi: float = 0.0
 
+    def call(self, routine: str, g: ConvGeometry, tile: tuple[Expr, ...], dest: Buffer) -> Call:
+        """`routine`'s call for one tile: (rows, pixels, packed A at, B at, B's row stride, the
+        first row's output channel, the tile's linear index in the output); the residual has
+        the output's layout, so it is read at the same index."""
+        m, n, a_at, b_at, ldb, channel, at = tile
+        null = ir.raw("NULL", DType.I64)
+        pixels = ir.index(g.pixels)
+        return Call(
+            routine,
+            (
+                m,
+                n,
+                ir.index(g.kdim),
+                a_at,
+                b_at,
+                ldb,
+                ir.addr(dest, at),
+                pixels,
+                ir.addr(self.bias, channel) if self.bias is not None else null,
+                ir.addr(self.residual, at) if self.residual is not None else null,
+                pixels,
+                ir.index(self.act),
+                ir.const(self.lo, DType.F32),
+                ir.const(self.hi, DType.F32),
+            ),
+        )
+
 
 def _post_ops(spec: KernelSpec, match: AnchorMatch, values: _ConvValues) -> _Post | None:
     """The kernel's epilogue as post-ops, None where it is anything else: [Add(residual)] then
@@ -905,7 +933,7 @@ def _gemm_tiles(
         b_ptr, ldb = ir.addr(x_buf, xg + p0), ir.index(pixels)
     a: Expr | PackedPanels
     product: list[Stmt]
-    finished = False
+    finished = kept = False
     if rows:
         # Y^T[pixels x channels] = col^T x W^T into this thread's `tile`, then stored transposed
         assert weights is not None
@@ -966,30 +994,8 @@ def _gemm_tiles(
         c_at = ir.addr(dest, (row0 + rc) * pixels + p0)
         chunk: list[Stmt] = [Let(rn, ir.minimum(ch1 - ch0 - rc, EPILOGUE_CHUNK_ROWS))]
         if post is not None:
-            null = ir.raw("NULL", DType.I64)
-            chunk.append(
-                Call(
-                    PACKED_A_INPUT_POST_ROUTINE,
-                    (
-                        rn,
-                        p1 - p0,
-                        ir.index(g.kdim),
-                        a_at,
-                        b_ptr,
-                        ldb,
-                        c_at,
-                        ir.index(pixels),
-                        ir.addr(post.bias, gi * g.cog + ch0 + rc) if post.bias is not None else null,
-                        ir.addr(post.residual, (row0 + rc) * pixels + p0)
-                        if post.residual is not None
-                        else null,
-                        ir.index(pixels),
-                        ir.index(post.act),
-                        ir.const(post.lo, DType.F32),
-                        ir.const(post.hi, DType.F32),
-                    ),
-                )
-            )
+            tile = (rn, p1 - p0, a_at, b_ptr, ldb, gi * g.cog + ch0 + rc, (row0 + rc) * pixels + p0)
+            chunk.append(post.call(PACKED_A_INPUT_POST_ROUTINE, g, tile, dest))
         else:
             one = ir.const(1.0, DType.F32)
             chunk += [
@@ -1011,6 +1017,13 @@ def _gemm_tiles(
                 *finish((row0 + rc, row0 + rc + rn), (p0, p1)),
             ]
         product = [Loop(rc, ch1 - ch0, tuple(chunk), step=EPILOGUE_CHUNK_ROWS)]
+        finished = kept = True
+    elif weights is not None and post is not None:
+        # the library finishes each tile of the last depth block before storing it
+        packed, _, block = weights
+        a_at = ir.addr(packed, (gi * ctn + cb) * block)
+        tile = (ch1 - ch0, p1 - p0, a_at, b_ptr, ldb, gi * g.cog + ch0, row0 * pixels + p0)
+        product = [post.call(PACKED_A_POST_ROUTINE, g, tile, dest)]
         finished = True
     else:
         if weights is not None:
@@ -1043,7 +1056,7 @@ def _gemm_tiles(
     head += [Loop(cb, ctn, tuple(per_tile))] if inner else per_tile
     loop = Loop(task, tasks, tuple(head), parallel=parallel, dynamic=parallel, scratch=scratch, macs=macs)
     # afc_gemm_ap_in keeps its packing for the call's later chunks: the call's start is marked
-    return [Call(BEGIN_CALL_ROUTINE, ()), loop] if finished else [loop]
+    return [Call(BEGIN_CALL_ROUTINE, ()), loop] if kept else [loop]
 
 
 def _im2col(g: ConvGeometry, x: Buffer, xg: Expr, col: Buffer, p0: Expr, p1: Expr) -> Loop:

@@ -28,6 +28,7 @@ from graph_autofusion.lower.anchor import (
     DIRECT_ROWS_CONV_ROUTINE,
     PACKED_A_INPUT_POST_ROUTINE,
     PACKED_A_INPUT_ROUTINE,
+    PACKED_A_POST_ROUTINE,
     PACKED_A_ROUTINE,
     PACKED_B_ROUTINE,
     PARALLEL_MIN_MACS,
@@ -240,8 +241,8 @@ def test_conv_matches_onnxruntime(
         expected = [{PACKED_B_ROUTINE, STORE_T_ROUTINE}, {DIRECT_ROWS_CONV_ROUTINE, STORE_T_ROUTINE}]
         if band_rows:
             expected = expected[1:]
-        elif not rows:
-            expected = [{PACKED_A_ROUTINE}]
+        elif not rows:  # channels as rows: the library finishes each tile with bias and Relu
+            expected = [{PACKED_A_POST_ROUTINE}]
         assert routines in expected and len(kernel.packed) == 1
     else:
         assert routines == {CONTRACTION_ROUTINE} and not kernel.packed
@@ -402,7 +403,7 @@ def test_narrow_convs_put_the_pixels_in_the_rows(
     elif w_shape[2:] == (1, 1) and w_shape[0] > EPILOGUE_CHUNK_ROWS:
         routines = {BEGIN_CALL_ROUTINE, PACKED_A_INPUT_POST_ROUTINE}
     else:
-        routines = {PACKED_A_ROUTINE}
+        routines = {PACKED_A_POST_ROUTINE}
     # the product's tile stored transposed into NCHW
     assert {c.function for c in calls(kernel.body)} == routines
     (task,) = [s for s in kernel.body if isinstance(s, Loop)]
@@ -447,6 +448,22 @@ def test_a_1x1_tile_is_finished_chunk_by_chunk(
         assert not {PACKED_A_INPUT_ROUTINE, PACKED_A_INPUT_POST_ROUTINE} & {
             c.function for c in calls(kernel.body)
         }
+    _assert_matches_onnxruntime(kernel, weights, model, feeds, tmp_path)
+
+
+@pytest.mark.parametrize(("act", "routine"), [("Relu", PACKED_A_POST_ROUTINE), ("Sigmoid", PACKED_A_ROUTINE)])
+def test_an_im2col_tile_is_finished_by_the_library_where_its_epilogue_is_a_post_op(
+    act: str, routine: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bias and Relu are the library's post-ops, applied to each tile before its store; a Sigmoid
+    is not, and the generated epilogue finishes the tile after the plain product."""
+    monkeypatch.setenv(CONTRACTION_ENV, "library")
+    attrs = {"strides": [2, 2], "pads": [1, 0, 1, 2], "dilations": [2, 1]}  # plain im2col tiles
+    model, feeds = _model((2, 5, 40, 70), (12, 5, 3, 3), bias=True, relu=True, act=act, **attrs)
+    spec, weights = _spec(model)
+    kernel = lower_conv(spec)
+    assert method_of(kernel) == IM2COL
+    assert {c.function for c in calls(kernel.body)} == {routine}
     _assert_matches_onnxruntime(kernel, weights, model, feeds, tmp_path)
 
 

@@ -617,11 +617,17 @@ static void afc_gemv_bp(int64_t m, int64_t n, int64_t k, float alpha, const floa
  * (L2); the Goto order then keeps one KC x NR B micro-panel in L1 while the MR x KC slices of a
  * block of MC rows of A stream past it. Streaming A rather than B moves a quarter of the bytes
  * per micro-kernel call (MR = NR / 4), which matters when the weights come from memory. */
-static void afc_gemm_ap(int64_t m, int64_t n, int64_t k, float alpha, const float *ap, const float *b,
-                        int64_t b_rs, int64_t b_cs, float *c, int64_t ldc) {
+static inline __attribute__((always_inline)) void afc_gemm_ap_impl(int64_t m, int64_t n, int64_t k, float alpha,
+                                                                   const float *ap, const float *b, int64_t b_rs,
+                                                                   int64_t b_cs, float *c, int64_t ldc,
+                                                                   const afc_post *post) {
   if (m <= 0 || n <= 0) return;
   if (k <= 0) {
     for (int64_t i = 0; i < m; ++i) memset(c + i * ldc, 0, sizeof(float) * (size_t)n);
+    for (int64_t i0 = 0; post && i0 < m; i0 += AFC_MR)
+      for (int64_t j0 = 0; j0 < n; j0 += AFC_NR)
+        afc_post_tile(post, i0, j0, (int)(m - i0 < AFC_MR ? m - i0 : AFC_MR),
+                      (int)(n - j0 < AFC_NR ? n - j0 : AFC_NR), c + i0 * ldc + j0, ldc);
     return;
   }
   float *buf = afc_buffer();
@@ -671,13 +677,25 @@ static void afc_gemm_ap(int64_t m, int64_t n, int64_t k, float alpha, const floa
               pf = next_b + row * b_rs;
               pfs = next_step;
             }
-            afc_ukernel_r(AFC_MR, kc, a_panel, 0, buf + j0 * kc, 0, c + i0 * ldc + n0 + j0, ldc, mr, nr, alpha,
-                          k0 > 0, pf, pfs);
+            afc_ukernel_rp(AFC_MR, kc, a_panel, 0, buf + j0 * kc, 0, c + i0 * ldc + n0 + j0, ldc, mr, nr, alpha,
+                           k0 > 0, pf, pfs, k0 + kc >= k ? post : 0, i0, n0 + j0);
           }
         }
       }
     }
   }
+}
+
+static void afc_gemm_ap(int64_t m, int64_t n, int64_t k, float alpha, const float *ap, const float *b,
+                        int64_t b_rs, int64_t b_cs, float *c, int64_t ldc) {
+  afc_gemm_ap_impl(m, n, k, alpha, ap, b, b_rs, b_cs, c, ldc, 0);
+}
+
+static void afc_gemm_ap_post(int64_t m, int64_t n, int64_t k, const float *ap, const float *b, int64_t b_rs, float *c,
+                             int64_t ldc, const float *bias, const float *res, int64_t res_ld, int act, float lo,
+                             float hi) {
+  const afc_post post = {bias, res, res_ld, act, lo, hi};
+  afc_gemm_ap_impl(m, n, k, 1.0f, ap, b, b_rs, 1, c, ldc, &post);
 }
 
 /* One packed (mc x kc) block of A-panels (`buf`) against every panel of packed B at depths
@@ -821,10 +839,7 @@ static inline __attribute__((always_inline)) void afc_gemm_ap_in_impl(int64_t m,
   if (m <= 0 || n <= 0) return;
   const int64_t npad = (n + AFC_NR - 1) / AFC_NR * AFC_NR;
   if (k <= 0 || npad * k > AFC_AP_INPUT_FLOATS) {
-    afc_gemm_ap(m, n, k, alpha, ap, b, b_rs, b_cs, c, ldc);
-    if (post)
-      for (int64_t i0 = 0; i0 < m; i0 += AFC_MR)
-        afc_post_tile(post, i0, 0, (int)(m - i0 < AFC_MR ? m - i0 : AFC_MR), (int)n, c + i0 * ldc, ldc);
+    afc_gemm_ap_impl(m, n, k, alpha, ap, b, b_rs, b_cs, c, ldc, post);
     return;
   }
   afc_kept_buffer(&buf, AFC_AP_INPUT_FLOATS);

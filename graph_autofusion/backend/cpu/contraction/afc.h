@@ -46,10 +46,12 @@
  *       afc_gemm_ap for a B that does not change during the kernel call, called per chunk of a
  *       few A-panels (m rows starting at a whole panel): each thread packs B once per call (up to
  *       AFC_KC x AFC_NC floats; a larger B takes afc_gemm_ap) and reuses it for the later chunks
+ *   void afc_gemm_ap_post(m, n, k, ap, b, b_rs, c, ldc, bias, res, res_ld, act, lo, hi)
  *   void afc_gemm_ap_in_post(m, n, k, ap, b, b_rs, c, ldc, bias, res, res_ld, act, lo, hi)
- *       afc_gemm_ap_in (alpha 1, B's columns contiguous) whose tiles get the post-ops of a conv's
- *       common epilogue right after their last store, while in L1: C[i][j] + bias[i] (bias not
- *       NULL), then + res[i * res_ld + j] (res not NULL), then `act`: AFC_POST_RELU
+ *       afc_gemm_ap / afc_gemm_ap_in (alpha 1, B's columns contiguous) with the post-ops of a
+ *       conv's common epilogue applied to each tile of the last depth block, on its accumulators
+ *       before the store (AVX-512; on the stored tile, in L1, elsewhere): C[i][j] + bias[i]
+ *       (bias not NULL), then + res[i * res_ld + j] (res not NULL), then `act`: AFC_POST_RELU
  *       (v > 0 ? v : 0) or AFC_POST_CLIP (v < lo ? lo : v, then v > hi ? hi : v) or
  *       AFC_POST_NONE. `bias` and `res` are indexed from the call's first row and column.
  *   void afc_begin_call(void)                         a kernel call starts (before its parallel
@@ -167,6 +169,9 @@ typedef struct {
   int act;
   float lo, hi;
 } afc_post;
+static void afc_gemm_ap_post(int64_t m, int64_t n, int64_t k, const float *ap, const float *b, int64_t b_rs, float *c,
+                             int64_t ldc, const float *bias, const float *res, int64_t res_ld, int act, float lo,
+                             float hi);
 static void afc_gemm_ap_in_post(int64_t m, int64_t n, int64_t k, const float *ap, const float *b, int64_t b_rs,
                                 float *c, int64_t ldc, const float *bias, const float *res, int64_t res_ld, int act,
                                 float lo, float hi);

@@ -133,6 +133,11 @@ void afcx_gemm_ap_in(int64_t m, int64_t n, int64_t k, float alpha, const float *
                      int64_t b_rs, int64_t b_cs, float *c, int64_t ldc) {
   afc_gemm_ap_in(m, n, k, alpha, ap, b, b_rs, b_cs, c, ldc);
 }
+void afcx_gemm_ap_post(int64_t m, int64_t n, int64_t k, const float *ap, const float *b, int64_t b_rs,
+                       float *c, int64_t ldc, const float *bias, const float *res, int64_t res_ld,
+                       int64_t act, float lo, float hi) {
+  afc_gemm_ap_post(m, n, k, ap, b, b_rs, c, ldc, bias, res, res_ld, (int)act, lo, hi);
+}
 void afcx_gemm_ap_in_post(int64_t m, int64_t n, int64_t k, const float *ap, const float *b, int64_t b_rs,
                           float *c, int64_t ldc, const float *bias, const float *res, int64_t res_ld,
                           int64_t act, float lo, float hi) {
@@ -176,6 +181,8 @@ void afcx_gemm_bp_parallel(int64_t m, int64_t n, int64_t k, const float *a, cons
 _I64 = ctypes.c_int64
 _PTR = ctypes.c_void_p
 _F32 = ctypes.c_float
+# m, n, k, ap, b, b_rs, c, ldc, bias, res, res_ld, act, lo, hi
+_POST_ARGS = [_I64, _I64, _I64, _PTR, _PTR, _I64, _PTR, _I64, _PTR, _PTR, _I64, _I64, _F32, _F32]
 _SIGNATURES: dict[str, tuple[list[type], type | None]] = {
     "afcx_peak": ([_I64], ctypes.c_double),
     "afcx_team_wake_ns": ([_I64, _I64, _I64, _I64], _I64),
@@ -195,10 +202,8 @@ _SIGNATURES: dict[str, tuple[list[type], type | None]] = {
     "afcx_conv_bp": ([*[_I64] * 7, _PTR, *[_I64] * 6, _PTR, _PTR, _I64], None),
     "afcx_gemm_bp_in": ([_I64, _I64, _I64, ctypes.c_float, _PTR, _I64, _I64, _PTR, _PTR, _I64], None),
     "afcx_gemm_ap_in": ([_I64, _I64, _I64, ctypes.c_float, _PTR, _PTR, _I64, _I64, _PTR, _I64], None),
-    "afcx_gemm_ap_in_post": (  # m, n, k, ap, b, b_rs, c, ldc, bias, res, res_ld, act, lo, hi
-        [_I64, _I64, _I64, _PTR, _PTR, _I64, _PTR, _I64, _PTR, _PTR, _I64, _I64, _F32, _F32],
-        None,
-    ),
+    "afcx_gemm_ap_post": (_POST_ARGS, None),
+    "afcx_gemm_ap_in_post": (_POST_ARGS, None),
     "afcx_begin_call": ([], None),
     "afcx_store_t": ([_I64, _I64, _PTR, _I64, _PTR, _I64], None),
     "afcx_dw3x3": ([_I64, _I64, _I64, _PTR, _PTR, _PTR, *[_I64] * 5], None),
@@ -265,21 +270,22 @@ class Library:
         b: np.ndarray,
         m: int,
         post: tuple[np.ndarray | None, np.ndarray | None, int, float, float],
-        input_rows: int,
+        input_rows: int = 0,
     ) -> np.ndarray:
-        """`gemm_ap(..., input_rows)` through afc_gemm_ap_in_post: `post` is (bias[m] or None,
-        residual[m, n] or None, act, lo, hi) as afc.h's AFC_POST_* describe them."""
+        """`gemm_ap(..., input_rows)` with post-ops, through afc_gemm_ap_post (whole) or
+        afc_gemm_ap_in_post (`input_rows` chunks): `post` is (bias[m] or None, residual[m, n] or
+        None, act, lo, hi) as afc.h's AFC_POST_* describe them."""
         bias, res, act, lo, hi = post
         k, n = b.shape
         c = np.full((m, n), np.nan, np.float32)
-        for r0 in range(0, m, input_rows):
-            rows = min(input_rows, m - r0)
+        fn = self.lib.afcx_gemm_ap_in_post if input_rows else self.lib.afcx_gemm_ap_post
+        step = input_rows or m
+        for r0 in range(0, m, step):
+            rows = min(step, m - r0)
             at, out = ap.ctypes.data + 4 * r0 * k, c.ctypes.data + 4 * r0 * n
             bias_at = bias.ctypes.data + 4 * r0 if bias is not None else None
             res_at = res.ctypes.data + 4 * r0 * n if res is not None else None
-            self.lib.afcx_gemm_ap_in_post(
-                rows, n, k, at, b.ctypes.data, b.strides[0] // 4, out, n, bias_at, res_at, n, act, lo, hi
-            )
+            fn(rows, n, k, at, b.ctypes.data, b.strides[0] // 4, out, n, bias_at, res_at, n, act, lo, hi)
         return c
 
     @property
