@@ -27,7 +27,9 @@ fastest of `--reps` runs of each kernel (ours: process CPU time with one thread,
 with more; onnxruntime: its profiler's per-node time), paired by (input shape, weight shape) in
 execution order, with GFLOP/s and the share of the ISA's FMA peak on those threads, the biggest
 losers (ms ours - ms onnxruntime) first. onnxruntime's nodes are profiled in a block of their own
-before ours (its threads spin after a run).
+before ours (its threads spin after a run). With OpenVINO installed, its contraction nodes
+(`PERF_COUNT`, fastest of `--reps`, configured as runtime_speed.py does) fill an `ov ms` column,
+paired in execution order where it runs as many as we do (the conv nets; empty otherwise).
 
 Run: `.venv/bin/python benchmarks/contraction.py [--threads 2] [--reps 20] [--shapes resnet50,bert]
 [--cpu-time] [--models resnet50,mobilenet_v2,bert_base] [--layers resnet50] [--json]`; the header
@@ -388,6 +390,41 @@ def ort_node_times(
     return rows
 
 
+# OpenVINO's contraction nodes in its per-node profile (`PERF_COUNT`)
+OV_CONTRACTIONS = ("Convolution", "GroupConvolution", "FullyConnected", "MatMul")
+
+
+def ov_node_times(
+    model: onnx.ModelProto, feeds: dict[str, np.ndarray], nthreads: int, reps: int
+) -> list[float] | None:
+    """OpenVINO's contraction nodes (OV_CONTRACTIONS) in execution order, the fastest per-node
+    time (ms) of each over `reps` profiled runs, configured as runtime_speed.py runs it; None when
+    OpenVINO is not installed."""
+    import tempfile
+
+    try:
+        import openvino as ov
+    except ImportError:
+        return None
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # runtime_speed.py, beside this file
+    from runtime_speed import OPENVINO_CONFIG
+
+    path = os.path.join(tempfile.mkdtemp(prefix="ov-profile-"), "model.onnx")
+    onnx.save(model, path)
+    core = ov.Core()
+    config = {**OPENVINO_CONFIG, "INFERENCE_NUM_THREADS": nthreads, "PERF_COUNT": True}
+    request = core.compile_model(core.read_model(path), "CPU", config).create_infer_request()
+    request.infer(dict(feeds))  # warm-up, not kept
+    best: dict[str, float] = {}
+    for _ in range(reps):
+        request.infer(dict(feeds))
+        for info in request.get_profiling_info():
+            if info.node_type in OV_CONTRACTIONS:
+                ms = info.real_time.total_seconds() * 1e3
+                best[info.node_name] = min(best.get(info.node_name, math.inf), ms)
+    return list(best.values())  # dicts keep the first run's order: execution order
+
+
 def compare_layers(
     source: onnx.ModelProto, feeds: dict[str, np.ndarray], nthreads: int, reps: int
 ) -> list[dict[str, object]]:
@@ -396,7 +433,9 @@ def compare_layers(
     from graph_autofusion.backend.cpu.extract import KernelStep
 
     theirs = ort_node_times(source, feeds, nthreads, reps)
-    cm = compile_model(gaf.fuse(source).model, threads=nthreads)
+    fused = gaf.fuse(source)
+    ov_times = ov_node_times(fused.canonical_reference, feeds, nthreads, reps)
+    cm = compile_model(fused.model, threads=nthreads)
     cm(feeds)
     threads.set_omp_threads(nthreads)
     clock = time.process_time_ns if nthreads == 1 else time.perf_counter_ns
@@ -427,6 +466,11 @@ def compare_layers(
             "ort_gflops": round(2 * macs / (ort_ms * 1e6), 1) if peer else math.nan,
             "peak_pct": round(100 * 2 * macs / ns / (peak / 1e9), 1),
         })  # fmt: skip
+    # OpenVINO's nodes pair with our anchors in execution order where it runs as many (a conv net:
+    # both fuse each conv with its epilogue); otherwise (transformers) the column stays empty
+    ov_ms = ov_times if ov_times is not None and len(ov_times) == len(out) else [math.nan] * len(out)
+    for row, ms in zip(out, ov_ms, strict=True):
+        row["ov_ms"] = round(ms, 4)
     return out
 
 
@@ -434,15 +478,16 @@ def _layer_lines(rows: list[dict[str, object]], nthreads: int) -> list[str]:
     """The per-layer table, biggest losers first, and the totals."""
     lines = [
         f"{'layer (x -> w)':<44} {'ours ms':>8} {'ort ms':>8} {'ratio':>6} {'GF/s':>6} {'ort':>6} "
-        f"{'%peak':>6}"
+        f"{'%peak':>6} {'ov ms':>8} {'/ov':>6}"
     ]
     for r in sorted(rows, key=lambda r: -(float(r["ms"]) - float(r["ort_ms"]))):  # type: ignore[arg-type]
         x, w = r["x"], r["w"]
         label = f"{'x'.join(map(str, x[1:]))} -> {'x'.join(map(str, w))}"  # type: ignore[index]
         ratio = float(r["ms"]) / float(r["ort_ms"])  # type: ignore[arg-type]
+        ov = float(r["ov_ms"])  # type: ignore[arg-type]
         lines.append(
             f"{label:<44} {r['ms']:>8.3f} {r['ort_ms']:>8.3f} {ratio:>6.2f} {r['gflops']:>6} "
-            f"{r['ort_gflops']:>6} {r['peak_pct']:>6}"
+            f"{r['ort_gflops']:>6} {r['peak_pct']:>6} {ov:>8.3f} {float(r['ms']) / ov:>6.2f}"  # type: ignore[arg-type]
         )
     paired = [r for r in rows if not math.isnan(float(r["ort_ms"]))]  # type: ignore[arg-type]
     ours = sum(float(r["ms"]) for r in paired)  # type: ignore[arg-type]
@@ -452,6 +497,11 @@ def _layer_lines(rows: list[dict[str, object]], nthreads: int) -> list[str]:
         alone = sum(float(r["ms"]) for r in rows) - ours  # type: ignore[arg-type]
         label = f"{len(paired)} paired anchors (+{alone:.2f} ms unpaired)"
     lines.append(f"{label:<44} {ours:>8.2f} {theirs:>8.2f} {ours / max(theirs, 1e-9):>6.2f}")
+    ov_total = sum(float(r["ov_ms"]) for r in rows)  # type: ignore[arg-type]
+    if not math.isnan(ov_total):
+        total = sum(float(r["ms"]) for r in rows)  # type: ignore[arg-type]
+        ratio = total / ov_total
+        lines.append(f"{'all anchors vs OpenVINO':<44} {total:>8.2f} {ov_total:>8.2f} {ratio:>6.2f}")
     return lines
 
 
@@ -501,7 +551,7 @@ def main() -> None:
         header[2] = (
             f"{args.layers} anchors vs onnxruntime ORT_ENABLE_ALL nodes, {args.threads} thread(s), "
             f"fastest of {args.reps} runs per kernel ({clock}; "
-            "onnxruntime: its profiler); %peak = ours / ISA FMA peak on those threads"
+            "onnxruntime and OpenVINO: their profilers); %peak = ours / ISA FMA peak on those threads"
         )
     print("\n".join(header), file=sys.stderr if args.json else None)
     if args.layers:

@@ -1,5 +1,6 @@
 """benchmarks/contraction.py --layers on a two-conv model: onnxruntime's per-node profile read
-back, every anchor paired with its onnxruntime node by (input shape, weight shape), the table."""
+back, every anchor paired with its onnxruntime node by (input shape, weight shape) and with
+OpenVINO's in execution order, the table."""
 
 from __future__ import annotations
 
@@ -59,4 +60,15 @@ def test_every_anchor_is_paired_and_the_table_puts_the_biggest_loser_first() -> 
     losses = [float(r["ms"]) - float(r["ort_ms"]) for r in rows]  # type: ignore[arg-type]
     first = rows[int(np.argmax(losses))]
     assert lines[1].startswith("x".join(map(str, first["x"][1:])))  # type: ignore[index]
-    assert lines[-1].startswith("all anchors, 1 thread(s)")
+    assert lines[-2].startswith("all anchors, 1 thread(s)")
+    assert lines[-1].startswith("all anchors vs OpenVINO")
+
+
+def test_openvino_nodes_pair_with_the_anchors_in_execution_order() -> None:
+    """Both convs come back from OpenVINO's profile, in order, each with a time; the layer rows
+    carry them (the bench extra, which the project's install includes, brings OpenVINO)."""
+    model, feeds = _two_convs()
+    times = contraction.ov_node_times(model, feeds, nthreads=1, reps=2)
+    assert times is not None and len(times) == 2 and all(t > 0 for t in times)
+    rows = contraction.compare_layers(model, feeds, nthreads=1, reps=2)
+    assert all(float(r["ov_ms"]) > 0 for r in rows)  # type: ignore[arg-type]
