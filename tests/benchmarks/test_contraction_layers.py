@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,13 +61,17 @@ def test_every_anchor_is_paired_and_the_table_puts_the_biggest_loser_first() -> 
     losses = [float(r["ms"]) - float(r["ort_ms"]) for r in rows]  # type: ignore[arg-type]
     first = rows[int(np.argmax(losses))]
     assert lines[1].startswith("x".join(map(str, first["x"][1:])))  # type: ignore[index]
-    assert lines[-2].startswith("all anchors, 1 thread(s)")
-    assert lines[-1].startswith("all anchors vs OpenVINO")
+    # the OpenVINO total follows where OpenVINO (the bench extra) is installed
+    with_ov = not any(math.isnan(float(r["ov_ms"])) for r in rows)  # type: ignore[arg-type]
+    totals = lines[-2:] if with_ov else lines[-1:]
+    assert totals[0].startswith("all anchors, 1 thread(s)")
+    assert totals[-1].startswith("all anchors vs OpenVINO") == with_ov
 
 
 def test_openvino_nodes_pair_with_the_anchors_in_execution_order() -> None:
     """Both convs come back from OpenVINO's profile, in order, each with a time; the layer rows
-    carry them (the bench extra, which the project's install includes, brings OpenVINO)."""
+    carry them."""
+    pytest.importorskip("openvino", reason="OpenVINO comes with the bench extra: pip install -e '.[bench]'")
     model, feeds = _two_convs()
     times = contraction.ov_node_times(model, feeds, nthreads=1, reps=2)
     assert times is not None and len(times) == 2 and all(t > 0 for t in times)
