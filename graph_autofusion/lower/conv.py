@@ -643,12 +643,13 @@ class _ConvValues(_EpilogueValues):
 class _Post:
     """A conv's epilogue as the library's post-ops (afc.h: afc_gemm_ap_post, afc_gemm_ap_in_post):
     the conv's bias per output channel, a residual of the output's shape, then Relu or Clip,
-    applied to each tile of the last depth block on its accumulators before the store (AVX-512;
-    on the just-stored tile elsewhere). The generated epilogue instead reads the tile back after
-    its product, a second pass over the output: on ResNet-50's 64 -> 256 1x1 at 56x56 (Zen 5,
-    two threads) 0.198 ms without an epilogue, 0.212 with the bias, 0.225 with bias, residual and
-    Relu; with the post-ops 0.202 and 0.213. Run on the stored tile while it is in L1 they gained
-    nothing there: the cost is the second pass over the data, not where the tile sits."""
+    applied to each tile of the last depth block on its accumulators before the store (AVX-512,
+    AVX2; on the just-stored tile in the portable build). The generated epilogue instead reads
+    the tile back after its product, a second pass over the output: on ResNet-50's 64 -> 256 1x1
+    at 56x56 (Zen 5, two threads) 0.198 ms without an epilogue, 0.212 with the bias, 0.225 with
+    bias, residual and Relu; with the post-ops 0.202 and 0.213. Run on the stored tile while it is
+    in L1 they gained nothing there: the cost is the second pass over the data, not where the
+    tile sits."""
 
     bias: Buffer | None
     residual: Buffer | None

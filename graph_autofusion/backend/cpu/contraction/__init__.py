@@ -42,9 +42,9 @@ the ISA is part of the cache key like every other kernel):
   chunks (a 1x1 conv's tile runs in chunks of 24 output channels against its pixels packed once,
   each chunk finished by the epilogue while in L1), and `afc_gemm_ap_in_post` applies a conv's
   common epilogue (bias, residual, Relu/Clip) to each tile's accumulators before their store
-  (on AVX-512; right after it elsewhere); `afc_dw3x3` / `afc_dw3x3_s2`, depthwise 3x3s of
-  stride 1 and 2, each padded input row read once and its column shifts kept in registers (all
-  of MobileNetV2's depthwise convs).
+  (AVX-512, AVX2; right after it in the portable build); `afc_dw3x3` / `afc_dw3x3_s2`,
+  depthwise 3x3s of stride 1 and 2, each padded input row read once and its column shifts kept
+  in registers (all of MobileNetV2's depthwise convs).
 * `afc.c`: micro-kernels (AVX-512 8x32 with 16 zmm accumulators, AVX2+FMA 6x16, portable 4x16),
   the packing routines and the single-threaded tile drivers with K blocking (at most KC=256,
   split evenly), the Goto loop order and a software prefetch of the next weight panel (afc.h);

@@ -354,13 +354,42 @@ static inline __attribute__((always_inline)) void afc_ukernel_8(const int R, int
   }
 }
 
-static inline __attribute__((always_inline)) void afc_ukernel_r(const int R, int64_t kc, const float *restrict ap,
-                                                              const float *const *arow,
-                                                              const float *restrict bp, const int32_t *offs,
-                                                              float *restrict c, int64_t ldc, int mr, int nr,
-                                                              float alpha, int acc, const float *pf, int64_t pfs) {
+/* The post-ops of afc_post_tile on a whole tile row's two vectors in registers, before their store. */
+static inline __attribute__((always_inline)) void afc_post_row(const afc_post *p, int64_t i, int64_t j, __m256 *v0,
+                                                             __m256 *v1) {
+  if (p->bias) {
+    const __m256 b = _mm256_set1_ps(p->bias[i]);
+    *v0 = _mm256_add_ps(*v0, b);
+    *v1 = _mm256_add_ps(*v1, b);
+  }
+  if (p->res) {
+    const float *r = p->res + i * p->res_ld + j;
+    *v0 = _mm256_add_ps(*v0, _mm256_loadu_ps(r));
+    *v1 = _mm256_add_ps(*v1, _mm256_loadu_ps(r + 8));
+  }
+  if (p->act == AFC_POST_RELU) {
+    const __m256 z = _mm256_setzero_ps();
+    *v0 = _mm256_and_ps(*v0, _mm256_cmp_ps(*v0, z, _CMP_GT_OQ));
+    *v1 = _mm256_and_ps(*v1, _mm256_cmp_ps(*v1, z, _CMP_GT_OQ));
+  } else if (p->act == AFC_POST_CLIP) {
+    const __m256 lo = _mm256_set1_ps(p->lo), hi = _mm256_set1_ps(p->hi);
+    *v0 = _mm256_blendv_ps(*v0, lo, _mm256_cmp_ps(*v0, lo, _CMP_LT_OQ));
+    *v1 = _mm256_blendv_ps(*v1, lo, _mm256_cmp_ps(*v1, lo, _CMP_LT_OQ));
+    *v0 = _mm256_blendv_ps(*v0, hi, _mm256_cmp_ps(*v0, hi, _CMP_GT_OQ));
+    *v1 = _mm256_blendv_ps(*v1, hi, _mm256_cmp_ps(*v1, hi, _CMP_GT_OQ));
+  }
+}
+
+/* `post` as in the AVX-512 twin: on the accumulators of a whole tile, on the stored tile else. */
+static inline __attribute__((always_inline)) void afc_ukernel_rp(const int R, int64_t kc, const float *restrict ap,
+                                                               const float *const *arow,
+                                                               const float *restrict bp, const int32_t *offs,
+                                                               float *restrict c, int64_t ldc, int mr, int nr,
+                                                               float alpha, int acc, const float *pf, int64_t pfs,
+                                                               const afc_post *post, int64_t pi0, int64_t pj0) {
   if (nr <= 8) {
     afc_ukernel_8(R, kc, ap, arow, bp, offs, c, ldc, mr, nr, alpha, acc);
+    if (post) afc_post_tile(post, pi0, pj0, mr, nr, c, ldc);
     return;
   }
   __m256 c0[AFC_MR], c1[AFC_MR];
@@ -400,6 +429,7 @@ static inline __attribute__((always_inline)) void afc_ukernel_r(const int R, int
         c0[i] = _mm256_add_ps(c0[i], _mm256_loadu_ps(row));
         c1[i] = _mm256_add_ps(c1[i], _mm256_loadu_ps(row + 8));
       }
+      if (post) afc_post_row(post, pi0 + i, pj0, &c0[i], &c1[i]);
       _mm256_storeu_ps(row, c0[i]);
       _mm256_storeu_ps(row + 8, c1[i]);
     }
@@ -415,6 +445,15 @@ static inline __attribute__((always_inline)) void afc_ukernel_r(const int R, int
     float *row = c + i * ldc;
     for (int j = 0; j < nr; ++j) row[j] = acc ? row[j] + tile[i * AFC_NR + j] : tile[i * AFC_NR + j];
   }
+  if (post) afc_post_tile(post, pi0, pj0, mr, nr, c, ldc);
+}
+
+static inline __attribute__((always_inline)) void afc_ukernel_r(const int R, int64_t kc, const float *restrict ap,
+                                                              const float *const *arow,
+                                                              const float *restrict bp, const int32_t *offs,
+                                                              float *restrict c, int64_t ldc, int mr, int nr,
+                                                              float alpha, int acc, const float *pf, int64_t pfs) {
+  afc_ukernel_rp(R, kc, ap, arow, bp, offs, c, ldc, mr, nr, alpha, acc, pf, pfs, 0, 0, 0);
 }
 #else
 static inline void afc_ukernel_r(const int R, int64_t kc, const float *restrict ap, const float *const *arow,
@@ -444,8 +483,8 @@ static inline void afc_ukernel_r(const int R, int64_t kc, const float *restrict 
 }
 #endif
 
-#if !defined(__AVX512F__)
-/* Without AVX-512 the post-ops run on the stored tile, while it is in L1. */
+#if !defined(__AVX512F__) && !(defined(__AVX2__) && defined(__FMA__))
+/* The portable kernel applies the post-ops to the stored tile, while it is in L1. */
 static inline __attribute__((always_inline)) void afc_ukernel_rp(const int R, int64_t kc, const float *restrict ap,
                                                                const float *const *arow,
                                                                const float *restrict bp, const int32_t *offs,
@@ -829,7 +868,7 @@ static void afc_gemm_bp_in(int64_t m, int64_t n, int64_t k, float alpha, const f
  * back. Within a chunk the B panels stream from L2 past the chunk's A panels, which stay in L1.
  * A B of more than AFC_AP_INPUT_FLOATS (more than an L2 block) takes afc_gemm_ap. With `post`,
  * each tile of the last depth block gets its post-ops on its accumulators before its store
- * (AVX-512; right after it elsewhere). */
+ * (AVX-512, AVX2; right after it in the portable build). */
 static inline __attribute__((always_inline)) void afc_gemm_ap_in_impl(int64_t m, int64_t n, int64_t k, float alpha,
                                                                       const float *ap, const float *b, int64_t b_rs,
                                                                       int64_t b_cs, float *c, int64_t ldc,
