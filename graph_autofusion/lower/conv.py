@@ -993,10 +993,10 @@ def _gemm_tiles(
         packed, _, block = weights
         rc, rn = ir.var("rc"), ir.var("rn")
         a_at = ir.addr(packed, (gi * ctn + cb) * block + rc * g.kdim)
-        c_at = ir.addr(dest, (row0 + rc) * pixels + p0)
+        at = (row0 + rc) * pixels + p0
         chunk: list[Stmt] = [Let(rn, ir.minimum(ch1 - ch0 - rc, EPILOGUE_CHUNK_ROWS))]
         if post is not None:
-            tile = (rn, p1 - p0, a_at, b_ptr, ldb, gi * g.cog + ch0 + rc, (row0 + rc) * pixels + p0)
+            tile = (rn, p1 - p0, a_at, b_ptr, ldb, gi * g.cog + ch0 + rc, at)
             chunk.append(post.call(PACKED_A_INPUT_POST_ROUTINE, g, tile, dest))
         else:
             one = ir.const(1.0, DType.F32)
@@ -1012,7 +1012,7 @@ def _gemm_tiles(
                         b_ptr,
                         ldb,
                         ir.index(1),
-                        c_at,
+                        ir.addr(dest, at),
                         ir.index(pixels),
                     ),
                 ),

@@ -166,7 +166,7 @@ static inline void afc_post_tile(const afc_post *p, int64_t i0, int64_t j0, int 
   for (int i = 0; i < mr; ++i) {
     float *restrict row = c + i * ldc;
     const float bias = p->bias ? p->bias[i0 + i] : 0.0f;
-    const float *restrict res = p->res ? p->res + (i0 + i) * p->res_ld + j0 : row;
+    const float *restrict res = p->res ? p->res + (i0 + i) * p->res_ld + j0 : 0;
     const int has_bias = p->bias != 0, has_res = p->res != 0, act = p->act;
     const float lo = p->lo, hi = p->hi;
 #pragma omp simd
@@ -220,30 +220,28 @@ static inline __attribute__((always_inline)) void afc_ukernel_16(const int R, in
   }
 }
 
-/* The post-ops of afc_post_tile on a tile row's two vectors in registers, before their store. */
-static inline __attribute__((always_inline)) void afc_post_row(const afc_post *p, int64_t i, int64_t j,
-                                                             __mmask16 k0, __mmask16 k1, __m512 *v0, __m512 *v1) {
-  if (p->bias) {
-    const __m512 b = _mm512_set1_ps(p->bias[i]);
-    *v0 = _mm512_add_ps(*v0, b);
-    *v1 = _mm512_add_ps(*v1, b);
-  }
-  if (p->res) {
-    const float *r = p->res + i * p->res_ld + j;
-    *v0 = _mm512_add_ps(*v0, _mm512_maskz_loadu_ps(k0, r));
-    *v1 = _mm512_add_ps(*v1, _mm512_maskz_loadu_ps(k1, r + 16));
-  }
+/* The post-ops of afc_post_tile on one vector of tile row i in registers, before its store (`r`:
+ * the residual at the vector's first column, or NULL; `k`: its valid lanes). */
+static inline __attribute__((always_inline)) __m512 afc_post_v16(const afc_post *p, int64_t i, const float *r,
+                                                                __mmask16 k, __m512 v) {
+  if (p->bias) v = _mm512_add_ps(v, _mm512_set1_ps(p->bias[i]));
+  if (r) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(k, r));
   if (p->act == AFC_POST_RELU) {
-    const __m512 z = _mm512_setzero_ps();
-    *v0 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(*v0, z, _CMP_GT_OQ), *v0);
-    *v1 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(*v1, z, _CMP_GT_OQ), *v1);
+    v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_GT_OQ), v);
   } else if (p->act == AFC_POST_CLIP) {
     const __m512 lo = _mm512_set1_ps(p->lo), hi = _mm512_set1_ps(p->hi);
-    *v0 = _mm512_mask_mov_ps(*v0, _mm512_cmp_ps_mask(*v0, lo, _CMP_LT_OQ), lo);
-    *v1 = _mm512_mask_mov_ps(*v1, _mm512_cmp_ps_mask(*v1, lo, _CMP_LT_OQ), lo);
-    *v0 = _mm512_mask_mov_ps(*v0, _mm512_cmp_ps_mask(*v0, hi, _CMP_GT_OQ), hi);
-    *v1 = _mm512_mask_mov_ps(*v1, _mm512_cmp_ps_mask(*v1, hi, _CMP_GT_OQ), hi);
+    v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, lo, _CMP_LT_OQ), lo);
+    v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, hi, _CMP_GT_OQ), hi);
   }
+  return v;
+}
+
+/* ... on a tile row's two vectors (columns j .. j + 31). */
+static inline __attribute__((always_inline)) void afc_post_row(const afc_post *p, int64_t i, int64_t j,
+                                                             __mmask16 k0, __mmask16 k1, __m512 *v0, __m512 *v1) {
+  const float *r = p->res ? p->res + i * p->res_ld + j : 0;
+  *v0 = afc_post_v16(p, i, r, k0, *v0);
+  *v1 = afc_post_v16(p, i, r ? r + 16 : 0, k1, *v1);
 }
 
 /* `post` (the tile's first row and column in the call: pi0, pj0) is applied to the accumulators
@@ -354,30 +352,20 @@ static inline __attribute__((always_inline)) void afc_ukernel_8(const int R, int
   }
 }
 
-/* The post-ops of afc_post_tile on a whole tile row's two vectors in registers, before their store. */
-static inline __attribute__((always_inline)) void afc_post_row(const afc_post *p, int64_t i, int64_t j, __m256 *v0,
-                                                             __m256 *v1) {
-  if (p->bias) {
-    const __m256 b = _mm256_set1_ps(p->bias[i]);
-    *v0 = _mm256_add_ps(*v0, b);
-    *v1 = _mm256_add_ps(*v1, b);
-  }
-  if (p->res) {
-    const float *r = p->res + i * p->res_ld + j;
-    *v0 = _mm256_add_ps(*v0, _mm256_loadu_ps(r));
-    *v1 = _mm256_add_ps(*v1, _mm256_loadu_ps(r + 8));
-  }
+/* The post-ops of afc_post_tile on one vector of a whole tile row i in registers, before its
+ * store (`r`: the residual at the vector's first column, or NULL). */
+static inline __attribute__((always_inline)) __m256 afc_post_v8(const afc_post *p, int64_t i, const float *r,
+                                                               __m256 v) {
+  if (p->bias) v = _mm256_add_ps(v, _mm256_set1_ps(p->bias[i]));
+  if (r) v = _mm256_add_ps(v, _mm256_loadu_ps(r));
   if (p->act == AFC_POST_RELU) {
-    const __m256 z = _mm256_setzero_ps();
-    *v0 = _mm256_and_ps(*v0, _mm256_cmp_ps(*v0, z, _CMP_GT_OQ));
-    *v1 = _mm256_and_ps(*v1, _mm256_cmp_ps(*v1, z, _CMP_GT_OQ));
+    v = _mm256_and_ps(v, _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_GT_OQ));
   } else if (p->act == AFC_POST_CLIP) {
     const __m256 lo = _mm256_set1_ps(p->lo), hi = _mm256_set1_ps(p->hi);
-    *v0 = _mm256_blendv_ps(*v0, lo, _mm256_cmp_ps(*v0, lo, _CMP_LT_OQ));
-    *v1 = _mm256_blendv_ps(*v1, lo, _mm256_cmp_ps(*v1, lo, _CMP_LT_OQ));
-    *v0 = _mm256_blendv_ps(*v0, hi, _mm256_cmp_ps(*v0, hi, _CMP_GT_OQ));
-    *v1 = _mm256_blendv_ps(*v1, hi, _mm256_cmp_ps(*v1, hi, _CMP_GT_OQ));
+    v = _mm256_blendv_ps(v, lo, _mm256_cmp_ps(v, lo, _CMP_LT_OQ));
+    v = _mm256_blendv_ps(v, hi, _mm256_cmp_ps(v, hi, _CMP_GT_OQ));
   }
+  return v;
 }
 
 /* `post` as in the AVX-512 twin: on the accumulators of a whole tile, on the stored tile else. */
@@ -429,7 +417,11 @@ static inline __attribute__((always_inline)) void afc_ukernel_rp(const int R, in
         c0[i] = _mm256_add_ps(c0[i], _mm256_loadu_ps(row));
         c1[i] = _mm256_add_ps(c1[i], _mm256_loadu_ps(row + 8));
       }
-      if (post) afc_post_row(post, pi0 + i, pj0, &c0[i], &c1[i]);
+      if (post) {
+        const float *r = post->res ? post->res + (pi0 + i) * post->res_ld + pj0 : 0;
+        c0[i] = afc_post_v8(post, pi0 + i, r, c0[i]);
+        c1[i] = afc_post_v8(post, pi0 + i, r ? r + 8 : 0, c1[i]);
+      }
       _mm256_storeu_ps(row, c0[i]);
       _mm256_storeu_ps(row + 8, c1[i]);
     }
@@ -663,10 +655,7 @@ static inline __attribute__((always_inline)) void afc_gemm_ap_impl(int64_t m, in
   if (m <= 0 || n <= 0) return;
   if (k <= 0) {
     for (int64_t i = 0; i < m; ++i) memset(c + i * ldc, 0, sizeof(float) * (size_t)n);
-    for (int64_t i0 = 0; post && i0 < m; i0 += AFC_MR)
-      for (int64_t j0 = 0; j0 < n; j0 += AFC_NR)
-        afc_post_tile(post, i0, j0, (int)(m - i0 < AFC_MR ? m - i0 : AFC_MR),
-                      (int)(n - j0 < AFC_NR ? n - j0 : AFC_NR), c + i0 * ldc + j0, ldc);
+    if (post) afc_post_tile(post, 0, 0, (int)m, (int)n, c, ldc);
     return;
   }
   float *buf = afc_buffer();

@@ -51,9 +51,9 @@
  *       afc_gemm_ap / afc_gemm_ap_in (alpha 1, B's columns contiguous) with the post-ops of a
  *       conv's common epilogue applied to each tile of the last depth block, on its accumulators
  *       before the store (AVX-512, AVX2; on the stored tile in the portable build):
- *       C[i][j] + bias[i] (bias not NULL), then + res[i * res_ld + j] (res not NULL), then `act`: AFC_POST_RELU
- *       (v > 0 ? v : 0) or AFC_POST_CLIP (v < lo ? lo : v, then v > hi ? hi : v) or
- *       AFC_POST_NONE. `bias` and `res` are indexed from the call's first row and column.
+ *       C[i][j] + bias[i] (bias not NULL), then + res[i * res_ld + j] (res not NULL), then
+ *       `act`: AFC_POST_RELU (v > 0 ? v : 0) or AFC_POST_CLIP (v < lo ? lo : v, then
+ *       v > hi ? hi : v) or AFC_POST_NONE. `bias` and `res` are indexed from the call's first row and column.
  *   void afc_begin_call(void)                         a kernel call starts (before its parallel
  *       loop): packings kept by afc_gemm_bp_in / afc_gemm_ap_in for an earlier call are not reused
  *   void afc_conv_ap(m, rows, ow, k, ap, band, plane, phase, wp, sh, sw, kh, kw, dh, dw, c, ldc)
