@@ -131,7 +131,7 @@ def precompile(prepared: Iterable[Prepared], cache: Any, jobs: int | None = None
     from ..backend.cpu.codegen import generate as generate_kernel
     from ..backend.cpu.compiler import KernelSource, compile_kernels
     from ..backend.cpu.extract import extract
-    from ..backend.cpu.runtime import DRIVER_SOURCE, DRIVER_SYMBOL
+    from ..backend.cpu.runtime import support_sources
 
     sources: dict[str, KernelSource] = {}
     for p in prepared:
@@ -150,7 +150,7 @@ def precompile(prepared: Iterable[Prepared], cache: Any, jobs: int | None = None
                 except Exception:  # reported by check()
                     continue
                 sources[symbol] = KernelSource(symbol, kernel.source, uses_blas=kernel.uses_blas)
-    batch = [*sources.values(), KernelSource(DRIVER_SYMBOL, DRIVER_SOURCE, uses_openmp=False)]
+    batch = [*sources.values(), *support_sources()]
     with contextlib.suppress(FusionError):
         compile_kernels(batch, cache=cache, jobs=jobs, combine=True)
     return len(sources)

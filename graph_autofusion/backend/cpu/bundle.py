@@ -3,7 +3,7 @@
 Layout (a directory, or the same tree in a .tar.gz / .tgz)::
 
     model.onnx                 the fused model the kernels were generated from
-    kernels/<digest>.so        one shared object per unique kernel (plus the driver)
+    kernels/<digest>.so        one shared object per unique kernel (plus the driver and the pool)
     packed.bin                 weights packed for the contraction library, each buffer once
     manifest.json              what belongs to what, with sha256s
 
@@ -14,6 +14,7 @@ Layout (a directory, or the same tree in a .tar.gz / .tgz)::
      "isa": "x86-64-v4+avx512vnni", "machine": "x86_64",
      "compiler": {"version": "...", "target": "..."},
      "driver": {"digest": "...", "file": "kernels/<digest>.so", "sha256": "..."},
+     "pool": {"digest": "...", "file": "kernels/<digest>.so", "sha256": "..."},
      "kernels": {"<symbol>": {"digest": "...", "file": "...", "sha256": "...",
                               "template": "...", "method": "...", "uses_blas": false}},
      "host_ops": {"<symbol>": "<why it runs on the host>"},
@@ -128,6 +129,12 @@ def save_bundle(compiled: CompiledModel, path: str | Path) -> Path:
         packed = _save_packed(compiled, root)
         driver_rel = f"kernels/{compiled.driver_digest}.so"
         shutil.copyfile(compiled.driver_path, root / driver_rel)
+        pool_entry = None
+        if compiled.pool_path is not None:
+            pool_rel = f"kernels/{compiled.pool_digest}.so"
+            shutil.copyfile(compiled.pool_path, root / pool_rel)
+            pool_sha = _sha256(root / pool_rel)
+            pool_entry = {"digest": compiled.pool_digest, "file": pool_rel, "sha256": pool_sha}
         cc = compiler_identity()
         manifest = {
             "format": FORMAT,
@@ -142,6 +149,7 @@ def save_bundle(compiled: CompiledModel, path: str | Path) -> Path:
                 "sha256": _sha256(root / driver_rel),
             },
             "kernels": kernels,
+            "pool": pool_entry,
             "host_ops": dict(compiled.unsupported),
             "packed": packed,
         }
@@ -291,6 +299,8 @@ def _load_dir(root: Path, threads: int | None, recompile: bool) -> CompiledModel
     if missing:
         raise BundleError(f"the bundle has no artifact for kernel {missing[0]}", code="bundle_corrupt")
     driver = checked(manifest["driver"], "driver")
+    pool_entry = manifest.get("pool")  # absent from bundles saved before the pool: libgomp's teams
+    pool_path = checked(pool_entry, "thread pool") if pool_entry else None
     # Before the packed weights are mapped, the weights that only they serve are dropped: never
     # held raw after this.
     usable = _packed_usable(manifest)
@@ -304,6 +314,8 @@ def _load_dir(root: Path, threads: int | None, recompile: bool) -> CompiledModel
         manifest.get("host_ops", {}),
         driver_path=driver,
         driver_digest=manifest["driver"]["digest"],
+        pool_path=pool_path,
+        pool_digest=pool_entry["digest"] if pool_entry else None,
         threads=threads,
         isa=built_for if isinstance(built_for, IsaTarget) else None,
         packed=packed,

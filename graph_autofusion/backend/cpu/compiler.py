@@ -48,7 +48,10 @@ Usage (what the code generators and the runtime call)::
   `~/.cache/graph_autofusion/kernels`; `cache.default_cache()` is the per-process instance used
   when `cache=None`, so its `stats` (hits, misses, evictions, bytes) accumulate for reports and
   `/metrics`.
-* Threads: `threads.configure_kernel_threads(n)` before running kernels from a thread (OpenMP
+* Threads: every OpenMP unit is linked with the thread pool's entry shim (`threadpool.entry_source()`,
+  `threadpool.link_flags()`: its libgomp calls are wrapped), and `Artifact.load` attaches the process's
+  pool, so its parallel regions run there (threadpool/__init__.py says why).
+  `threads.configure_kernel_threads(n)` before running kernels from a thread (OpenMP
   gets n threads, BLAS 1); `threads.set_omp_threads(n)` is per calling thread, and
   `blas.set_blas_threads(n)` process-wide (kernels expect 1, which `blas.load_blas()` sets).
   libgomp is not fork-safe: a process forked after OpenMP was loaded runs kernels on one thread
@@ -96,7 +99,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from graph_autofusion.backend.cpu import blas, sanitize
+from graph_autofusion.backend.cpu import blas, sanitize, threadpool
 from graph_autofusion.backend.cpu.cache import KernelCache, default_cache
 from graph_autofusion.backend.cpu.isa import IsaTarget, host_isa, target_isa
 from graph_autofusion.backend.cpu.threads import available_cpus
@@ -176,7 +179,9 @@ class Artifact:
             )
         if self.uses_blas:
             blas.load_blas()
-        return ctypes.CDLL(str(self.path))
+        lib = ctypes.CDLL(str(self.path))
+        threadpool.attach(lib)
+        return lib
 
 
 @dataclass(frozen=True)
@@ -273,7 +278,8 @@ def _link_flags(
     isa = isa or target_isa()
     vector_math = ["-lmvec"] if _simd_math_ok(info, isa) else []
     sanitizers = sanitize.compile_flags(sanitize.sanitize_mode())
-    return [*(blas.link_flags() if src.uses_blas else ()), *vector_math, *sanitizers, *LINK_FLAGS]
+    entry = threadpool.link_flags() if src.uses_openmp else []
+    return [*(blas.link_flags() if src.uses_blas else ()), *vector_math, *sanitizers, *entry, *LINK_FLAGS]
 
 
 # Vector variants that glibc's libmvec provides for AVX2 and AVX-512 (`_ZGVdN8v_expf`, ...; glibc >= 2.35
@@ -357,6 +363,7 @@ def kernel_digest(
         "isa": isa.name,
         "machine": platform.machine(),
         "source": src.text,
+        "entry": threadpool.entry_source() if src.uses_openmp else "",
     }
     blob = json.dumps(material, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()
@@ -387,12 +394,17 @@ def _build(src: KernelSource, info: CompilerInfo, isa: IsaTarget, output: Path) 
     with tempfile.TemporaryDirectory(prefix="autofusion-cc-") as workdir:
         source_file = Path(workdir) / f"{src.name}.c"
         source_file.write_text(src.text, encoding="utf-8")
+        files = [source_file.name]
+        if src.uses_openmp:  # its libgomp calls go through the entry shim (threadpool/__init__.py)
+            entry_file = Path(workdir) / "af_pool_entry.c"
+            entry_file.write_text(threadpool.entry_source(), encoding="utf-8")
+            files.append(entry_file.name)
         cmd = [
             *info.command,
             *kernel_flags(src, info=info, isa=isa),
             "-o",
             str(output),
-            source_file.name,
+            *files,
             *_link_flags(src, info, isa),
         ]
         # Its own process group, so a timeout kills cc1/as/ld too, not only the driver.

@@ -41,7 +41,7 @@ from .cache import KernelCache
 from .codegen import CodegenUnsupported, generate
 from .compiler import KernelSource, compile_kernels
 from .extract import extract
-from .runtime import DRIVER_SOURCE, DRIVER_SYMBOL, compile_model
+from .runtime import compile_model, support_sources
 
 RTOL = 1e-5
 ATOL = 1e-6
@@ -205,7 +205,7 @@ def precompile(cases: Sequence[Case], cache: KernelCache, jobs: int | None = Non
             except CodegenUnsupported:
                 continue
             sources[symbol] = KernelSource(symbol, kernel.source, uses_blas=kernel.uses_blas)
-    batch = [*sources.values(), KernelSource(DRIVER_SYMBOL, DRIVER_SOURCE, uses_openmp=False)]
+    batch = [*sources.values(), *support_sources()]
     with contextlib.suppress(FusionError):
         compile_kernels(batch, cache=cache, jobs=jobs, combine=True)
     return len(sources)

@@ -49,7 +49,7 @@ from ..steps import (
     resolve_steps,
     with_host_fallbacks,
 )
-from . import sanitize
+from . import sanitize, threadpool
 from .arena import ALIGNMENT, Buffer, plan_offsets
 from .cache import KernelCache, default_cache
 from .codegen import CodegenUnsupported, GeneratedKernel, generate
@@ -126,25 +126,27 @@ def compile_model(
             continue
         sources.append(KernelSource(symbol, kernel.source, uses_blas=kernel.uses_blas))
         meta[symbol] = (spec.template, kernel.method, kernel.uses_blas)
-    sources.append(KernelSource(DRIVER_SYMBOL, DRIVER_SOURCE, uses_openmp=False))
+    sources += support_sources()
     artifacts = compile_kernels(sources, cache=cache, jobs=jobs, progress=progress, combine=True, isa=isa)
     kernels: dict[str, KernelInfo] = {}
-    driver: Artifact | None = None
+    support: dict[str, Artifact] = {}
     for art in artifacts:
-        if art.name == DRIVER_SYMBOL:
-            driver = art
+        if art.name in (DRIVER_SYMBOL, threadpool.SYMBOL):
+            support[art.name] = art
             continue
         template, method, uses_blas = meta[art.name]
         kernels[art.name] = KernelInfo(
             art.name, template, method, uses_blas, art.digest, art.path, art.cached
         )
-    assert driver is not None
+    driver = support[DRIVER_SYMBOL]
     compiled = CompiledModel(
         plan,
         kernels,
         unsupported,
         driver_path=driver.path,
         driver_digest=driver.digest,
+        pool_path=support[threadpool.SYMBOL].path,
+        pool_digest=support[threadpool.SYMBOL].digest,
         threads=threads,
         isa=isa,
     )
@@ -152,6 +154,12 @@ def compile_model(
     compiled.stats["compile_seconds"] = round(time.perf_counter() - started, 4)
     compiled.stats["cache"] = {"hits": hits, "misses": len(artifacts) - hits}
     return compiled
+
+
+def support_sources() -> list[KernelSource]:
+    """What every compiled model links with besides its kernels: the driver that calls them in
+    sequence, and the thread pool their parallel loops run on (threadpool/__init__.py)."""
+    return [KernelSource(DRIVER_SYMBOL, DRIVER_SOURCE, uses_openmp=False), threadpool.source()]
 
 
 def _no_c_type(spec: KernelSpec) -> str:
@@ -220,6 +228,8 @@ class CompiledModel(PlannedModel):
         *,
         driver_path: Path,
         driver_digest: str,
+        pool_path: Path | None = None,
+        pool_digest: str | None = None,
         threads: int | None = None,
         isa: IsaTarget | None = None,
         packed: Mapping[PackedKey, np.ndarray] | None = None,
@@ -245,6 +255,10 @@ class CompiledModel(PlannedModel):
         self.team = TeamChoice(self.threads)
         self.driver_path = driver_path
         self.driver_digest = driver_digest
+        # the thread pool the kernels' parallel loops run on; None (a bundle saved before the
+        # pool): libgomp's teams
+        self.pool_path = pool_path
+        self.pool_digest = pool_digest
         # What the kernels were built for. Mapping them runs none of their code (they have no
         # constructors), so a foreign ISA loads; calling them is refused in `_require_isa`.
         self.isa = isa or target_isa()
@@ -277,7 +291,10 @@ class CompiledModel(PlannedModel):
     # -- loading -------------------------------------------------------------------------------
     def _lib(self, path: Path) -> ctypes.CDLL:
         if path not in self._libs:
-            self._libs[path] = ctypes.CDLL(str(path))
+            lib = ctypes.CDLL(str(path))
+            if self.pool_path is not None:
+                threadpool.attach(lib, self.pool_path)
+            self._libs[path] = lib
         return self._libs[path]
 
     def _resolve_steps(self) -> list[Step]:
@@ -566,6 +583,8 @@ class CompiledModel(PlannedModel):
             "packed_weights_bytes": int(sum(b.nbytes for b in self._packed.values())),
             "packed_weights_source": self._packed_source(),
             "threads": self.threads,
+            # what runs the kernels' parallel loops: "pool" (threadpool/) or "openmp" (libgomp)
+            "thread_pool": "pool" if self.pool_path is not None and threadpool.enabled() else "openmp",
             # multiply-adds below which a contraction loop leaves the team asleep (threads.py)
             "parallel_min_macs": self.parallel_min_macs,
             "isa": self.isa.name,

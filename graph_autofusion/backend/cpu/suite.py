@@ -41,7 +41,7 @@ from .codegen import generate
 from .compiler import KernelSource, compile_kernels
 from .conformance import _all_node_cases, as_arrays, compare
 from .extract import extract
-from .runtime import DRIVER_SOURCE, DRIVER_SYMBOL, compile_model
+from .runtime import compile_model, support_sources
 
 PASS, HOST, WRONG, REFUSED, ERROR = "pass", "host", "wrong", "refused", "error"
 # 16-bit float outputs: the expected values (onnx.reference running the expanded function) round
@@ -138,7 +138,7 @@ def precompile_fused(models: Iterable[onnx.ModelProto], cache: KernelCache, jobs
             except Exception:  # unsupported, or a generator crash: the case's own run reports it
                 continue
             sources[symbol] = KernelSource(symbol, kernel.source, uses_blas=kernel.uses_blas)
-    batch = [*sources.values(), KernelSource(DRIVER_SYMBOL, DRIVER_SOURCE, uses_openmp=False)]
+    batch = [*sources.values(), *support_sources()]
     with contextlib.suppress(FusionError):
         compile_kernels(batch, cache=cache, jobs=jobs, combine=True)
     return len(sources)

@@ -1,5 +1,10 @@
 """Thread counts for OpenMP kernels, and how many cores this process may really use.
 
+The kernels' parallel regions run on the project's own thread pool (threadpool/__init__.py), not on
+libgomp's teams: the team size is still the calling thread's OpenMP setting steered here, and the
+wait policy below sets how long the pool's workers spin (`threadpool.SPIN_NS`). The libgomp notes that
+follow hold for anything else built with OpenMP, and for `AUTOFUSION_THREAD_POOL=openmp`.
+
 Generated kernels own the parallel loop (OpenMP) and call BLAS single-threaded inside it; two
 thread pools fighting over the same cores is the classic way a fused model ends up slower than an
 unfused one. This module is the one place that knows how to steer libgomp.

@@ -85,6 +85,22 @@ def test_manifest_names_every_kernel_with_its_sha256(compiled, tmp_path: Path) -
     assert_close(loaded(feeds), compiled(feeds), rtol=0, atol=0)
 
 
+def test_the_bundle_carries_the_thread_pool(compiled, tmp_path: Path) -> None:
+    """The kernels' parallel loops run on the pool the bundle carries; a bundle saved before the
+    pool (no "pool" entry) still loads and runs, on libgomp's teams, without compiling."""
+    path = compiled.save_bundle(tmp_path / "b")
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["pool"]["digest"] == compiled.pool_digest
+    assert (path / manifest["pool"]["file"]).is_file() and len(manifest["pool"]["sha256"]) == 64
+    assert gaf.load(path).pool_path == path / manifest["pool"]["file"]
+    del manifest["pool"]
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    feeds = random_feeds(compiled.model, seed=2)
+    misses, got = _load_in_child(path, feeds, tmp_path)
+    assert misses == "0"
+    assert_close({k: got[k] for k in ("s", "r")}, compiled(feeds), rtol=0, atol=0)
+
+
 def test_tampered_kernel_is_refused(compiled, tmp_path: Path) -> None:
     path = compiled.save_bundle(tmp_path / "b")
     manifest = json.loads((path / "manifest.json").read_text())

@@ -1,0 +1,341 @@
+/* The process's thread pool for generated kernels' parallel loops (see threadpool/__init__.py for why).
+ *
+ * A parallel region of T threads is T tasks: task i runs the region's outlined body as OpenMP
+ * thread i of T (omp_get_thread_num() = i), so the static schedules gcc computes inline and the
+ * per-thread workspace slices keep their meaning. The caller publishes the region, then claims
+ * tasks itself from one atomic word (generation | task count | next task) exactly as the workers
+ * do, and at the end waits only for tasks a worker has already started. A worker that is asleep,
+ * or whose vCPU the hypervisor has taken away, joins late or not at all and the caller runs its
+ * task: the region never waits for a thread to wake up. libgomp's region cannot end before every
+ * team thread has checked in.
+ *
+ * Workers spin for a while after their last task (kernels of one run are microseconds apart), then
+ * sleep on a futex; the caller wakes sleepers when it publishes and goes on without them.
+ *
+ * Supported inside a region: static schedules, dynamic (nonmonotonic) worksharing loops with
+ * nowait ends, reductions by atomics or GOMP_atomic_start/end. A barrier inside a region cannot be
+ * honoured by tasks that may run one after the other on the same thread: it stops the process
+ * loudly instead of computing something wrong (gcc emits none for the kernels' loops: a
+ * worksharing loop that ends its region has its barrier removed). */
+#define _GNU_SOURCE
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#define AFP_MAX_TASKS 1024
+#define AFP_MAX_WORKSHARES 8
+
+typedef void (*afp_body)(void *);
+
+typedef struct {
+  _Atomic long next; /* the next iteration to hand out */
+  long end, incr, step;
+  _Atomic int state; /* 0 unset, 1 being set, 2 ready */
+} afp_workshare;
+
+typedef struct {
+  afp_body fn;
+  void *data;
+  int ntasks;
+  int first_workshare; /* 1 for a combined `parallel for`: its loop is set before the tasks run */
+  _Atomic int done;
+  afp_workshare ws[AFP_MAX_WORKSHARES];
+} afp_region;
+
+/* What a thread runs now: its task (OpenMP thread number), the task count, its region. */
+typedef struct {
+  int tid, nthreads, workshare;
+  afp_region *region;
+} afp_task;
+
+static _Thread_local afp_task afp_now = {0, 1, 0, NULL};
+
+static struct {
+  _Atomic uint64_t claim;   /* generation << 32 | tasks << 16 | next task */
+  _Atomic uint32_t wake;    /* futex word, bumped when a region is published to sleepers */
+  _Atomic int sleepers;     /* workers in (or entering) a futex wait */
+  _Atomic int busy;         /* a caller owns the pool (others run their regions inline) */
+  _Atomic long spin_ns;     /* how long a worker spins after its last task before sleeping */
+  _Atomic long regions;     /* regions run with the pool, for tests and statistics */
+  _Atomic long tasks_by_workers;
+  _Atomic int hold;         /* workers claim nothing (tests: the caller must run every task) */
+  uint32_t generation;
+  int workers;              /* threads started */
+  pthread_mutex_t grow;
+  pthread_mutex_t atomic_lock;
+  afp_region region;
+} afp = {.spin_ns = 100000, .grow = PTHREAD_MUTEX_INITIALIZER, .atomic_lock = PTHREAD_MUTEX_INITIALIZER};
+
+static inline void afp_pause(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+static inline long afp_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1000000000L + ts.tv_nsec;
+}
+
+static void afp_run_task(afp_region *r, int tid) {
+  const afp_task saved = afp_now;
+  afp_now = (afp_task){tid, r->ntasks, r->first_workshare, r};
+  r->fn(r->data);
+  afp_now = saved;
+  atomic_fetch_add_explicit(&r->done, 1, memory_order_release);
+}
+
+/* Claim and run one task of the published region; 0 when none is left to claim. */
+static int afp_claim_one(void) {
+  uint64_t c = atomic_load_explicit(&afp.claim, memory_order_acquire);
+  for (;;) {
+    const uint32_t next = (uint32_t)(c & 0xffffu), tasks = (uint32_t)(c >> 16 & 0xffffu);
+    if (next >= tasks) return 0;
+    if (atomic_compare_exchange_weak_explicit(&afp.claim, &c, c + 1, memory_order_acq_rel,
+                                              memory_order_acquire)) {
+      /* the region cannot change under a claimed task: its caller waits for it */
+      afp_run_task(&afp.region, (int)next);
+      return 1;
+    }
+  }
+}
+
+static int afp_work_available(void) {
+  const uint64_t c = atomic_load_explicit(&afp.claim, memory_order_acquire);
+  return (c & 0xffffu) < (c >> 16 & 0xffffu);
+}
+
+static void *afp_worker(void *arg) {
+  (void)arg;
+  long idle_since = afp_now_ns();
+  unsigned spins = 0;
+  for (;;) {
+    if (!atomic_load_explicit(&afp.hold, memory_order_relaxed) && afp_claim_one()) {
+      atomic_fetch_add_explicit(&afp.tasks_by_workers, 1, memory_order_relaxed);
+      idle_since = afp_now_ns();
+      spins = 0;
+      continue;
+    }
+    afp_pause();
+    if (++spins & 63u) continue;
+    if (afp_now_ns() - idle_since < atomic_load_explicit(&afp.spin_ns, memory_order_relaxed)) continue;
+    /* sleep until a caller publishes: read the word, announce, re-check, wait */
+    const uint32_t word = atomic_load(&afp.wake);
+    atomic_fetch_add(&afp.sleepers, 1);
+    if (!afp_work_available()) syscall(SYS_futex, &afp.wake, FUTEX_WAIT_PRIVATE, word, NULL, NULL, 0);
+    atomic_fetch_sub(&afp.sleepers, 1);
+    idle_since = afp_now_ns();
+    spins = 0;
+  }
+  return NULL;
+}
+
+/* Start workers until `wanted` run; 0 if a thread could not be started (the caller then runs
+ * its regions with the threads it has). Signals stay with the threads that had them. */
+static int afp_grow(int wanted) {
+  pthread_mutex_lock(&afp.grow);
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, &old);
+  while (afp.workers < wanted) {
+    pthread_t t;
+    if (pthread_create(&t, NULL, afp_worker, NULL) != 0) break;
+    pthread_detach(t);
+    ++afp.workers;
+  }
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  const int have = afp.workers;
+  pthread_mutex_unlock(&afp.grow);
+  return have;
+}
+
+static void afp_after_fork_in_child(void) {
+  /* the child has this thread only: no workers, no owner, no sleepers */
+  afp.workers = 0;
+  atomic_store(&afp.busy, 0);
+  atomic_store(&afp.sleepers, 0);
+  atomic_store(&afp.claim, 0);
+  pthread_mutex_init(&afp.grow, NULL);
+  pthread_mutex_init(&afp.atomic_lock, NULL);
+}
+
+__attribute__((constructor)) static void afp_init(void) {
+  pthread_atfork(NULL, NULL, afp_after_fork_in_child);
+}
+
+static void afp_reset_workshares(afp_region *r) {
+  for (int i = 0; i < AFP_MAX_WORKSHARES; ++i) atomic_store_explicit(&r->ws[i].state, 0, memory_order_relaxed);
+}
+
+static void afp_set_workshare(afp_workshare *ws, long start, long end, long incr, long chunk) {
+  atomic_store_explicit(&ws->next, start, memory_order_relaxed);
+  ws->end = end;
+  ws->incr = incr;
+  ws->step = (chunk < 1 ? 1 : chunk) * incr;
+  atomic_store_explicit(&ws->state, 2, memory_order_release);
+}
+
+static void afp_run_inline(afp_body fn, void *data, int first_workshare, const afp_workshare *loop) {
+  afp_region local = {.fn = fn, .data = data, .ntasks = 1, .first_workshare = first_workshare};
+  afp_reset_workshares(&local);
+  if (loop) afp_set_workshare(&local.ws[0], atomic_load(&loop->next), loop->end, loop->incr, loop->step / loop->incr);
+  afp_run_task(&local, 0);
+}
+
+/* `num_threads`: the team size, resolved by the entry shim (a num_threads clause, else the
+ * calling thread's OpenMP setting, which the runtime steers: backend/cpu/threads.py). */
+static void afp_parallel_region(afp_body fn, void *data, unsigned num_threads, const afp_workshare *loop) {
+  int want = (int)num_threads;
+  if (want > AFP_MAX_TASKS) want = AFP_MAX_TASKS;
+  const int first = loop != NULL;
+  int expected = 0;
+  if (want < 2 || !atomic_compare_exchange_strong(&afp.busy, &expected, 1)) {
+    afp_run_inline(fn, data, first, loop); /* one thread, or nested in / beside another region */
+    return;
+  }
+  if (afp.workers < want - 1 && afp_grow(want - 1) < 1) {
+    atomic_store(&afp.busy, 0);
+    afp_run_inline(fn, data, first, loop);
+    return;
+  }
+  afp_region *r = &afp.region;
+  r->fn = fn;
+  r->data = data;
+  r->ntasks = want;
+  r->first_workshare = first;
+  atomic_store_explicit(&r->done, 0, memory_order_relaxed);
+  afp_reset_workshares(r);
+  if (loop) afp_set_workshare(&r->ws[0], atomic_load(&loop->next), loop->end, loop->incr, loop->step / loop->incr);
+  afp.generation = (afp.generation + 1) & 0xffffffffu;
+  atomic_store(&afp.claim, (uint64_t)afp.generation << 32 | (uint64_t)want << 16);
+  if (atomic_load(&afp.sleepers) > 0) {
+    atomic_fetch_add(&afp.wake, 1);
+    syscall(SYS_futex, &afp.wake, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+  }
+  while (afp_claim_one()) {
+  }
+  for (unsigned spins = 1; atomic_load_explicit(&r->done, memory_order_acquire) < want; ++spins) {
+    afp_pause();
+    if (!(spins & 0xfffu)) sched_yield(); /* the worker holding the last task was descheduled */
+  }
+  atomic_fetch_add_explicit(&afp.regions, 1, memory_order_relaxed);
+  atomic_store(&afp.busy, 0);
+}
+
+/* ---- the OpenMP entry points gcc emits, as the kernels' entry shim (entry.c) calls them ---- */
+
+static void afp_parallel(afp_body fn, void *data, unsigned num_threads, unsigned flags) {
+  (void)flags;
+  afp_parallel_region(fn, data, num_threads, NULL);
+}
+
+static void afp_parallel_loop_dynamic(afp_body fn, void *data, unsigned num_threads, long start, long end,
+                                      long incr, long chunk, unsigned flags) {
+  (void)flags;
+  afp_workshare loop;
+  afp_set_workshare(&loop, start, end, incr, chunk);
+  afp_parallel_region(fn, data, num_threads, &loop);
+}
+
+static afp_workshare *afp_current_workshare(void) {
+  return &afp_now.region->ws[afp_now.workshare - 1];
+}
+
+static int afp_loop_dynamic_next(long *istart, long *iend) {
+  afp_workshare *ws = afp_current_workshare();
+  const long s = atomic_fetch_add_explicit(&ws->next, ws->step, memory_order_relaxed);
+  long e = s + ws->step;
+  if (ws->incr > 0) {
+    if (s >= ws->end) return 0;
+    if (e > ws->end) e = ws->end;
+  } else {
+    if (s <= ws->end) return 0;
+    if (e < ws->end) e = ws->end;
+  }
+  *istart = s;
+  *iend = e;
+  return 1;
+}
+
+static int afp_loop_dynamic_start(long start, long end, long incr, long chunk, long *istart, long *iend) {
+  afp_region *r = afp_now.region;
+  if (r == NULL || afp_now.workshare >= AFP_MAX_WORKSHARES) {
+    fprintf(stderr, "graph-autofusion: worksharing loop outside a pool region, or more than %d in one\n",
+            AFP_MAX_WORKSHARES);
+    abort();
+  }
+  afp_workshare *ws = &r->ws[afp_now.workshare++];
+  int unset = 0;
+  if (atomic_compare_exchange_strong(&ws->state, &unset, 1)) {
+    afp_set_workshare(ws, start, end, incr, chunk);
+  } else {
+    while (atomic_load_explicit(&ws->state, memory_order_acquire) != 2) afp_pause();
+  }
+  return afp_loop_dynamic_next(istart, iend);
+}
+
+static void afp_loop_end_nowait(void) {}
+
+static void afp_barrier(void) {
+  if (afp_now.nthreads > 1) {
+    fprintf(stderr, "graph-autofusion: a barrier inside a parallel region of the thread pool "
+                    "(its tasks may run one after another on one thread); build this kernel with "
+                    "AUTOFUSION_THREAD_POOL=openmp\n");
+    abort();
+  }
+}
+
+static int afp_thread_num(void) { return afp_now.tid; }
+static int afp_num_threads(void) { return afp_now.nthreads; }
+static void afp_atomic_start(void) { pthread_mutex_lock(&afp.atomic_lock); }
+static void afp_atomic_end(void) { pthread_mutex_unlock(&afp.atomic_lock); }
+
+/* The table every kernel unit's entry shim calls through (entry.c holds the same layout). */
+typedef struct {
+  int version;
+  void (*parallel)(afp_body, void *, unsigned, unsigned);
+  void (*parallel_loop_dynamic)(afp_body, void *, unsigned, long, long, long, long, unsigned);
+  int (*loop_dynamic_start)(long, long, long, long, long *, long *);
+  int (*loop_dynamic_next)(long *, long *);
+  void (*loop_end_nowait)(void);
+  void (*barrier)(void);
+  int (*thread_num)(void);
+  int (*num_threads)(void);
+  void (*atomic_start)(void);
+  void (*atomic_end)(void);
+} afp_api_t;
+
+const afp_api_t afp_api = {
+    1,
+    afp_parallel,
+    afp_parallel_loop_dynamic,
+    afp_loop_dynamic_start,
+    afp_loop_dynamic_next,
+    afp_loop_end_nowait,
+    afp_barrier,
+    afp_thread_num,
+    afp_num_threads,
+    afp_atomic_start,
+    afp_atomic_end,
+};
+
+/* ---- control and statistics, for the runtime (threadpool/__init__.py) ---- */
+
+void afp_set_spin_ns(long ns) { atomic_store(&afp.spin_ns, ns < 0 ? LONG_MAX : ns); }
+long afp_spin_ns(void) { return atomic_load(&afp.spin_ns); }
+int afp_workers(void) { return afp.workers; }
+long afp_regions(void) { return atomic_load(&afp.regions); }
+long afp_tasks_by_workers(void) { return atomic_load(&afp.tasks_by_workers); }
+void afp_hold_workers(int on) { atomic_store(&afp.hold, on); }
