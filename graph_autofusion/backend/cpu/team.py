@@ -6,7 +6,10 @@ second vCPU barely runs. Every kernel's closing barrier then waits for a worker 
 or is descheduled holding a task, and a model on two threads runs slower than on one: MobileNetV2
 on the Zen 4 host, medians over a minute of interleaved runs, 4.84 ms on two threads and 7.65 on
 one in the normal stretches, 8.96 on two and 7.68 on one in the slow ones (OpenVINO 4.57 and
-7.22). A thread count fixed at load cannot follow that; the run's own wall time can.
+7.22). A thread count fixed at load cannot follow that; the run's own wall time can. (Those
+figures are libgomp's. On the project's thread pool, threadpool/, a kernel no longer waits for a
+worker that has not started its task, only for one descheduled while it holds one: the policy
+stays for that case.)
 
 The policy (`TeamChoice`): runs use the full team while the median of its last WINDOW runs stays
 within SLOW_FACTOR of the fastest full-team run seen. Past that, one run on one thread is tried (at

@@ -36,8 +36,12 @@
 
 typedef void (*afp_body)(void *);
 
+/* Each on its own cache line, as are the claim word and the done count below: threads hammer
+ * them from both cores, and a line shared by two of them would bounce at every touch. */
+#define AFP_LINE 64
+
 typedef struct {
-  _Atomic long next; /* the next iteration to hand out */
+  _Alignas(AFP_LINE) _Atomic long next; /* the next iteration to hand out */
   long end, incr, step;
   _Atomic int state; /* 0 unset, 1 being set, 2 ready */
 } afp_workshare;
@@ -47,7 +51,7 @@ typedef struct {
   void *data;
   int ntasks;
   int first_workshare; /* 1 for a combined `parallel for`: its loop is set before the tasks run */
-  _Atomic int done;
+  _Alignas(AFP_LINE) _Atomic int done;
   afp_workshare ws[AFP_MAX_WORKSHARES];
 } afp_region;
 
@@ -60,13 +64,13 @@ typedef struct {
 static _Thread_local afp_task afp_now = {0, 1, 0, NULL};
 
 static struct {
-  _Atomic uint64_t claim;   /* generation << 32 | tasks << 16 | next task */
-  _Atomic uint32_t wake;    /* futex word, bumped when a region is published to sleepers */
+  _Alignas(AFP_LINE) _Atomic uint64_t claim; /* generation << 32 | tasks << 16 | next task */
+  _Alignas(AFP_LINE) _Atomic uint32_t wake;  /* futex word, bumped when a region is published to sleepers */
   _Atomic int sleepers;     /* workers in (or entering) a futex wait */
   _Atomic int busy;         /* a caller owns the pool (others run their regions inline) */
   _Atomic long spin_ns;     /* how long a worker spins after its last task before sleeping */
-  _Atomic long regions;     /* regions run with the pool, for tests and statistics */
-  _Atomic long tasks_by_workers;
+  _Alignas(AFP_LINE) _Atomic long regions; /* regions run with the pool, for tests and statistics */
+  _Alignas(AFP_LINE) _Atomic long tasks_by_workers;
   _Atomic int hold;         /* workers claim nothing (tests: the caller must run every task) */
   uint32_t generation;
   int workers;              /* threads started */
