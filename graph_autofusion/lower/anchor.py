@@ -117,10 +117,9 @@ PACKED_A_ROUTINE = "afc_gemm_ap"
 # afc_gemm_ap for a right operand that is a kernel input: packed once per thread and call (after
 # BEGIN_CALL_ROUTINE), reused by the later row chunks of the same tile (lower/conv.py)
 PACKED_A_INPUT_ROUTINE = "afc_gemm_ap_in"
-# ... and afc_gemm_ap with a conv's common epilogue applied by the library to each tile before
-# its store (afc.h's post-ops: the bias per output channel, a residual, then Relu or Clip;
-# AFC_POST_* codes below)
-PACKED_A_INPUT_POST_ROUTINE = "afc_gemm_ap_in_post"
+# afc_gemm_ap with a conv's common epilogue applied by the library to each tile before its store
+# (afc.h's post-ops: the bias per output channel, a residual, then Relu or Clip; AFC_POST_* codes
+# below)
 PACKED_A_POST_ROUTINE = "afc_gemm_ap_post"
 POST_NONE, POST_RELU, POST_CLIP = 0, 1, 2
 PACK_A_ROUTINE = "afc_pack_a"

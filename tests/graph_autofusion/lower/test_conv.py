@@ -26,7 +26,6 @@ from graph_autofusion.lower.anchor import (
     DEPTHWISE_3X3_S2_ROUTINE,
     DIRECT_CONV_ROUTINE,
     DIRECT_ROWS_CONV_ROUTINE,
-    PACKED_A_INPUT_POST_ROUTINE,
     PACKED_A_INPUT_ROUTINE,
     PACKED_A_POST_ROUTINE,
     PACKED_A_ROUTINE,
@@ -395,13 +394,10 @@ def test_narrow_convs_put_the_pixels_in_the_rows(
     model, feeds = _model(x_shape, w_shape, bias=True, relu=True, **attrs)
     spec, weights = _spec(model)
     kernel = lower_conv(spec)
-    # 3x3s read their rows from the padded band (afc_conv_bp), a 1x1 from the activation (its
-    # channels in chunks, each finished while in L1 by the library's post-ops, past
-    # EPILOGUE_CHUNK_ROWS of them)
+    # 3x3s read their rows from the padded band (afc_conv_bp), a 1x1 from the activation, the
+    # library's post-ops finishing each tile of the product
     if rows:
         routines = {DIRECT_ROWS_CONV_ROUTINE if w_shape[2:] == (3, 3) else PACKED_B_ROUTINE, STORE_T_ROUTINE}
-    elif w_shape[2:] == (1, 1) and w_shape[0] > EPILOGUE_CHUNK_ROWS:
-        routines = {BEGIN_CALL_ROUTINE, PACKED_A_INPUT_POST_ROUTINE}
     else:
         routines = {PACKED_A_POST_ROUTINE}
     # the product's tile stored transposed into NCHW
@@ -414,8 +410,8 @@ def test_narrow_convs_put_the_pixels_in_the_rows(
 @pytest.mark.parametrize(
     ("x_shape", "w_shape", "bias", "act", "chunked"),
     [
-        ((1, 40, 20, 30), (100, 40, 1, 1), True, "Relu", "post"),  # channel tiles of 32: chunks of 24 + 8
-        ((2, 200, 16, 20), (60, 200, 1, 1), True, "Relu", "post"),  # two depth blocks, two images, 32 + 28
+        ((1, 40, 20, 30), (100, 40, 1, 1), True, "Relu", ""),  # post-ops: one call per tile, no chunks
+        ((2, 200, 16, 20), (60, 200, 1, 1), True, "Sigmoid", "epilogue"),  # two depth blocks, two images
         ((1, 40, 20, 30), (100, 40, 1, 1), True, "Sigmoid", "epilogue"),  # not a post-op: the nest
         ((1, 512, 24, 24), (64, 512, 1, 1), True, "Relu", ""),  # the tile's pixels too deep to keep
         ((1, 40, 20, 30), (100, 40, 1, 1), False, "Relu", ""),  # no epilogue to finish
@@ -425,8 +421,8 @@ def test_a_1x1_tile_is_finished_chunk_by_chunk(
     x_shape, w_shape, bias: bool, act: str, chunked: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Chunks of EPILOGUE_CHUNK_ROWS channels against the tile's pixels packed once, each finished
-    right after its product: by the library (afc_gemm_ap_in_post) where the epilogue is bias,
-    residual and Relu/Clip, by the generated epilogue nest over the chunk's rows otherwise."""
+    right after its product by the generated epilogue nest over the chunk's rows; an epilogue of
+    the library's post-ops (bias, residual, Relu/Clip) needs no chunks: one call per tile."""
     monkeypatch.setenv(CONTRACTION_ENV, "library")
     model, feeds = _model(x_shape, w_shape, bias=bias, relu=bias, act=act)
     spec, weights = _spec(model)
@@ -438,16 +434,12 @@ def test_a_1x1_tile_is_finished_chunk_by_chunk(
         (chunk,) = chunks
         assert chunk.step == EPILOGUE_CHUNK_ROWS
         # the chunk's product, then its epilogue over the chunk's channels, or both in one call
-        routine = PACKED_A_INPUT_POST_ROUTINE if chunked == "post" else PACKED_A_INPUT_ROUTINE
-        assert [c.function for c in calls(chunk.body)] == [routine]
-        nest = any(isinstance(s, Loop) and s.var.name == "r" for s in _walk(chunk.body))
-        assert nest == (chunked == "epilogue")
+        assert [c.function for c in calls(chunk.body)] == [PACKED_A_INPUT_ROUTINE]
+        assert any(isinstance(s, Loop) and s.var.name == "r" for s in _walk(chunk.body))
         assert isinstance(kernel.body[0], type(calls(chunk.body)[0]))
         assert kernel.body[0].function == BEGIN_CALL_ROUTINE  # the call's kept packings retired
     else:
-        assert not {PACKED_A_INPUT_ROUTINE, PACKED_A_INPUT_POST_ROUTINE} & {
-            c.function for c in calls(kernel.body)
-        }
+        assert PACKED_A_INPUT_ROUTINE not in {c.function for c in calls(kernel.body)}
     _assert_matches_onnxruntime(kernel, weights, model, feeds, tmp_path)
 
 

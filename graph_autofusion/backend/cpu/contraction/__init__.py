@@ -40,7 +40,7 @@ the ISA is part of the cache key like every other kernel):
   `afc_store_t` (such a tile stored transposed into NCHW); `afc_gemm_bp_in` / `afc_gemm_ap_in`
   keep a thread's packing of an operand that is a kernel input for the call's later tiles or row
   chunks (a 1x1 conv's tile runs in chunks of 24 output channels against its pixels packed once,
-  each chunk finished by the epilogue while in L1), and `afc_gemm_ap_in_post` applies a conv's
+  each chunk finished by the epilogue while in L1), and `afc_gemm_ap_post` applies a conv's
   common epilogue (bias, residual, Relu/Clip) to each tile's accumulators before their store
   (AVX-512, AVX2; right after it in the portable build); `afc_dw3x3` / `afc_dw3x3_s2`,
   depthwise 3x3s of stride 1 and 2, each padded input row read once and its column shifts kept

@@ -47,8 +47,7 @@
  *       few A-panels (m rows starting at a whole panel): each thread packs B once per call (up to
  *       AFC_KC x AFC_NC floats; a larger B takes afc_gemm_ap) and reuses it for the later chunks
  *   void afc_gemm_ap_post(m, n, k, ap, b, b_rs, c, ldc, bias, res, res_ld, act, lo, hi)
- *   void afc_gemm_ap_in_post(m, n, k, ap, b, b_rs, c, ldc, bias, res, res_ld, act, lo, hi)
- *       afc_gemm_ap / afc_gemm_ap_in (alpha 1, B's columns contiguous) with the post-ops of a
+ *       afc_gemm_ap (alpha 1, B's columns contiguous) with the post-ops of a
  *       conv's common epilogue applied to each tile of the last depth block, on its accumulators
  *       before the store (AVX-512, AVX2; on the stored tile in the portable build):
  *       C[i][j] + bias[i] (bias not NULL), then + res[i * res_ld + j] (res not NULL), then
@@ -172,9 +171,6 @@ typedef struct {
 static void afc_gemm_ap_post(int64_t m, int64_t n, int64_t k, const float *ap, const float *b, int64_t b_rs, float *c,
                              int64_t ldc, const float *bias, const float *res, int64_t res_ld, int act, float lo,
                              float hi);
-static void afc_gemm_ap_in_post(int64_t m, int64_t n, int64_t k, const float *ap, const float *b, int64_t b_rs,
-                                float *c, int64_t ldc, const float *bias, const float *res, int64_t res_ld, int act,
-                                float lo, float hi);
 static void afc_begin_call(void);
 static void afc_conv_ap(int64_t m, int64_t rows, int64_t ow, int64_t k, const float *ap, const float *band,
                         int64_t plane, int64_t phase, int64_t wp, int64_t sh, int64_t sw, int64_t kh, int64_t kw,

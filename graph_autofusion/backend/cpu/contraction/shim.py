@@ -138,11 +138,6 @@ void afcx_gemm_ap_post(int64_t m, int64_t n, int64_t k, const float *ap, const f
                        int64_t act, float lo, float hi) {
   afc_gemm_ap_post(m, n, k, ap, b, b_rs, c, ldc, bias, res, res_ld, (int)act, lo, hi);
 }
-void afcx_gemm_ap_in_post(int64_t m, int64_t n, int64_t k, const float *ap, const float *b, int64_t b_rs,
-                          float *c, int64_t ldc, const float *bias, const float *res, int64_t res_ld,
-                          int64_t act, float lo, float hi) {
-  afc_gemm_ap_in_post(m, n, k, ap, b, b_rs, c, ldc, bias, res, res_ld, (int)act, lo, hi);
-}
 void afcx_begin_call(void) { afc_begin_call(); }
 void afcx_store_t(int64_t m, int64_t n, const float *tile, int64_t ldt, float *out, int64_t ldo) {
   afc_store_t(m, n, tile, ldt, out, ldo);
@@ -203,7 +198,6 @@ _SIGNATURES: dict[str, tuple[list[type], type | None]] = {
     "afcx_gemm_bp_in": ([_I64, _I64, _I64, ctypes.c_float, _PTR, _I64, _I64, _PTR, _PTR, _I64], None),
     "afcx_gemm_ap_in": ([_I64, _I64, _I64, ctypes.c_float, _PTR, _PTR, _I64, _I64, _PTR, _I64], None),
     "afcx_gemm_ap_post": (_POST_ARGS, None),
-    "afcx_gemm_ap_in_post": (_POST_ARGS, None),
     "afcx_begin_call": ([], None),
     "afcx_store_t": ([_I64, _I64, _PTR, _I64, _PTR, _I64], None),
     "afcx_dw3x3": ([_I64, _I64, _I64, _PTR, _PTR, _PTR, *[_I64] * 5], None),
@@ -270,22 +264,16 @@ class Library:
         b: np.ndarray,
         m: int,
         post: tuple[np.ndarray | None, np.ndarray | None, int, float, float],
-        input_rows: int = 0,
     ) -> np.ndarray:
-        """`gemm_ap(..., input_rows)` with post-ops, through afc_gemm_ap_post (whole) or
-        afc_gemm_ap_in_post (`input_rows` chunks): `post` is (bias[m] or None, residual[m, n] or
-        None, act, lo, hi) as afc.h's AFC_POST_* describe them."""
+        """`gemm_ap` with post-ops, through afc_gemm_ap_post: `post` is (bias[m] or None,
+        residual[m, n] or None, act, lo, hi) as afc.h's AFC_POST_* describe them."""
         bias, res, act, lo, hi = post
         k, n = b.shape
         c = np.full((m, n), np.nan, np.float32)
-        fn = self.lib.afcx_gemm_ap_in_post if input_rows else self.lib.afcx_gemm_ap_post
-        step = input_rows or m
-        for r0 in range(0, m, step):
-            rows = min(step, m - r0)
-            at, out = ap.ctypes.data + 4 * r0 * k, c.ctypes.data + 4 * r0 * n
-            bias_at = bias.ctypes.data + 4 * r0 if bias is not None else None
-            res_at = res.ctypes.data + 4 * r0 * n if res is not None else None
-            fn(rows, n, k, at, b.ctypes.data, b.strides[0] // 4, out, n, bias_at, res_at, n, act, lo, hi)
+        bias_at = bias.ctypes.data if bias is not None else None
+        res_at = res.ctypes.data if res is not None else None
+        operands = (ap.ctypes.data, b.ctypes.data, b.strides[0] // 4, c.ctypes.data, n)
+        self.lib.afcx_gemm_ap_post(m, n, k, *operands, bias_at, res_at, n, act, lo, hi)
         return c
 
     @property

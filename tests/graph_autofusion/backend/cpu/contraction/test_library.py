@@ -374,20 +374,18 @@ def _post(c: np.ndarray, bias: np.ndarray | None, res: np.ndarray | None, act: i
     ("m", "n", "k", "bias", "res", "act"),
     [
         (3 * CHUNK_ROWS + 5, 70, 64, True, True, POST_RELU),  # ResNet's bias + residual + Relu
-        (2 * CHUNK_ROWS, 224, 256, True, False, POST_CLIP),  # two depth blocks: post on the last
-        (CHUNK_ROWS + 1, 33, 201, False, True, POST_NONE),  # a one-row chunk, residual alone
-        (CHUNK_ROWS, 230, 300, True, True, POST_CLIP),  # B past the kept block: afc_gemm_ap, then post
+        (2 * CHUNK_ROWS, 224, 256, True, False, POST_CLIP),
+        (CHUNK_ROWS + 1, 33, 201, False, True, POST_NONE),  # a one-row panel, residual alone
+        (CHUNK_ROWS, 230, 1100, True, True, POST_CLIP),  # several depth blocks: post on the last
         (7, 3, 1, True, False, POST_RELU),
     ],
 )
-@pytest.mark.parametrize("chunks", [CHUNK_ROWS, 0])
 def test_post_ops_are_the_epilogue_of_the_same_product(
-    lib: Library, m: int, n: int, k: int, bias: bool, res: bool, act: int, chunks: int
+    lib: Library, m: int, n: int, k: int, bias: bool, res: bool, act: int
 ) -> None:
-    """afc_gemm_ap_in_post (in chunks) and afc_gemm_ap_post (whole) equal afc_gemm_ap_in's and
-    afc_gemm_ap's products with the post-ops applied after them, bit for bit (the same product;
-    the ops in the same order), NaN included: Relu maps it to 0, Clip keeps it, as the generated
-    epilogue does."""
+    """afc_gemm_ap_post equals afc_gemm_ap's product with the post-ops applied after it, bit
+    for bit (the same product; the ops in the same order), NaN included: Relu maps it to 0, Clip
+    keeps it, as the generated epilogue does."""
     rng = np.random.default_rng(m + n + k)
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
@@ -396,10 +394,8 @@ def test_post_ops_are_the_epilogue_of_the_same_product(
     res_v = rng.standard_normal((m, n)).astype(np.float32) if res else None
     if res_v is not None:
         res_v[m // 2, n // 2] = np.nan
-    lib.lib.afcx_begin_call()
-    plain = lib.gemm_ap(ap, b, m, input_rows=chunks)
-    lib.lib.afcx_begin_call()
-    got = lib.gemm_ap_post(ap, b, m, (bias_v, res_v, act, -0.5, 0.75), chunks)
+    plain = lib.gemm_ap(ap, b, m)
+    got = lib.gemm_ap_post(ap, b, m, (bias_v, res_v, act, -0.5, 0.75))
     np.testing.assert_array_equal(got, _post(plain, bias_v, res_v, act, -0.5, 0.75))
     if res_v is not None:
         assert (got[m // 2, n // 2] == 0) if act == POST_RELU else np.isnan(got[m // 2, n // 2])
