@@ -68,10 +68,15 @@ def enabled() -> bool:
     return os.environ.get(POOL_ENV, "pool").strip().lower() != "openmp"
 
 
+def _with_api(name: str) -> str:
+    """`name`'s C text after api.h, the table layout both sides share."""
+    return (_HERE / "api.h").read_text(encoding="utf-8") + (_HERE / name).read_text(encoding="utf-8")
+
+
 @lru_cache(maxsize=1)
 def entry_source() -> str:
     """The C text linked into every OpenMP unit next to its kernels."""
-    return (_HERE / "entry.c").read_text(encoding="utf-8")
+    return _with_api("entry.c")
 
 
 def link_flags() -> list[str]:
@@ -84,7 +89,7 @@ def source() -> KernelSource:
     a bundle carries it and loads without compiling."""
     from graph_autofusion.backend.cpu.compiler import KernelSource
 
-    return KernelSource(SYMBOL, (_HERE / "pool.c").read_text(encoding="utf-8"), uses_openmp=False)
+    return KernelSource(SYMBOL, _with_api("pool.c"), uses_openmp=False)
 
 
 _loaded: ctypes.CDLL | None = None

@@ -7,22 +7,6 @@
 
 int omp_get_max_threads(void);
 
-typedef void (*afp_body)(void *);
-
-typedef struct {
-  int version;
-  void (*parallel)(afp_body, void *, unsigned, unsigned);
-  void (*parallel_loop_dynamic)(afp_body, void *, unsigned, long, long, long, long, unsigned);
-  int (*loop_dynamic_start)(long, long, long, long, long *, long *);
-  int (*loop_dynamic_next)(long *, long *);
-  void (*loop_end_nowait)(void);
-  void (*barrier)(void);
-  int (*thread_num)(void);
-  int (*num_threads)(void);
-  void (*atomic_start)(void);
-  void (*atomic_end)(void);
-} afp_api_t;
-
 /* Set once by the runtime right after it loads the unit; NULL: libgomp's own teams. */
 const afp_api_t *af_pool_api = NULL;
 

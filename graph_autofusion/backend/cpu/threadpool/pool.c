@@ -34,8 +34,6 @@
 #define AFP_MAX_TASKS 1024
 #define AFP_MAX_WORKSHARES 8
 
-typedef void (*afp_body)(void *);
-
 /* Each on its own cache line, as are the claim word and the done count below: threads hammer
  * them from both cores, and a line shared by two of them would bounce at every touch. */
 #define AFP_LINE 64
@@ -306,20 +304,7 @@ static int afp_num_threads(void) { return afp_now.nthreads; }
 static void afp_atomic_start(void) { pthread_mutex_lock(&afp.atomic_lock); }
 static void afp_atomic_end(void) { pthread_mutex_unlock(&afp.atomic_lock); }
 
-/* The table every kernel unit's entry shim calls through (entry.c holds the same layout). */
-typedef struct {
-  int version;
-  void (*parallel)(afp_body, void *, unsigned, unsigned);
-  void (*parallel_loop_dynamic)(afp_body, void *, unsigned, long, long, long, long, unsigned);
-  int (*loop_dynamic_start)(long, long, long, long, long *, long *);
-  int (*loop_dynamic_next)(long *, long *);
-  void (*loop_end_nowait)(void);
-  void (*barrier)(void);
-  int (*thread_num)(void);
-  int (*num_threads)(void);
-  void (*atomic_start)(void);
-  void (*atomic_end)(void);
-} afp_api_t;
+/* The table every kernel unit's entry shim calls through (api.h). */
 
 const afp_api_t afp_api = {
     1,
