@@ -34,6 +34,27 @@ CREATE TABLE IF NOT EXISTS owners (tenant TEXT NOT NULL, digest TEXT NOT NULL, P
 """
 
 
+# How long a connection waits for another's lock before "database is locked".
+BUSY_TIMEOUT_S = 30.0
+
+
+def _enter_wal(conn: sqlite3.Connection) -> None:
+    """Switch the database to WAL, waiting out a writer that holds it. SQLite answers the switch
+    with "database is locked" at once, without its busy timeout, while another connection holds
+    a write lock: in embedded mode the API process and its worker open a fresh store together,
+    and the one that lost that race exited at start-up (seen in CI as a live-service fixture
+    that never came up)."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
 class SqliteJobStore(JobStore):
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
@@ -45,8 +66,10 @@ class SqliteJobStore(JobStore):
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
         if conn is None or self._local.pid != os.getpid():
-            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
-            conn.execute("PRAGMA journal_mode=WAL")
+            conn = sqlite3.connect(
+                self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+            )
+            _enter_wal(conn)
             conn.execute("PRAGMA synchronous=NORMAL")
             self._local.conn, self._local.pid = conn, os.getpid()
         return conn

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sqlite3
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -171,3 +173,27 @@ def test_sweep_republishes_jobs_queued_too_long(store: JobStore) -> None:
     stale = store.sweep(max_attempts=2, stale_after=0.01)
     assert [j.id for j in stale] == [job.id] and stale[0].status == "queued"
     assert store.sweep(max_attempts=2, stale_after=60) == []  # touched: not again until stale again
+
+
+def test_a_fresh_sqlite_store_opens_while_another_connection_writes_it(tmp_path) -> None:
+    """The API process and its embedded worker open a fresh store together; SQLite refuses the
+    switch to WAL at once (no busy timeout) while the other holds a write lock: the store must
+    wait it out, not fail at start-up."""
+    path = tmp_path / "jobs.sqlite3"
+    writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    writer.execute("BEGIN IMMEDIATE")
+    writer.execute("CREATE TABLE IF NOT EXISTS early (i INTEGER)")
+    release = threading.Timer(0.3, lambda: writer.execute("COMMIT"))
+    release.start()
+    started = time.monotonic()
+    s = SqliteJobStore(path)
+    try:
+        assert time.monotonic() - started >= 0.25  # it waited for the writer
+        r = record()
+        stored, created = s.submit(r)
+        assert created and stored.id == r.id
+        assert sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        release.join()
+        s.close()
+        writer.close()
