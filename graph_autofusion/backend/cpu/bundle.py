@@ -100,6 +100,15 @@ def _is_archive(path: Path) -> bool:
     return path.name.endswith((".tar.gz", ".tgz"))
 
 
+def _save_support(root: Path, path: Path | None, digest: str | None) -> dict[str, str] | None:
+    """Copy a support artifact (the driver, the thread pool) into the bundle; its manifest entry."""
+    if path is None or digest is None:
+        return None
+    rel = f"kernels/{digest}.so"
+    shutil.copyfile(path, root / rel)
+    return {"digest": digest, "file": rel, "sha256": _sha256(root / rel)}
+
+
 def save_bundle(compiled: CompiledModel, path: str | Path) -> Path:
     """Write `compiled` as a bundle at `path` (see the module docstring); returns the path."""
     from .compiler import compiler_identity
@@ -127,14 +136,8 @@ def save_bundle(compiled: CompiledModel, path: str | Path) -> Path:
                 "uses_blas": info.uses_blas,
             }
         packed = _save_packed(compiled, root)
-        driver_rel = f"kernels/{compiled.driver_digest}.so"
-        shutil.copyfile(compiled.driver_path, root / driver_rel)
-        pool_entry = None
-        if compiled.pool_path is not None:
-            pool_rel = f"kernels/{compiled.pool_digest}.so"
-            shutil.copyfile(compiled.pool_path, root / pool_rel)
-            pool_sha = _sha256(root / pool_rel)
-            pool_entry = {"digest": compiled.pool_digest, "file": pool_rel, "sha256": pool_sha}
+        driver = _save_support(root, compiled.driver_path, compiled.driver_digest)
+        pool = _save_support(root, compiled.pool_path, compiled.pool_digest)
         cc = compiler_identity()
         manifest = {
             "format": FORMAT,
@@ -143,13 +146,9 @@ def save_bundle(compiled: CompiledModel, path: str | Path) -> Path:
             "isa": compiled.isa.name,
             "machine": compiled.isa.arch,
             "compiler": {"version": cc.version, "target": cc.target},
-            "driver": {
-                "digest": compiled.driver_digest,
-                "file": driver_rel,
-                "sha256": _sha256(root / driver_rel),
-            },
+            "driver": driver,
             "kernels": kernels,
-            "pool": pool_entry,
+            "pool": pool,
             "host_ops": dict(compiled.unsupported),
             "packed": packed,
         }

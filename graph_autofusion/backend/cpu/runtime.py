@@ -256,9 +256,10 @@ class CompiledModel(PlannedModel):
         self.driver_path = driver_path
         self.driver_digest = driver_digest
         # the thread pool the kernels' parallel loops run on; None (a bundle saved before the
-        # pool): libgomp's teams
+        # pool): libgomp's teams. Decided once: every unit this model loads is attached alike.
         self.pool_path = pool_path
         self.pool_digest = pool_digest
+        self.thread_pool = "pool" if pool_path is not None and threadpool.enabled() else "openmp"
         # What the kernels were built for. Mapping them runs none of their code (they have no
         # constructors), so a foreign ISA loads; calling them is refused in `_require_isa`.
         self.isa = isa or target_isa()
@@ -292,7 +293,7 @@ class CompiledModel(PlannedModel):
     def _lib(self, path: Path) -> ctypes.CDLL:
         if path not in self._libs:
             lib = ctypes.CDLL(str(path))
-            if self.pool_path is not None:
+            if self.thread_pool == "pool":
                 threadpool.attach(lib, self.pool_path)
             self._libs[path] = lib
         return self._libs[path]
@@ -584,7 +585,7 @@ class CompiledModel(PlannedModel):
             "packed_weights_source": self._packed_source(),
             "threads": self.threads,
             # what runs the kernels' parallel loops: "pool" (threadpool/) or "openmp" (libgomp)
-            "thread_pool": "pool" if self.pool_path is not None and threadpool.enabled() else "openmp",
+            "thread_pool": self.thread_pool,
             # multiply-adds below which a contraction loop leaves the team asleep (threads.py)
             "parallel_min_macs": self.parallel_min_macs,
             "isa": self.isa.name,

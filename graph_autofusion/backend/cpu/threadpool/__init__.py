@@ -25,7 +25,6 @@ the pool does not support: a barrier inside a region stops the process with a me
 from __future__ import annotations
 
 import ctypes
-import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,7 +35,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from graph_autofusion.backend.cpu.compiler import KernelSource
 
-log = logging.getLogger(__name__)
 
 _HERE = Path(__file__).resolve().parent
 POOL_ENV = "AUTOFUSION_THREAD_POOL"

@@ -4,7 +4,6 @@
 typedef void (*afp_body)(void *);
 
 typedef struct {
-  int version;
   void (*parallel)(afp_body, void *, unsigned, unsigned);
   void (*parallel_loop_dynamic)(afp_body, void *, unsigned, long, long, long, long, unsigned);
   int (*loop_dynamic_start)(long, long, long, long, long *, long *);

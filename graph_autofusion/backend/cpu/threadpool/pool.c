@@ -181,6 +181,11 @@ static void afp_reset_workshares(afp_region *r) {
   for (int i = 0; i < AFP_MAX_WORKSHARES; ++i) atomic_store_explicit(&r->ws[i].state, 0, memory_order_relaxed);
 }
 
+/* A combined `parallel for`'s loop, as gcc hands it over: set before the region's tasks run. */
+typedef struct {
+  long start, end, incr, chunk;
+} afp_loop;
+
 static void afp_set_workshare(afp_workshare *ws, long start, long end, long incr, long chunk) {
   atomic_store_explicit(&ws->next, start, memory_order_relaxed);
   ws->end = end;
@@ -189,16 +194,16 @@ static void afp_set_workshare(afp_workshare *ws, long start, long end, long incr
   atomic_store_explicit(&ws->state, 2, memory_order_release);
 }
 
-static void afp_run_inline(afp_body fn, void *data, int first_workshare, const afp_workshare *loop) {
+static void afp_run_inline(afp_body fn, void *data, int first_workshare, const afp_loop *loop) {
   afp_region local = {.fn = fn, .data = data, .ntasks = 1, .first_workshare = first_workshare};
   afp_reset_workshares(&local);
-  if (loop) afp_set_workshare(&local.ws[0], atomic_load(&loop->next), loop->end, loop->incr, loop->step / loop->incr);
+  if (loop) afp_set_workshare(&local.ws[0], loop->start, loop->end, loop->incr, loop->chunk);
   afp_run_task(&local, 0);
 }
 
 /* `num_threads`: the team size, resolved by the entry shim (a num_threads clause, else the
  * calling thread's OpenMP setting, which the runtime steers: backend/cpu/threads.py). */
-static void afp_parallel_region(afp_body fn, void *data, unsigned num_threads, const afp_workshare *loop) {
+static void afp_parallel_region(afp_body fn, void *data, unsigned num_threads, const afp_loop *loop) {
   int want = (int)num_threads;
   if (want > AFP_MAX_TASKS) want = AFP_MAX_TASKS;
   const int first = loop != NULL;
@@ -219,7 +224,7 @@ static void afp_parallel_region(afp_body fn, void *data, unsigned num_threads, c
   r->first_workshare = first;
   atomic_store_explicit(&r->done, 0, memory_order_relaxed);
   afp_reset_workshares(r);
-  if (loop) afp_set_workshare(&r->ws[0], atomic_load(&loop->next), loop->end, loop->incr, loop->step / loop->incr);
+  if (loop) afp_set_workshare(&r->ws[0], loop->start, loop->end, loop->incr, loop->chunk);
   afp.generation = (afp.generation + 1) & 0xffffffffu;
   atomic_store(&afp.claim, (uint64_t)afp.generation << 32 | (uint64_t)want << 16);
   if (atomic_load(&afp.sleepers) > 0) {
@@ -246,8 +251,7 @@ static void afp_parallel(afp_body fn, void *data, unsigned num_threads, unsigned
 static void afp_parallel_loop_dynamic(afp_body fn, void *data, unsigned num_threads, long start, long end,
                                       long incr, long chunk, unsigned flags) {
   (void)flags;
-  afp_workshare loop;
-  afp_set_workshare(&loop, start, end, incr, chunk);
+  const afp_loop loop = {start, end, incr, chunk};
   afp_parallel_region(fn, data, num_threads, &loop);
 }
 
@@ -307,7 +311,6 @@ static void afp_atomic_end(void) { pthread_mutex_unlock(&afp.atomic_lock); }
 /* The table every kernel unit's entry shim calls through (api.h). */
 
 const afp_api_t afp_api = {
-    1,
     afp_parallel,
     afp_parallel_loop_dynamic,
     afp_loop_dynamic_start,
