@@ -12,7 +12,8 @@ scale as an epilogue, the attention context stored through Transpose(0,2,1,3) ->
 Conv1D (Gemm with C, Reshape, residual); a small MLP layer; two-GEMM chains (an MLP block with
 ReLU, BERT's whole FFN with GELU between); ResNet-50's convs (the 7x7 stride-2
 stem, its 3x3s on 56x56, 28x28, 14x14 and 7x7 pixels and with stride 2, its 1x1 expansions with
-the residual add at 56x56, 14x14 and 7x7, its 1x1 reductions at 14x14 and 7x7, the stride-2 1x1
+the residual add at 56x56, 14x14 and 7x7, the projection shortcut and the 1x1 reductions at
+56x56, 14x14 and 7x7, the stride-2 1x1
 downsample) and MobileNetV2's (3x3 depthwise, stride 1 and 2, on 112x112 down to 7x7 planes, with
 ReLU6 as Clip; 1x1 expansions and projections at 56x56 and 14x14), each with its folded-BatchNorm
 bias and activation; and a ConvTranspose 2x upsampling.
@@ -202,6 +203,8 @@ def _conv_problems(r: Callable[..., np.ndarray]) -> dict[str, Problem]:
         "conv_r50_stem_7x7_s2": conv((1, 3, 224, 224), (64, 3, 7, 7), strides=s2, pads=[3, 3, 3, 3]),
         "conv_r50_3x3_56": conv((1, 64, 56, 56), (64, 64, 3, 3), pads=p1),
         "conv_r50_1x1_expand_res": conv((1, 64, 56, 56), (256, 64, 1, 1), res=(1, 256, 56, 56)),
+        "conv_r50_1x1_reduce_56": conv((1, 256, 56, 56), (64, 256, 1, 1)),
+        "conv_r50_1x1_project_56": conv((1, 64, 56, 56), (256, 64, 1, 1), act="none"),
         "conv_r50_3x3_28": conv((1, 128, 28, 28), (128, 128, 3, 3), pads=p1),
         "conv_r50_3x3_s2_28": conv((1, 128, 56, 56), (128, 128, 3, 3), strides=s2, pads=p1),
         "conv_r50_1x1_s2_down": conv((1, 256, 56, 56), (512, 256, 1, 1), act="none", strides=s2),

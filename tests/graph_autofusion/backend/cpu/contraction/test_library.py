@@ -378,6 +378,7 @@ def _post(c: np.ndarray, bias: np.ndarray | None, res: np.ndarray | None, act: i
         (CHUNK_ROWS + 1, 33, 201, False, True, POST_NONE),  # a one-row panel, residual alone
         (CHUNK_ROWS, 230, 1100, True, True, POST_CLIP),  # several depth blocks: post on the last
         (7, 3, 1, True, False, POST_RELU),
+        (201, 420, 72, True, True, POST_RELU),  # past one row block (MC) and one column block (NC)
     ],
 )
 def test_post_ops_are_the_epilogue_of_the_same_product(
