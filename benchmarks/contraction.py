@@ -26,8 +26,11 @@ onnxruntime's nodes (ORT_ENABLE_ALL, its own per-node profile): both on `--threa
 fastest of `--reps` runs of each kernel (ours: process CPU time with one thread, the wall clock
 with more; onnxruntime: its profiler's per-node time), paired by (input shape, weight shape) in
 execution order, with GFLOP/s and the share of the ISA's FMA peak on those threads, the biggest
-losers (ms ours - ms onnxruntime) first. onnxruntime's nodes are profiled in a block of their own
-before ours (its threads spin after a run). With OpenVINO installed, its contraction nodes
+losers (ms ours - ms onnxruntime) first. The runs are split into LAYER_ROUNDS rounds, each
+profiling onnxruntime's nodes, then OpenVINO's, then ours, in blocks of their own (its threads spin
+after a run): on a host whose speed drifts for minutes, one block each had put a slow stretch in
+one column only (ResNet-50's anchors read 1.20x onnxruntime in one such run, 1.04x in the next,
+same code, Zen 4). With OpenVINO installed, its contraction nodes
 (`PERF_COUNT`, fastest of `--reps`, configured as runtime_speed.py does) fill an `ov ms` column,
 paired in execution order where it runs as many as we do (the conv nets; empty otherwise).
 
@@ -425,6 +428,27 @@ def ov_node_times(
     return list(best.values())  # dicts keep the first run's order: execution order
 
 
+# --layers profiles the three runtimes in this many alternating rounds (each `reps` / ROUNDS runs)
+LAYER_ROUNDS = 3
+
+
+def _rounds(reps: int) -> list[int]:
+    """`reps` runs split into up to LAYER_ROUNDS rounds of at least two runs each (a profile of
+    one run reads back no nodes from onnxruntime's profile)."""
+    count = max(1, min(LAYER_ROUNDS, reps // 2))
+    return [reps // count + (i < reps % count) for i in range(count)]
+
+
+def _fastest_rows(kept: list[dict[str, object]], new: list[dict[str, object]]) -> list[dict[str, object]]:
+    """onnxruntime's node rows of two rounds, each node's faster time (the same session options
+    run the same nodes in the same order every round)."""
+    if not kept:
+        return new
+    if [r["node"] for r in kept] != [r["node"] for r in new]:
+        raise RuntimeError("onnxruntime ran different nodes in two profiling rounds")
+    return [{**a, "ms": min(float(a["ms"]), float(b["ms"]))} for a, b in zip(kept, new, strict=True)]  # type: ignore[arg-type]
+
+
 def compare_layers(
     source: onnx.ModelProto, feeds: dict[str, np.ndarray], nthreads: int, reps: int
 ) -> list[dict[str, object]]:
@@ -432,19 +456,25 @@ def compare_layers(
     import graph_autofusion as gaf
     from graph_autofusion.backend.cpu.extract import KernelStep
 
-    theirs = ort_node_times(source, feeds, nthreads, reps)
     fused = gaf.fuse(source)
-    ov_times = ov_node_times(fused.canonical_reference, feeds, nthreads, reps)
     cm = compile_model(fused.model, threads=nthreads)
     cm(feeds)
-    threads.set_omp_threads(nthreads)
     clock = time.process_time_ns if nthreads == 1 else time.perf_counter_ns
     best = [math.inf] * len(cm._per_kernel)
-    for _ in range(reps + 1):
-        for i, (fn, argv) in enumerate(cm._per_kernel):
-            start = clock()
-            fn(argv)
-            best[i] = min(best[i], clock() - start)
+    theirs: list[dict[str, object]] = []
+    ov_times: list[float] | None = None
+    for share in _rounds(reps):
+        # each round profiles onnxruntime, OpenVINO and ours in turn: a slow stretch of the host
+        # then lands in every column's minimum alike instead of in one column's whole block
+        theirs = _fastest_rows(theirs, ort_node_times(source, feeds, nthreads, share))
+        ov_round = ov_node_times(fused.canonical_reference, feeds, nthreads, share)
+        ov_times = ov_round if ov_times is None or ov_round is None else list(map(min, ov_times, ov_round))
+        threads.set_omp_threads(nthreads)
+        for _ in range(share + 1):
+            for i, (fn, argv) in enumerate(cm._per_kernel):
+                start = clock()
+                fn(argv)
+                best[i] = min(best[i], clock() - start)
     peak = peak_flops(build_library(), clock=time.process_time if nthreads == 1 else time.perf_counter)
     pending: dict[tuple, list[dict[str, object]]] = {}
     for row in theirs:

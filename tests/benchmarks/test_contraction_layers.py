@@ -77,3 +77,17 @@ def test_openvino_nodes_pair_with_the_anchors_in_execution_order() -> None:
     assert times is not None and len(times) == 2 and all(t > 0 for t in times)
     rows = contraction.compare_layers(model, feeds, nthreads=1, reps=2)
     assert all(float(r["ov_ms"]) > 0 for r in rows)  # type: ignore[arg-type]
+
+
+def test_the_runs_split_into_alternating_rounds_and_keep_each_node_s_fastest() -> None:
+    """--layers profiles the runtimes in LAYER_ROUNDS rounds: every run is in one round, and a
+    node's time is its fastest in any round (a node set that differs between rounds is an error,
+    not a silent mispairing)."""
+    assert contraction._rounds(20) == [7, 7, 6] and contraction._rounds(5) == [3, 2]
+    assert contraction._rounds(2) == [2] and contraction._rounds(1) == [1]
+    a = [{"node": "c1", "ms": 2.0}, {"node": "c2", "ms": 1.0}]
+    b = [{"node": "c1", "ms": 1.5}, {"node": "c2", "ms": 3.0}]
+    assert [r["ms"] for r in contraction._fastest_rows(a, b)] == [1.5, 1.0]
+    assert contraction._fastest_rows([], b) == b
+    with pytest.raises(RuntimeError, match="different nodes"):
+        contraction._fastest_rows(a, [{"node": "c9", "ms": 1.0}, b[1]])
