@@ -468,7 +468,10 @@ def compare_layers(
         # then lands in every column's minimum alike instead of in one column's whole block
         theirs = _fastest_rows(theirs, ort_node_times(source, feeds, nthreads, share))
         ov_round = ov_node_times(fused.canonical_reference, feeds, nthreads, share)
-        ov_times = ov_round if ov_times is None or ov_round is None else list(map(min, ov_times, ov_round))
+        if ov_times is None or ov_round is None:
+            ov_times = ov_round
+        else:
+            ov_times = [min(a, b) for a, b in zip(ov_times, ov_round, strict=True)]
         threads.set_omp_threads(nthreads)
         for _ in range(share + 1):
             for i, (fn, argv) in enumerate(cm._per_kernel):

@@ -710,13 +710,13 @@ static inline __attribute__((always_inline)) void afc_gemm_ap_impl(int64_t m, in
         const int64_t mc = m - i1 < AFC_MC ? m - i1 : AFC_MC;
         const int64_t calls = (mc + AFC_MR - 1) / AFC_MR;
         if (post && post->res) { /* A-panel outer: each tile row's residual in column order */
+          const afc_post *last = k0 + kc >= k ? post : 0; /* the post-ops finish the last depth block */
           for (int64_t i0 = i1; i0 < i1 + mc; i0 += AFC_MR) {
             const int mr = (int)(m - i0 < AFC_MR ? m - i0 : AFC_MR);
             const float *a_panel = ap + i0 * k + k0 * AFC_MR;
             for (int64_t j0 = 0; j0 < nc; j0 += AFC_NR) {
               const int nr = (int)(nc - j0 < AFC_NR ? nc - j0 : AFC_NR);
               const int next_panel = j0 + AFC_NR >= nc && i0 + AFC_MR < m;
-              const afc_post *last = k0 + kc >= k ? post : 0;
               if (last && (next_panel || j0 + AFC_NR < nc))
                 afc_fetch_res(last, next_panel ? i0 + AFC_MR : i0, n0 + (next_panel ? 0 : j0 + AFC_NR), m);
               afc_ukernel_rp(AFC_MR, kc, a_panel, 0, buf + j0 * kc, 0, c + i0 * ldc + n0 + j0, ldc, mr, nr, alpha,
