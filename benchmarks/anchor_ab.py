@@ -231,6 +231,9 @@ def _conv_problems(r: Callable[..., np.ndarray]) -> dict[str, Problem]:
         "conv_mbv2_1x1_project": conv((1, 144, 56, 56), (24, 144, 1, 1), act="none"),
         "conv_mbv2_1x1_expand_14": conv((1, 64, 14, 14), (384, 64, 1, 1), act="relu6"),
         "conv_mbv2_1x1_project_14": conv((1, 384, 14, 14), (64, 384, 1, 1), act="none"),
+        "conv_mbv2_1x1_project_14_96": conv((1, 576, 14, 14), (96, 576, 1, 1), act="none"),
+        "conv_mbv2_1x1_expand_14_576": conv((1, 96, 14, 14), (576, 96, 1, 1), act="relu6"),
+        "conv_mbv2_1x1_project_7": conv((1, 960, 7, 7), (320, 960, 1, 1), act="none"),
         # a decoder's 2x upsampling (U-Net / FCN style), weights [Cin, Cout, 4, 4]
         "convT_up2_4x4_28": conv((1, 128, 28, 28), (128, 64, 4, 4), op="ConvTranspose", strides=s2, pads=p1),
     }

@@ -34,8 +34,18 @@ same code, Zen 4). With OpenVINO installed, its contraction nodes
 (`PERF_COUNT`, fastest of `--reps`, configured as runtime_speed.py does) fill an `ov ms` column,
 paired in execution order where it runs as many as we do (the conv nets; empty otherwise).
 
+With `--scaling` (and `--layers`), the per-layer profile is taken on one thread and on `--threads`
+and the table gives each paired layer's speedup from one thread to `--threads`, ours and
+onnxruntime's, with the time the layer loses to the parallel run beyond what onnxruntime loses
+(`lost ms`: ours at N threads minus ours at one / N, less the same for onnxruntime), the biggest
+first. Why: on a host where our kernels match onnxruntime on one thread, a model can still trail it
+on two (MobileNetV2 on an Intel Xeon host: anchors 1.00x onnxruntime on one thread, 1.15x on two;
+its depthwise convs at 14x14 and 28x28 ran slower on two threads than on one, onnxruntime's
+1.45-1.5x faster), and only the two profiles side by side tell the kernels' speed from their
+scaling.
+
 Run: `.venv/bin/python benchmarks/contraction.py [--threads 2] [--reps 20] [--shapes resnet50,bert]
-[--cpu-time] [--models resnet50,mobilenet_v2,bert_base] [--layers resnet50] [--json]`; the header
+[--cpu-time] [--models resnet50,mobilenet_v2,bert_base] [--layers resnet50 [--scaling]] [--json]`; the header
 names the host (`describe_host`) and the OpenBLAS core in use.
 """
 
@@ -538,6 +548,40 @@ def _layer_lines(rows: list[dict[str, object]], nthreads: int) -> list[str]:
     return lines
 
 
+def _scaling_lines(one: list[dict[str, object]], many: list[dict[str, object]], nthreads: int) -> list[str]:
+    """The per-layer scaling table (module docstring): `one` and `many` are compare_layers' rows of
+    the same model on one thread and on `nthreads`, in the same order; layers without an
+    onnxruntime node of their shapes are left out."""
+    if [(r["x"], r["w"]) for r in one] != [(r["x"], r["w"]) for r in many]:
+        raise ValueError("the one-thread and the parallel profile list different anchors")
+    rows = []
+    for a, b in zip(one, many, strict=True):
+        pairs = ((a, "ms"), (b, "ms"), (a, "ort_ms"), (b, "ort_ms"))
+        ours1, oursn, ort1, ortn = (float(r[k]) for r, k in pairs)  # type: ignore[arg-type]
+        if math.isnan(ort1) or math.isnan(ortn):
+            continue
+        lost = (oursn - ours1 / nthreads) - (ortn - ort1 / nthreads)
+        rows.append((lost, a, ours1, oursn, ort1, ortn))
+    lines = [
+        f"{'layer (x -> w)':<44} {'ours 1':>7} {f'ours {nthreads}':>7} {'x':>5} {'ort 1':>7} "
+        f"{f'ort {nthreads}':>7} {'x':>5} {'lost ms':>8}"
+    ]
+    for lost, a, ours1, oursn, ort1, ortn in sorted(rows, key=lambda r: -r[0]):
+        x, w = a["x"], a["w"]
+        label = f"{'x'.join(map(str, x[1:]))} -> {'x'.join(map(str, w))}"  # type: ignore[index]
+        lines.append(
+            f"{label:<44} {ours1:>7.3f} {oursn:>7.3f} {ours1 / oursn:>5.2f} {ort1:>7.3f} {ortn:>7.3f} "
+            f"{ort1 / ortn:>5.2f} {lost:>8.3f}"
+        )
+    totals = [sum(r[i] for r in rows) for i in (2, 3, 4, 5)]
+    lines.append(
+        f"{f'{len(rows)} paired anchors':<44} {totals[0]:>7.2f} {totals[1]:>7.2f} "
+        f"{totals[0] / max(totals[1], 1e-9):>5.2f} {totals[2]:>7.2f} {totals[3]:>7.2f} "
+        f"{totals[2] / max(totals[3], 1e-9):>5.2f} {sum(r[0] for r in rows):>8.3f}"
+    )
+    return lines
+
+
 def _line(r: Row) -> str:
     return (
         f"{r.shape:<28} {r.m:>5} {r.n:>6} {r.k:>5}  {r.blas_gflops:>7.1f} ({r.blas_best_gflops:>5.1f})"
@@ -555,8 +599,13 @@ def main() -> None:
     parser.add_argument("--models", default="", help="compare whole zoo models instead (see above)")
     parser.add_argument("--wall", action="store_true", help="with --models: wall clock, --threads, vs ORT")
     parser.add_argument("--layers", default="", help="one zoo model's anchors vs onnxruntime's (see above)")
+    parser.add_argument(
+        "--scaling", action="store_true", help="with --layers: one thread against --threads, layer by layer"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.scaling and (not args.layers or args.threads < 2):
+        parser.error("--scaling compares one thread with --threads (2 or more) on the --layers model")
     if args.cpu_time:
         global CLOCK
         CLOCK = time.process_time
@@ -579,7 +628,14 @@ def main() -> None:
             if args.wall
             else "whole fused models, 1 thread, fastest process CPU time per kernel, modes interleaved"
         )
-    if args.layers:
+    if args.layers and args.scaling:
+        header[2] = (
+            f"{args.layers} anchors, 1 thread (process CPU time) and {args.threads} (wall clock), ours vs "
+            f"onnxruntime ORT_ENABLE_ALL (its profiler), fastest of {args.reps} runs per kernel; x = the "
+            f"speedup from one thread; lost ms = ours at {args.threads} - ours at 1 / {args.threads}, "
+            "less onnxruntime's"
+        )
+    elif args.layers:
         clock = "process CPU time" if args.threads == 1 else "wall clock"
         header[2] = (
             f"{args.layers} anchors vs onnxruntime ORT_ENABLE_ALL nodes, {args.threads} thread(s), "
@@ -591,7 +647,16 @@ def main() -> None:
         from graph_autofusion import zoo
 
         source = zoo.build(args.layers)
-        layer_rows = compare_layers(source, zoo.example_inputs(source), args.threads, args.reps)
+        feeds = zoo.example_inputs(source)
+        if args.scaling:
+            one = compare_layers(source, feeds, 1, args.reps)
+            many = compare_layers(source, feeds, args.threads, args.reps)
+            if args.json:
+                print(json.dumps({"host": header[0], "one_thread": one, "threads": many}, indent=1))
+            else:
+                print("\n".join(_scaling_lines(one, many, args.threads)))
+            return
+        layer_rows = compare_layers(source, feeds, args.threads, args.reps)
         if args.json:
             print(json.dumps({"host": header[0], "layers": layer_rows}, indent=1))
         else:

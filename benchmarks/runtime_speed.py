@@ -20,7 +20,12 @@ different computations), the share of the
 unfused run spent in anchor kernels (Conv, MatMul, Gemm: `anchor%`, from `CompiledModel.profile`),
 which bounds what fusion can gain (fused/unfused cannot go below it while the anchors run at the
 same speed in both plans), the arena peak fused vs unfused, the cold compile time of the fused
-model (an empty kernel cache) and the warm load time (every kernel already cached). All
+model (an empty kernel cache), the warm load time (every kernel already cached) and `f 1thr`:
+how many of the fused model's runs in the rounds the adaptive team (backend/cpu/team.py) gave
+one thread instead of the full team, out of its runs there (a fused median taken from one-thread
+runs says how the policy coped with a slow stretch of the host, not how fast the kernels are:
+on an Intel Xeon host MobileNetV2 takes 6.6-7.0 ms on one thread and 4.5-4.9 on two, so a few
+such runs move its median). All
 contenders run in one process, in alternating rounds of consecutive calls (see `block_medians`),
 so a noisy neighbour hurts all of them alike and every ratio comes from the same run.
 
@@ -37,6 +42,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -189,7 +195,9 @@ def measure(name: str, *, threads: int, reps: int, small: bool, openvino: bool) 
         total_ms = sum(r["min_ms"] for r in profile)
         anchor_ms = sum(r["min_ms"] for r in profile if r["template"] == "anchor")
         anchor_share = anchor_ms / total_ms if total_ms else 0.0
+        before = Counter(ours_fused.team.runs)
         medians = block_medians(contenders, reps)
+        chosen = ours_fused.team.runs - before  # the team sizes of the fused model's runs in the rounds
     return {
         "model": name,
         "host": describe_host(),
@@ -208,6 +216,9 @@ def measure(name: str, *, threads: int, reps: int, small: bool, openvino: bool) 
         "cold_compile_s": round(cold, 2),
         "warm_load_s": round(warm, 3),
         "max_abs_err_vs_ort": max_abs,
+        "fused_runs": sum(chosen.values()),
+        # runs the adaptive team (backend/cpu/team.py) gave fewer threads than `threads`
+        "fused_reduced_team_runs": sum(n for t, n in chosen.items() if t < threads),
     }
 
 
@@ -234,7 +245,7 @@ def main(argv: list[str] | None = None) -> None:
     header = (
         f"{'model':<13} {'unfused':>9} {'fused':>9} {'ort-dis':>9} {'ort-all':>9} {'openvino':>9} "
         f"{'f/unf':>6} {'f/ort':>6} {'f/ov':>6} {'ov err':>8} "
-        f"{'anchor%':>7} {'arena unf→fused MB':>19} {'cold s':>7} {'warm s':>7}"
+        f"{'anchor%':>7} {'arena unf→fused MB':>19} {'cold s':>7} {'warm s':>7} {'f 1thr':>7}"
     )
     if not args.json:
         print(header)
@@ -267,7 +278,7 @@ def format_row(row: dict[str, Any]) -> str:
         f"{ms(row['ort_disable_all_ms'])} {ms(row['ort_enable_all_ms'])} {ov} "
         f"{row['fused_vs_unfused']:>6.2f} {row['fused_vs_ort_enable_all']:>6.2f} {f_ov} {ov_err} "
         f"{100 * row['unfused_anchor_share']:>7.1f} {arena:>19} {row['cold_compile_s']:>7.2f} "
-        f"{row['warm_load_s']:>7.3f}"
+        f"{row['warm_load_s']:>7.3f} {row['fused_reduced_team_runs']:>3}/{row['fused_runs']:<3}"
     )
 
 

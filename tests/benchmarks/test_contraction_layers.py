@@ -91,3 +91,29 @@ def test_the_runs_split_into_alternating_rounds_and_keep_each_node_s_fastest() -
     assert contraction._fastest_rows([], b) == b
     with pytest.raises(RuntimeError, match="different nodes"):
         contraction._fastest_rows(a, [{"node": "c9", "ms": 1.0}, b[1]])
+
+
+def _row(x: list[int], ms: float, ort_ms: float) -> dict[str, object]:
+    return {"x": x, "w": [8, x[1], 1, 1], "ms": ms, "ort_ms": ort_ms}
+
+
+def test_the_scaling_table_charges_each_layer_what_it_loses_beyond_onnxruntime() -> None:
+    # layer a: ours 1.0 -> 0.8 ms on two threads (0.3 lost against a perfect 0.5), onnxruntime
+    # 1.0 -> 0.5 (none lost): 0.3 ms; layer b scales like onnxruntime: 0; layer c has no peer
+    one = [_row([1, 4, 8, 8], 1.0, 1.0), _row([1, 6, 8, 8], 2.0, 1.0), _row([1, 2, 8, 8], 1.0, math.nan)]
+    two = [_row([1, 4, 8, 8], 0.8, 0.5), _row([1, 6, 8, 8], 1.1, 0.6), _row([1, 2, 8, 8], 0.5, math.nan)]
+    lines = contraction._scaling_lines(one, two, 2)
+    assert len(lines) == 4  # the header, two paired layers (the biggest loser first), the total
+    assert lines[1].startswith("4x8x8 -> 8x4x1x1") and lines[1].split()[-1] == "0.300"
+    assert lines[2].startswith("6x8x8 -> 8x6x1x1") and float(lines[2].split()[-1]) == pytest.approx(0.0)
+    assert lines[3].startswith("2 paired anchors") and lines[3].split()[-1] == "0.300"
+    with pytest.raises(ValueError, match="different anchors"):
+        contraction._scaling_lines(one, two[:2], 2)
+
+
+def test_the_scaling_table_comes_from_one_and_two_thread_profiles_of_the_same_model() -> None:
+    model, feeds = _two_convs()
+    one = contraction.compare_layers(model, feeds, nthreads=1, reps=2)
+    two = contraction.compare_layers(model, feeds, nthreads=2, reps=2)
+    lines = contraction._scaling_lines(one, two, 2)
+    assert len(lines) == 2 + len(one) and lines[-1].startswith(f"{len(one)} paired anchors")

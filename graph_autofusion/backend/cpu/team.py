@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import os
 import statistics
-from collections import deque
+from collections import Counter, deque
 
 ADAPTIVE_TEAM_ENV = "AUTOFUSION_ADAPTIVE_TEAM"
 # The full team counts as impaired once the median of its last WINDOW runs exceeds its best by
@@ -78,8 +78,16 @@ class TeamChoice:
         self._since_probe = PROBE_EVERY  # a first probe may come at once
         self._interval = PROBE_EVERY  # runs between one-thread probes
         self._probe_left = 0  # full-team runs still due in the current probe from one thread
+        # runs per team size chosen: a benchmark of a model reports how many of its runs left
+        # the full team (a figure from one-thread runs is not the full team's)
+        self.runs: Counter[int] = Counter()
 
     def threads_for_run(self) -> int:
+        threads = self._choose()
+        self.runs[threads] += 1
+        return threads
+
+    def _choose(self) -> int:
         if not self.enabled:
             return self.full
         if self._probe_left:

@@ -71,6 +71,9 @@ def test_an_impaired_team_gives_way_to_one_thread_and_takes_over_again(scale: fl
     back = _runs(team, 2 * PROBE_EVERY, {2: FULL_MS * scale, 1: ONE_MS * scale})
     first = back.index(2)
     assert first <= PROBE_EVERY and set(back[first:]) == {2}
+    # every run is counted under the team size it was given (what a benchmark reports)
+    chosen = [2] * 4 + slow + back
+    assert team.runs == {2: chosen.count(2), 1: chosen.count(1)} and chosen.count(1) > PROBE_EVERY
 
 
 def test_a_full_team_probe_that_must_first_wake_its_workers_still_takes_the_runs_back() -> None:
@@ -105,7 +108,8 @@ def test_a_slow_team_that_still_beats_one_thread_keeps_the_runs() -> None:
 
 def test_off_one_thread_and_short_models_always_take_the_full_team(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ADAPTIVE_TEAM_ENV, "0")
-    assert set(_runs(TeamChoice(2), 40, {2: 9.0, 1: 1.0})) == {2}
+    off = TeamChoice(2)
+    assert set(_runs(off, 40, {2: 9.0, 1: 1.0})) == {2} and off.runs == {2: 40}
     monkeypatch.delenv(ADAPTIVE_TEAM_ENV)
     assert TeamChoice(2).enabled and not TeamChoice(1).enabled
     assert set(_runs(TeamChoice(1), 5, {1: 1.0})) == {1}
