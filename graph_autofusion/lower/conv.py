@@ -1515,13 +1515,16 @@ def _depthwise_tasks(planes: int, plane_macs: int) -> tuple[int, int]:
     planes of 7x7).
 
     The tasks are split statically, each thread a contiguous run of them, rather than handed out
-    one at a time: they are equal, and a task is a microsecond or two of work, about what taking
-    one dynamically costs on two cores (an atomic on a cache line both write, which moves between
-    the cores at every take). Measured on an Intel Xeon host (2 vCPUs, AVX-512), a depthwise 3x3
-    after a 1x1 conv, fastest of 150 profiled runs: 192 planes of 28x28 on two threads 0.045 ->
-    0.033 ms (one thread: 0.034, so the dynamic split had made two threads slower than one), 384
-    of 14x14 0.021 -> 0.013; MobileNetV2, two threads, alternating processes: 1.27-1.29x
-    onnxruntime -> 1.18-1.21x."""
+    one at a time: they are equal, and at 14x14 and 28x28 a task is about a microsecond of work,
+    of which each dynamic take cost a good part (an atomic on a cache line both cores write, so
+    the line moves between them at every take). A worker that has not started its share leaves it
+    to the caller (threadpool/), so a sleeping worker still costs no wait. Measured on an Intel
+    Xeon host (2 vCPUs, AVX-512), a depthwise 3x3 after a 1x1 conv, fastest of 150 profiled runs:
+    192 planes of 28x28 on two threads 0.045 -> 0.033 ms (one thread: 0.034: the dynamic split
+    had made two threads slower than one), 384 of 14x14 0.021 -> 0.013; MobileNetV2 on two
+    threads, against onnxruntime in the same process, four pairs of alternating processes:
+    1.26-1.31x -> 1.20-1.24x (with a busy neighbour on one vCPU: 1.26-1.28 -> 1.22, and one
+    outlier run on each side, 1.76 and 1.82)."""
     per_task = max(1, min(planes // DEPTHWISE_MIN_TASKS, DEPTHWISE_TASK_MACS // max(1, plane_macs)))
     tasks = -(-planes // per_task)
     return -(-planes // tasks), tasks
