@@ -29,6 +29,7 @@ from graph_autofusion.lower.anchor import (
     PACKED_A_INPUT_ROUTINE,
     PACKED_A_POST_ROUTINE,
     PACKED_A_ROUTINE,
+    PACKED_B_INPUT_ROUTINE,
     PACKED_B_ROUTINE,
     PARALLEL_MIN_MACS,
     STORE_T_ROUTINE,
@@ -404,6 +405,23 @@ def test_narrow_convs_put_the_pixels_in_the_rows(
     assert {c.function for c in calls(kernel.body)} == routines
     (task,) = [s for s in kernel.body if isinstance(s, Loop)]
     assert ("tile" in [b.name for b in task.scratch]) == rows  # the transposed product's workspace
+    _assert_matches_onnxruntime(kernel, weights, model, feeds, tmp_path)
+
+
+def test_the_channel_tiles_of_one_pixel_tile_share_one_packing_of_the_activation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 1x1 conv at 7x7 (49 pixels, one tile) split in channel tiles: every task reads the same
+    activation, which each thread packs once per call (afc_gemm_bp_in, after the call's start
+    retires the previous call's packings) for all the tiles it takes."""
+    monkeypatch.setenv(CONTRACTION_ENV, "library")
+    model, feeds = _model((1, 320, 7, 7), (256, 320, 1, 1), bias=True, relu=True)
+    spec, weights = _spec(model)
+    kernel = lower_conv(spec)
+    begin, task = kernel.body
+    assert begin.function == BEGIN_CALL_ROUTINE and isinstance(task, Loop) and task.parallel
+    assert task.stop > 1  # channel tiles, each a task
+    assert {c.function for c in calls(task.body)} == {PACKED_B_INPUT_ROUTINE, STORE_T_ROUTINE}
     _assert_matches_onnxruntime(kernel, weights, model, feeds, tmp_path)
 
 
