@@ -41,8 +41,8 @@ onnxruntime's, with the time the layer loses to the parallel run beyond what onn
 first. Why: on a host where our kernels match onnxruntime on one thread, a model can still trail it
 on two (MobileNetV2 on an Intel Xeon host: anchors 1.00x onnxruntime on one thread, 1.15x on two;
 its depthwise convs at 14x14 and 28x28 ran slower on two threads than on one, onnxruntime's
-1.45-1.5x faster), and only the two profiles side by side tell the kernels' speed from their
-scaling.
+1.45-1.5x faster: lower/conv.py `_depthwise_tasks` says what was changed), and only the two
+profiles side by side tell the kernels' speed from their scaling.
 
 Run: `.venv/bin/python benchmarks/contraction.py [--threads 2] [--reps 20] [--shapes resnet50,bert]
 [--cpu-time] [--models resnet50,mobilenet_v2,bert_base] [--layers resnet50 [--scaling]] [--json]`; the header
