@@ -517,6 +517,12 @@ def compare_layers(
     return out
 
 
+def _layer_label(row: dict[str, object]) -> str:
+    """A layer as its input (without the batch) and weight shapes: `64x56x56 -> 64x64x3x3`."""
+    x, w = row["x"], row["w"]
+    return f"{'x'.join(map(str, x[1:]))} -> {'x'.join(map(str, w))}"  # type: ignore[index, call-overload]
+
+
 def _layer_lines(rows: list[dict[str, object]], nthreads: int) -> list[str]:
     """The per-layer table, biggest losers first, and the totals."""
     lines = [
@@ -524,8 +530,7 @@ def _layer_lines(rows: list[dict[str, object]], nthreads: int) -> list[str]:
         f"{'%peak':>6} {'ov ms':>8} {'/ov':>6}"
     ]
     for r in sorted(rows, key=lambda r: -(float(r["ms"]) - float(r["ort_ms"]))):  # type: ignore[arg-type]
-        x, w = r["x"], r["w"]
-        label = f"{'x'.join(map(str, x[1:]))} -> {'x'.join(map(str, w))}"  # type: ignore[index]
+        label = _layer_label(r)
         ratio = float(r["ms"]) / float(r["ort_ms"])  # type: ignore[arg-type]
         ov = float(r["ov_ms"])  # type: ignore[arg-type]
         lines.append(
@@ -567,8 +572,7 @@ def _scaling_lines(one: list[dict[str, object]], many: list[dict[str, object]], 
         f"{f'ort {nthreads}':>7} {'x':>5} {'lost ms':>8}"
     ]
     for lost, a, ours1, oursn, ort1, ortn in sorted(rows, key=lambda r: -r[0]):
-        x, w = a["x"], a["w"]
-        label = f"{'x'.join(map(str, x[1:]))} -> {'x'.join(map(str, w))}"  # type: ignore[index]
+        label = _layer_label(a)
         lines.append(
             f"{label:<44} {ours1:>7.3f} {oursn:>7.3f} {ours1 / oursn:>5.2f} {ort1:>7.3f} {ortn:>7.3f} "
             f"{ort1 / ortn:>5.2f} {lost:>8.3f}"

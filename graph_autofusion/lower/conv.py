@@ -968,7 +968,7 @@ def _gemm_tiles(
             # each thread packs it once per call, not once per channel tile it takes (MobileNetV2's
             # 960 -> 320 at 7x7 in 4 tiles, two threads, Intel Xeon: 0.94-0.96 of the time,
             # ResNet-50's 2048 -> 512 0.98; benchmarks/anchor_ab.py)
-            shared = kept = not im2col and ptn == 1 and ctn > 1
+            kept = not im2col and ptn == 1 and ctn > 1
             tile_product = contraction(
                 trans_a=True,
                 m=p1 - p0,
@@ -980,7 +980,7 @@ def _gemm_tiles(
                 b=PackedPanels(ir.addr(packed, cb * block)),
                 c=ir.addr(tile, 0),
                 ldc=ldt,
-                a_input=shared,
+                a_input=kept,
             )
         store = Call(
             STORE_T_ROUTINE,

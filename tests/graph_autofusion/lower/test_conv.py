@@ -545,7 +545,7 @@ def test_small_depthwise_planes_share_a_task_and_a_zeroed_border() -> None:
     """576 planes of 7x7 by a 5x5: a task per plane costs a zeroed plane as much as the plane's
     multiply-adds, so a task takes a run of planes and zeroes the padded plane once (the copies
     rewrite the same interior cells every plane). The equal tasks are split statically: taking
-    each dynamically costs about what one does."""
+    each dynamically costs a good part of what one does."""
     model, _ = _model((1, 576, 7, 7), (576, 1, 5, 5), bias=True, relu=True, group=576, pads=[2, 2, 2, 2])
     spec, _ = _spec(model)
     (task,) = [s for s in lower_conv(spec).body if isinstance(s, Loop) and s.parallel]
