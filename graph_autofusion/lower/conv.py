@@ -135,6 +135,9 @@ MIN_PIXEL_TILE = 128
 # Tasks to aim for when splitting a conv over output channels as well as pixels (every split
 # re-packs the im2col panel once more, so only as many as two threads need to balance).
 MIN_TASKS = 4
+# Tasks the pixels-as-columns methods aim for at least when the library contracts (`conv_tiles`):
+# a thread slowed for a while costs the kernel only the tasks the other could not take over.
+ROBUST_TASKS = 8
 # Pixel tiles of a conv with fewer tasks than BALANCE_MAX_TASKS are chosen for the shortest
 # schedule on BALANCE_THREADS threads (`_balanced_pixel_tile`), a task costing
 # TASK_OVERHEAD_PIXELS pixel columns more than its product (the call, the B pack's set-up).
@@ -575,7 +578,23 @@ def conv_tiles(g: ConvGeometry, quantum: int = 16, rows: bool = False) -> tuple[
 
     A 1x1 conv whose weight the library packs (`quantum` PANEL_QUANTUM) narrows its pixel tile,
     down to MIN_PIXEL_TILE, so that all its output channels fit one tile of OUT_TILE_FLOATS, where
-    they can (`_full_channel_pixel_tile`)."""
+    they can (`_full_channel_pixel_tile`).
+
+    With the library, tiles that leave fewer than ROBUST_TASKS tasks are narrowed (down to
+    MIN_PIXEL_TILE) where that makes more tasks. Why: the threads take tasks one at a time, and on
+    a shared host one of them often runs slower for a while (its neighbours' load, a late start);
+    with four tasks the other cannot take over more than a quarter of the work. Measured on an AMD
+    EPYC (Zen 4, 2 vCPUs, the AVX2 build), our runtime, both tilings compiled into one process and
+    run in alternating 0.2 s blocks, 16 rounds, two runs each, median (fastest) ms on two threads:
+    ResNet-50's 64 -> 64 1x1 at 56x56, 4 tiles of 800 -> 9 of 384: 0.318-0.383 (0.229-0.250) ->
+    0.276-0.301 (0.230-0.231); MobileNetV2's 96 -> 24 at 56x56: 0.272 (0.153-0.162) -> 0.241-0.245
+    (0.158-0.159); its 144 -> 24 at 56x56, 7 tiles of 512 -> 9 of 384: 0.366-0.381 -> 0.336-0.345
+    (fastest 0.234-0.240 both); its 192 -> 32 at 28x28, 4 tiles of 224 -> 7 of 128: 0.147 (0.109) ->
+    0.145 (0.102-0.104); the 28x28 1x1s of 5 -> 7 tasks (512 -> 128, 512 -> 256, 32 -> 192) within
+    3% either way. Tried and not taken: at least 8 tasks for the band-rows 3x3s (64 channels at
+    56x56, 7-row tiles: fastest 1.44 -> 1.54-1.58 ms, the halo rows and weight panels of each tile
+    cost more than the balance gains) and for the 14x14 1x1s with the pixels as rows (1024 -> 256
+    slower, 256 -> 1024 faster)."""
     p = g.pixels
     if rows and _band_rows_shape(g):
         rt, rtn = band_row_tiles(g)
@@ -594,6 +613,22 @@ def conv_tiles(g: ConvGeometry, quantum: int = 16, rows: bool = False) -> tuple[
     full = _full_channel_pixel_tile(g, quantum) if quantum == PANEL_QUANTUM else None
     if full is not None and conv_method(g) == "conv1x1_gemm":
         widest = min(widest, full)
+    tiles = _column_tiles(g, quantum, widest)
+    narrow = _round_up(max(MIN_PIXEL_TILE, -(-p // -(-ROBUST_TASKS // (g.n * g.group)))), quantum)
+    if quantum == PANEL_QUANTUM and _tasks(g, tiles) < ROBUST_TASKS and narrow < widest:
+        more = _column_tiles(g, quantum, narrow)
+        if _tasks(g, more) > _tasks(g, tiles):
+            return more
+    return tiles
+
+
+def _tasks(g: ConvGeometry, tiles: tuple[int, int, int, int]) -> int:
+    return g.n * g.group * tiles[1] * tiles[3]
+
+
+def _column_tiles(g: ConvGeometry, quantum: int, widest: int) -> tuple[int, int, int, int]:
+    """`conv_tiles` of the pixels-as-columns methods, pixel tiles at most `widest` pixels."""
+    p = g.pixels
     pt = _pixel_tile(p, g.kdim, quantum, widest)
     ptn = -(-p // pt)
     if ptn > 1 and (g.n * g.group * ptn) % 2:

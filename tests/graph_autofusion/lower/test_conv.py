@@ -19,6 +19,7 @@ from graph_autofusion.backend.cpu.contraction import CONTRACTION_ENV
 from graph_autofusion.backend.cpu.kernel_spec import KernelSpec, TensorInfo
 from graph_autofusion.backend.cpu.render_c import render_kernel
 from graph_autofusion.kernel_ir import Kernel, Loop
+from graph_autofusion.lower import conv as conv_module
 from graph_autofusion.lower.anchor import (
     BEGIN_CALL_ROUTINE,
     CONTRACTION_ROUTINE,
@@ -37,6 +38,7 @@ from graph_autofusion.lower.anchor import (
 )
 from graph_autofusion.lower.conv import (
     EPILOGUE_CHUNK_ROWS,
+    ROBUST_TASKS,
     ConvGeometry,
     _makespan,
     conv_geometry,
@@ -260,7 +262,9 @@ def test_odd_task_counts_take_the_tile_the_threads_finish_soonest(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # ResNet-50's 512 -> 128 1x1 conv at 28x28: 784 pixels in whole 32-wide panels, where 160-pixel
-    # tiles make 5 tasks (one thread runs three) and six tiles round back up to five
+    # tiles make 5 tasks (one thread runs three) and six tiles round back up to five (the balance as
+    # such: with ROBUST_TASKS the conv takes 7 tiles of 128, `test_few_tasks_split_...` below)
+    monkeypatch.setattr(conv_module, "ROBUST_TASKS", 1)
     g = _geometry_1x1(512, 128, 28)
     assert conv_tiles(g, 32) == (192, 5, 128, 1)  # 4 x 192 + 16: two and a half tiles a thread
     assert _makespan(784, 192, 1, 32) < _makespan(784, 160, 1, 32)
@@ -268,6 +272,26 @@ def test_odd_task_counts_take_the_tile_the_threads_finish_soonest(
     model, feeds = _model((1, 512, 28, 28), (128, 512, 1, 1), bias=True, relu=True)
     spec, weights = _spec(model)
     _assert_matches_onnxruntime(lower_conv(spec), weights, model, feeds, tmp_path)
+
+
+def test_few_tasks_split_into_narrower_pixel_tiles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # MobileNetV2's 96 -> 24 and ResNet-50's 64 -> 64 1x1s at 56x56 took 4 tiles of 800 pixels (the
+    # widest whose output fits OUT_TILE_FLOATS): one slowed thread then held up a quarter of the
+    # conv. At least ROBUST_TASKS tasks where tiles of MIN_PIXEL_TILE allow it:
+    assert ROBUST_TASKS == 8
+    assert conv_tiles(_geometry_1x1(96, 24, 56), 32) == (384, 9, 24, 1)
+    assert conv_tiles(_geometry_1x1(144, 24, 56), 32) == (384, 9, 24, 1)  # was 7 of 512
+    # OpenBLAS packs the weight per call, so its tiles stay as wide as they were
+    assert conv_tiles(_geometry_1x1(96, 24, 56), 16) == (784, 4, 24, 1)
+    # narrower tiles that would not make more tasks leave the split as it was (132 channels of 256
+    # pixels: 4 channel tiles; 2 pixel tiles of 128 x 2 channel tiles would be 4 as well)
+    assert conv_tiles(_geometry_1x1(64, 132, 16), 32) == (256, 1, 40, 4)
+    monkeypatch.setenv(CONTRACTION_ENV, "library")
+    model, feeds = _model((1, 64, 56, 56), (64, 64, 1, 1), bias=True, relu=True)
+    spec, weights = _spec(model)
+    kernel = lower_conv(spec)
+    assert "9 pixel tiles of 384 x 1 channel tiles of 64" in kernel.description
+    _assert_matches_onnxruntime(kernel, weights, model, feeds, tmp_path)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -302,9 +326,10 @@ def test_packed_1x1_splits_pixels_so_all_channels_share_one_packed_activation(
     model, feeds = _model((1, 24, 40, 40), (136, 24, 1, 1), bias=True, relu=True)
     spec, weights = _spec(model)
     kernel = lower_conv(spec)
-    # 1600 pixels x 136 channels: at most 480 pixels a tile (481 fit OUT_TILE_FLOATS), so 4 equal
-    # tiles of whole panels; it was one 1600-pixel tile x 4 channel tiles of 40, as OpenBLAS has it
-    tiles = "4 pixel tiles of 416 x 1 channel tiles of 136" if mode == "library" else "4 channel tiles of 40"
+    # 1600 pixels x 136 channels: at most 480 pixels a tile (481 fit OUT_TILE_FLOATS), 4 equal
+    # tiles of whole panels, then at least ROBUST_TASKS tasks: 10 tiles of 160 (5 a thread); it was
+    # one 1600-pixel tile x 4 channel tiles of 40, as OpenBLAS has it
+    tiles = "10 pixel tiles of 160 x 1 channel tiles of 136" if mode == "library" else "4 channel tiles of 40"
     assert tiles in kernel.description
     _assert_matches_onnxruntime(kernel, weights, model, feeds, tmp_path)
 
@@ -316,9 +341,10 @@ def test_pixels_split_before_channel_tiles_thinner_than_32(
     # 384 -> 64 1x1 at 16x16 would run 4 channel tiles of 16, each packing all 256 pixels
     g = _geometry_1x1(384, 64, 16)
     assert conv_tiles(g, 32) == (128, 2, 32, 2)
-    # its 192 -> 32 at 28x28: 2 pixel tiles of 416 x 2 channel tiles of 16
+    # its 192 -> 32 at 28x28: 2 pixel tiles of 416 x 2 channel tiles of 16 (and 7 tiles of 128
+    # rather than 4 of 224 for ROBUST_TASKS)
     g = _geometry_1x1(192, 32, 28)
-    assert conv_tiles(g, 32) == (224, 4, 32, 1)
+    assert conv_tiles(g, 32) == (128, 7, 32, 1)
     monkeypatch.setenv(CONTRACTION_ENV, mode)
     model, feeds = _model((1, 64, 16, 16), (64, 64, 1, 1), bias=True, relu=True)
     spec, weights = _spec(model)
