@@ -1,0 +1,46 @@
+"""benchmarks/runtime_speed.py: the rounds keep every timed call of every contender, and the table
+carries the ratios of the medians and of the fastest runs, each computed from its own columns."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+import runtime_speed  # noqa: E402
+
+
+def test_block_times_keep_each_contenders_calls_apart() -> None:
+    def sleeper(seconds: float):  # type: ignore[no-untyped-def]
+        return lambda: time.sleep(seconds)
+
+    times = runtime_speed.block_times({"slow": sleeper(0.004), "fast": sleeper(0.001)}, reps=6, rounds=2)
+    assert set(times) == {"slow", "fast"}
+    for values in times.values():
+        assert len(values) >= 6  # 3 a round, more while a block lasts under MIN_BLOCK_SECONDS
+    assert min(times["slow"]) >= 4.0 and min(times["fast"]) >= 1.0
+    assert min(times["slow"]) > min(times["fast"])
+    medians = runtime_speed.block_medians({"slow": sleeper(0.004), "fast": sleeper(0.001)}, reps=6, rounds=2)
+    assert medians["slow"] > medians["fast"] >= 1.0
+
+
+def test_the_mlp_row_has_the_fastest_runs_ratios(capsys: pytest.CaptureFixture[str]) -> None:
+    runtime_speed.main(["--models", "mlp", "--reps", "3", "--small", "--json"])
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["fused_fastest_ms"] <= row["fused_ms"]
+    assert row["ort_enable_all_fastest_ms"] <= row["ort_enable_all_ms"]
+    # the row's latencies are rounded to the microsecond, the ratio is not
+    fused, peer = row["fused_fastest_ms"], row["ort_enable_all_fastest_ms"]
+    rounding = (0.0005 / fused + 0.0005 / peer) * fused / peer
+    assert row["fastest_fused_vs_ort_enable_all"] == pytest.approx(fused / peer, abs=rounding + 0.001)
+    line = runtime_speed.format_row(row)
+    cells = line.split()
+    assert cells[0] == "mlp"
+    # the columns after the five latencies: f/unf, f/ort, f/ov, min f/ort, min f/ov
+    assert float(cells[7]) == pytest.approx(row["fused_vs_ort_enable_all"], abs=0.006)
+    assert float(cells[9]) == pytest.approx(row["fastest_fused_vs_ort_enable_all"], abs=0.006)
