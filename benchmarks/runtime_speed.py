@@ -139,27 +139,41 @@ def relative_error(got: Sequence[np.ndarray], expected: Sequence[np.ndarray]) ->
 # A block lasts at least this long: six calls of a 20 us MLP are over before a woken thread pool
 # settles, and their median swung 1.0-1.3x onnxruntime from one run of the script to the next.
 MIN_BLOCK_SECONDS = 0.05
+# Seconds of quiet before each block, so that the previous contender's idle workers have stopped
+# spinning: onnxruntime's keep one of two vCPUs busy for 50-100 ms after its last run. Our fused
+# MobileNetV2 (about 6 ms alone, adaptive team off), run once after three onnxruntime runs and a
+# pause, took a median of 10.0-13.1 ms after pauses of 0-50 ms and 7.6-7.7 ms after 100-300 ms
+# (AMD EPYC, 2 vCPUs): without the pause a block's first few timed calls pay for the previous
+# contender's threads.
+SETTLE_SECONDS = 0.3
 
 
-def block_medians(runners: dict[str, Callable[[], Any]], reps: int, rounds: int = 3) -> dict[str, float]:
+def block_medians(
+    runners: dict[str, Callable[[], Any]], reps: int, rounds: int = 3, settle: float = SETTLE_SECONDS
+) -> dict[str, float]:
     """Median wall time (ms) of each runner over `rounds` rounds of consecutive calls
     (`block_times`)."""
-    return {name: statistics.median(values) for name, values in block_times(runners, reps, rounds).items()}
+    times = block_times(runners, reps, rounds, settle)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
-def block_times(runners: dict[str, Callable[[], Any]], reps: int, rounds: int = 3) -> dict[str, list[float]]:
+def block_times(
+    runners: dict[str, Callable[[], Any]], reps: int, rounds: int = 3, settle: float = SETTLE_SECONDS
+) -> dict[str, list[float]]:
     """Wall times (ms) of each runner's timed calls over `rounds` rounds of consecutive calls.
 
-    Each round runs every contender in turn, a block of calls each (the first call of a block is
-    a warm-up and not timed): alternating rounds spread a noisy neighbour over all of them, while
-    blocks keep one runtime's idle thread pool (onnxruntime and OpenMP workers spin for a while
-    after a run) from stealing the cores of the next contender's timed calls. A block holds
-    `reps // rounds` calls, and more while it has lasted under `MIN_BLOCK_SECONDS`.
+    Each round runs every contender in turn, a block of calls each after `settle` seconds of
+    quiet (the first call of a block is a warm-up and not timed): alternating rounds spread a
+    noisy neighbour over all of them, while the pause and the blocks keep one runtime's idle
+    thread pool (onnxruntime's workers spin for 50-100 ms after a run, SETTLE_SECONDS) from
+    stealing the cores of the next contender's timed calls. A block holds `reps // rounds`
+    calls, and more while it has lasted under `MIN_BLOCK_SECONDS`.
     """
     times: dict[str, list[float]] = {name: [] for name in runners}
     per_round = max(1, reps // rounds)
     for _ in range(rounds):
         for name, run in runners.items():
+            time.sleep(settle)
             run()
             calls, began = 0, time.perf_counter()
             while calls < per_round or time.perf_counter() - began < MIN_BLOCK_SECONDS:

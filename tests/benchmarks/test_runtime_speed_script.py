@@ -29,6 +29,16 @@ def test_block_times_keep_each_contenders_calls_apart() -> None:
     assert medians["slow"] > medians["fast"] >= 1.0
 
 
+def test_every_block_starts_after_a_quiet_pause() -> None:
+    # the previous contender's idle threads stop spinning before the next block: 2 rounds x 2
+    # contenders x 0.1 s of pauses, none of it in the timed calls
+    began = time.perf_counter()
+    times = runtime_speed.block_times({"a": lambda: None, "b": lambda: None}, reps=2, rounds=2, settle=0.1)
+    assert time.perf_counter() - began >= 0.4
+    assert max(max(v) for v in times.values()) < 50.0
+    assert runtime_speed.SETTLE_SECONDS >= 0.1
+
+
 def test_the_mlp_row_has_the_fastest_runs_ratios(capsys: pytest.CaptureFixture[str]) -> None:
     runtime_speed.main(["--models", "mlp", "--reps", "3", "--small", "--json"])
     (row,) = json.loads(capsys.readouterr().out)
