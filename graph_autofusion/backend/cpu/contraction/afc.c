@@ -501,6 +501,14 @@ static inline __attribute__((always_inline)) void afc_ukernel(int64_t kc, const 
                                                               float alpha, int acc, const float *pf, int64_t pfs) {
   if (mr == 1)
     afc_ukernel_r(1, kc, ap, arow, bp, offs, c, ldc, mr, nr, alpha, acc, pf, pfs);
+  else if (AFC_MR == 6 && mr == 4)
+    /* AVX2's 6-row panels: 4 rows are 8 accumulator chains, enough for both FMA pipes, where 3 + 1
+     * ran 6 chains and then 2, each waiting on the FMA latency (ResNet-50's 14x14 convs end every
+     * 100-pixel tile in a panel of 4; one thread, process CPU time, AMD EPYC: 0.980-0.989 of the
+     * time for its 3x3 and 1x1s, benchmarks/anchor_ab.py); 5 rows likewise, not 6 */
+    afc_ukernel_r(4, kc, ap, arow, bp, offs, c, ldc, mr, nr, alpha, acc, pf, pfs);
+  else if (AFC_MR == 6 && mr == 5)
+    afc_ukernel_r(5, kc, ap, arow, bp, offs, c, ldc, mr, nr, alpha, acc, pf, pfs);
   else if (mr <= AFC_MR / 2)
     afc_ukernel_r(AFC_MR / 2, kc, ap, arow, bp, offs, c, ldc, mr, nr, alpha, acc, pf, pfs);
   else if (AFC_MR >= 6 && mr == AFC_MR / 2 + 1) {
