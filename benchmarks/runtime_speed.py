@@ -143,8 +143,9 @@ MIN_BLOCK_SECONDS = 0.05
 # spinning: onnxruntime's keep one of two vCPUs busy for 50-100 ms after its last run. Our fused
 # MobileNetV2 (about 6 ms alone, adaptive team off), run once after three onnxruntime runs and a
 # pause, took a median of 10.0-13.1 ms after pauses of 0-50 ms and 7.6-7.7 ms after 100-300 ms
-# (AMD EPYC, 2 vCPUs): without the pause a block's first few timed calls pay for the previous
-# contender's threads.
+# (AMD EPYC, 2 vCPUs), and OpenVINO's MobileNetV2, whose blocks follow onnxruntime's, 9.8 ms a
+# run without the pause against 5.5-7.2 with it: without it a block's timed calls pay for the
+# previous contender's threads.
 SETTLE_SECONDS = 0.3
 
 

@@ -614,7 +614,8 @@ def conv_tiles(g: ConvGeometry, quantum: int = 16, rows: bool = False) -> tuple[
     if full is not None and conv_method(g) == "conv1x1_gemm":
         widest = min(widest, full)
     tiles = _column_tiles(g, quantum, widest)
-    narrow = _round_up(max(MIN_PIXEL_TILE, -(-p // -(-ROBUST_TASKS // (g.n * g.group)))), quantum)
+    tiles_per_image = -(-ROBUST_TASKS // (g.n * g.group))
+    narrow = _round_up(max(MIN_PIXEL_TILE, -(-p // tiles_per_image)), quantum)
     if quantum == PANEL_QUANTUM and _tasks(g, tiles) < ROBUST_TASKS and narrow < widest:
         more = _column_tiles(g, quantum, narrow)
         if _tasks(g, more) > _tasks(g, tiles):
@@ -623,6 +624,7 @@ def conv_tiles(g: ConvGeometry, quantum: int = 16, rows: bool = False) -> tuple[
 
 
 def _tasks(g: ConvGeometry, tiles: tuple[int, int, int, int]) -> int:
+    """The tasks of `conv_tiles`' tiles: images x groups x pixel tiles x channel tiles."""
     return g.n * g.group * tiles[1] * tiles[3]
 
 
