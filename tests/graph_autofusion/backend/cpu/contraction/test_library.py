@@ -77,6 +77,7 @@ SHAPES = [
     (9, 47, 257),  # K one past the K block
     (15, 65, 513),
     (17, 31, 64),
+    (64, 70, 300),  # 64 rows: AVX2's last panel of 4 runs a 4-row kernel
     (200, 400, 300),  # M past the row blocks (MC) of both drivers, N past the B block of afc_gemm_ap
 ]
 
@@ -379,6 +380,8 @@ def _post(c: np.ndarray, bias: np.ndarray | None, res: np.ndarray | None, act: i
         (CHUNK_ROWS, 230, 1100, True, True, POST_CLIP),  # several depth blocks: post on the last
         (7, 3, 1, True, False, POST_RELU),
         (201, 420, 72, True, True, POST_RELU),  # past one row block (MC) and one column block (NC)
+        (64, 70, 64, True, True, POST_RELU),  # AVX2's last panel of 4 rows: post-ops in registers
+        (64, 224, 256, True, False, POST_CLIP),
     ],
 )
 def test_post_ops_are_the_epilogue_of_the_same_product(
