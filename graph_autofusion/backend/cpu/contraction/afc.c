@@ -493,7 +493,8 @@ static inline __attribute__((always_inline)) void afc_ukernel_rp(const int R, in
  * ResNet-50's 7x7 stage has 49 pixels, 6 panels of 8 and one of 1, and the full kernel computes
  * the 7 rows past the end too (49 of 56 rows useful, 87.5%). A panel of one row runs a one-row
  * kernel and one of at most MR / 2 rows a half-height one (the row loops are compile-time
- * constants in each), and one of MR / 2 + 1 rows runs both: the FMAs follow the valid rows. */
+ * constants in each), and one of MR / 2 + 1 rows runs both (AVX-512) or, on AVX2, a panel of 4
+ * or 5 rows runs exactly its rows: the FMAs follow the valid rows. */
 static inline __attribute__((always_inline)) void afc_ukernel(int64_t kc, const float *restrict ap,
                                                               const float *const *arow,
                                                               const float *restrict bp, const int32_t *offs,
@@ -512,7 +513,7 @@ static inline __attribute__((always_inline)) void afc_ukernel(int64_t kc, const 
   else if (mr <= AFC_MR / 2)
     afc_ukernel_r(AFC_MR / 2, kc, ap, arow, bp, offs, c, ldc, mr, nr, alpha, acc, pf, pfs);
   else if (AFC_MR >= 6 && mr == AFC_MR / 2 + 1) {
-    /* ViT-B/16's 197 tokens end in a panel of 5: 4 rows + 1 (not for the portable kernel, which
+    /* AVX-512: ViT-B/16's 197 tokens end in a panel of 5, 4 rows + 1 (not for the portable kernel, which
      * computes all its rows whatever R says: two calls would cost two panels) */
     const int h = AFC_MR / 2;
     afc_ukernel_r(h, kc, ap, arow, bp, offs, c, ldc, h, nr, alpha, acc, pf, pfs);
