@@ -529,14 +529,14 @@ static inline __attribute__((always_inline)) void afc_ukernel(int64_t kc, const 
  * 1x1 at 56x56 0.979-0.988 of the time on one thread, 0.973 on two, AMD EPYC, anchor_ab). The
  * AVX2 kernel keeps a tile in registers through its post-ops whenever its rows are all valid. */
 static inline __attribute__((always_inline)) void afc_ukernel_ap(int64_t kc, const float *restrict ap,
-                                                               const float *restrict bp, float *restrict c,
-                                                               int64_t ldc, int mr, int nr, float alpha, int acc,
-                                                               const float *pf, int64_t pfs, const afc_post *post,
-                                                               int64_t pi0, int64_t pj0) {
+                                                               const float *restrict bp, const int32_t *offs,
+                                                               float *restrict c, int64_t ldc, int mr, int nr,
+                                                               float alpha, int acc, const float *pf, int64_t pfs,
+                                                               const afc_post *post, int64_t pi0, int64_t pj0) {
   if (AFC_MR == 6 && mr == 4)
-    afc_ukernel_rp(4, kc, ap, 0, bp, 0, c, ldc, mr, nr, alpha, acc, pf, pfs, post, pi0, pj0);
+    afc_ukernel_rp(4, kc, ap, 0, bp, offs, c, ldc, mr, nr, alpha, acc, pf, pfs, post, pi0, pj0);
   else
-    afc_ukernel_rp(AFC_MR, kc, ap, 0, bp, 0, c, ldc, mr, nr, alpha, acc, pf, pfs, post, pi0, pj0);
+    afc_ukernel_rp(AFC_MR, kc, ap, 0, bp, offs, c, ldc, mr, nr, alpha, acc, pf, pfs, post, pi0, pj0);
 }
 
 /* Few rows against packed B (a batch-1..few Gemm/MatMul: GEMV-shaped). The micro-kernel path
@@ -681,6 +681,86 @@ static inline void afc_fetch_res(const afc_post *p, int64_t i, int64_t j, int64_
   }
 }
 
+/* The depth of afc_gemm_ap_inplace's K blocks. Its B micro-panel is KC rows at B's row stride,
+ * which can map them onto few L1 sets: a 56x56 plane's rows (3136 floats) lie 4 sets apart, so
+ * 128 rows of one 64-byte line (AVX2's 16 columns) fill all 8 ways of 16 sets, and so do 128 rows
+ * of two lines (AVX-512's 32 columns) in 32 sets, the A panels streaming past them too. Measured
+ * in C, one thread, B from L3, Zen 4, best of 5 alternating runs: AVX-512 at 128 against 256,
+ * ResNet-50's 256 -> 128 at 56x56 2.00 against 2.12 ms (512 -> 128 at 28x28 within 2%), at 64
+ * within 3% of 128; AVX2 at 64 against 128, that 256 -> 128 2.17 against 2.30, its 256 -> 64 1.05
+ * against 1.14, 512 -> 128 at 28x28 1.02 against 1.04. */
+#ifndef AFC_INPLACE_KC
+#if defined(__AVX512F__)
+#define AFC_INPLACE_KC 128
+#else
+#define AFC_INPLACE_KC 64
+#endif
+#endif
+
+/* afc_gemm_ap(_post) for a B of unit column stride (a 1x1 conv's input pixels, an im2col tile)
+ * read where it lies instead of packed: the micro-kernel takes B's row kk at b + kk * b_rs
+ * (`offs`), as afc_conv_ap reads its band. Packing costs a load and a store per element of B,
+ * which the element's M / MR micro-kernel calls must amortize (AFC_INPLACE_MAX_ROWS: few rows), and
+ * a 1x1 conv's activation was just written by the previous kernel, in L2 or L3. The Goto order of
+ * afc_gemm_ap_impl: a B micro-panel stays in L1 while the A panels stream past it; the first
+ * NR / 16 A-panel calls of each micro-panel fetch the next micro-panel's cache lines, one row a
+ * depth step (KC rows at B's row stride are KC streams, more than the hardware prefetchers
+ * follow). Measured in C, one thread, B from L3 in huge pages as the runtime's arena, best of 5
+ * alternating runs (Zen 4), packed -> in place: AVX-512, ResNet-50's 256 -> 64 at 56x56 1.25 ->
+ * 0.97-0.98 ms, 256 -> 128 2.14 -> 1.97, 512 -> 128 at 28x28 1.07 -> 0.93, MobileNetV2's 144 -> 24
+ * at 56x56 0.31 -> 0.20, 96 -> 24 0.165 -> 0.127, 192 -> 32 at 28x28 0.101 -> 0.088, 32 -> 16 at
+ * 112x112 0.17 -> 0.13, 16 -> 96 0.73 -> 0.65-0.72; AVX2, 256 -> 64 1.32 -> 1.05, 144 -> 24 0.25 ->
+ * 0.21, 16 -> 96 0.70 -> 0.63. An im2col tile (B hot in L2), AVX-512: ResNet-50's 64-channel 3x3 at
+ * 56x56 (784 x 576) 0.57 -> 0.52 ms. In the models, whose activations are mostly hotter than L3,
+ * less: ResNet-50's 1x1s at 56x56 0.92-0.96 of their time, the sum of its kernels 0.988 on two
+ * threads (both builds in one process, each kernel's fastest of 24 profiled runs; 0.995 for two
+ * copies of one build). With a residual the packed path's
+ * order (A panels outer, the residual fetched ahead) stays faster (64 -> 256 at 56x56: 1.09-1.11 ms
+ * packed, 1.25 in place in that order, 1.57-1.76 in this one), so residual post-ops keep it. A last
+ * micro-panel of fewer than NR columns is packed (the micro-kernel loads NR columns, which would
+ * read past B's rows). m, n, k > 0. */
+static void afc_gemm_ap_inplace(int64_t m, int64_t n, int64_t k, float alpha, const float *ap, const float *b,
+                                int64_t b_rs, float *c, int64_t ldc, const afc_post *post) {
+  int32_t offs[AFC_INPLACE_KC];
+  const int64_t blocks = (k + AFC_INPLACE_KC - 1) / AFC_INPLACE_KC, kb = (k + blocks - 1) / blocks;
+  const int64_t lines = AFC_NR / 16;            /* cache lines in a micro-panel row */
+  const int64_t whole = n / AFC_NR * AFC_NR;    /* columns in whole micro-panels */
+  const int tail_nr = (int)(n - whole);         /* and in the packed last one */
+  for (int64_t k0 = 0; k0 < k; k0 += kb) {
+    const int64_t kc = k - k0 < kb ? k - k0 : kb;
+    const float *bk = b + k0 * b_rs;
+    const afc_post *last = k0 + kc >= k ? post : 0; /* the post-ops finish the last depth block */
+    for (int64_t kk = 0; kk < kc; ++kk) offs[kk] = (int32_t)(kk * b_rs);
+    float *tail = 0;
+    if (tail_nr) {
+      tail = afc_buffer();
+      afc_pack_b_block(kc, tail_nr, bk + whole, b_rs, 1, tail);
+    }
+    for (int64_t j0 = 0; j0 < n; j0 += AFC_NR) {
+      const int nr = (int)(n - j0 < AFC_NR ? n - j0 : AFC_NR);
+      for (int64_t i0 = 0; i0 < m; i0 += AFC_MR) {
+        const int mr = (int)(m - i0 < AFC_MR ? m - i0 : AFC_MR);
+        const float *a_panel = ap + i0 * k + k0 * AFC_MR;
+        const int64_t call = i0 / AFC_MR;
+        const float *pf = a_panel;
+        int64_t pfs = 0;
+        if (j0 + AFC_NR < n && call < lines) { /* line `call` of the next micro-panel's rows */
+          pf = bk + j0 + AFC_NR + 16 * call;
+          pfs = b_rs;
+        } else if (j0 == 0 && i0 + AFC_MR < m) { /* the first pass fetches each A panel's successor */
+          pf = a_panel + AFC_MR * k;
+          pfs = AFC_MR;
+        }
+        float *ct = c + i0 * ldc + j0;
+        if (j0 < whole)
+          afc_ukernel_ap(kc, a_panel, bk + j0, offs, ct, ldc, mr, nr, alpha, k0 > 0, pf, pfs, last, i0, j0);
+        else
+          afc_ukernel_ap(kc, a_panel, tail, 0, ct, ldc, mr, nr, alpha, k0 > 0, pf, pfs, last, i0, j0);
+      }
+    }
+  }
+}
+
 /* A packed once (weights), B strided: B is packed per (KC x NC) block into the thread buffer
  * (L2); the Goto order then keeps one KC x NR B micro-panel in L1 while the MR x KC slices of a
  * block of MC rows of A stream past it. Streaming A rather than B moves a quarter of the bytes
@@ -744,7 +824,7 @@ static inline __attribute__((always_inline)) void afc_gemm_ap_impl(int64_t m, in
               const int next_panel = j0 + AFC_NR >= nc && i0 + AFC_MR < m;
               if (last && (next_panel || j0 + AFC_NR < nc))
                 afc_fetch_res(last, next_panel ? i0 + AFC_MR : i0, n0 + (next_panel ? 0 : j0 + AFC_NR), m);
-              afc_ukernel_ap(kc, a_panel, buf + j0 * kc, c + i0 * ldc + n0 + j0, ldc, mr, nr, alpha, k0 > 0,
+              afc_ukernel_ap(kc, a_panel, buf + j0 * kc, 0, c + i0 * ldc + n0 + j0, ldc, mr, nr, alpha, k0 > 0,
                              next_panel ? a_panel + AFC_MR * k : a_panel, next_panel ? AFC_MR : 0, last, i0,
                              n0 + j0);
             }
@@ -765,7 +845,7 @@ static inline __attribute__((always_inline)) void afc_gemm_ap_impl(int64_t m, in
               pf = next_b + row * b_rs;
               pfs = next_step;
             }
-            afc_ukernel_ap(kc, a_panel, buf + j0 * kc, c + i0 * ldc + n0 + j0, ldc, mr, nr, alpha, k0 > 0, pf, pfs,
+            afc_ukernel_ap(kc, a_panel, buf + j0 * kc, 0, c + i0 * ldc + n0 + j0, ldc, mr, nr, alpha, k0 > 0, pf, pfs,
                            k0 + kc >= k ? post : 0, i0, n0 + j0);
           }
         }
@@ -774,16 +854,37 @@ static inline __attribute__((always_inline)) void afc_gemm_ap_impl(int64_t m, in
   }
 }
 
+/* The most rows of A for which afc_gemm_ap(_post) reads B in place. The B micro-panel, its KC rows
+ * crowded into few L1 sets, must outlast the A panels of all the rows streaming past it, and
+ * packing matters less the more rows share each packed element: in C (Zen 4, AVX-512, one thread,
+ * best of 5 alternating runs), packed -> in place, 128 rows 7-13% faster (afc_gemm_ap_inplace),
+ * 144-192 within 3%, 256 rows and more slower: ResNet-50's stride-2 downsample as an im2col tile (512 x 256 x
+ * 196) 2.00 -> 2.20 ms, 1024 x 512 x 196 1.94 -> 2.13, its classifier (1000 x 2048, one column)
+ * 0.61 -> 0.65. */
+#define AFC_INPLACE_MAX_ROWS 128
+
+/* Whether afc_gemm_ap(_post) reads B in place (afc_gemm_ap_inplace) rather than packing it. */
+static inline int afc_inplace_b(int64_t m, int64_t n, int64_t k, int64_t b_rs, int64_t b_cs, const afc_post *post) {
+  return b_cs == 1 && !(post && post->res) && m > 0 && m <= AFC_INPLACE_MAX_ROWS && n > 0 && k > 0 &&
+         b_rs <= INT32_MAX / AFC_INPLACE_KC;
+}
+
 static void afc_gemm_ap(int64_t m, int64_t n, int64_t k, float alpha, const float *ap, const float *b,
                         int64_t b_rs, int64_t b_cs, float *c, int64_t ldc) {
-  afc_gemm_ap_impl(m, n, k, alpha, ap, b, b_rs, b_cs, c, ldc, 0);
+  if (afc_inplace_b(m, n, k, b_rs, b_cs, 0))
+    afc_gemm_ap_inplace(m, n, k, alpha, ap, b, b_rs, c, ldc, 0);
+  else
+    afc_gemm_ap_impl(m, n, k, alpha, ap, b, b_rs, b_cs, c, ldc, 0);
 }
 
 static void afc_gemm_ap_post(int64_t m, int64_t n, int64_t k, const float *ap, const float *b, int64_t b_rs, float *c,
                              int64_t ldc, const float *bias, const float *res, int64_t res_ld, int act, float lo,
                              float hi) {
   const afc_post post = {bias, res, res_ld, act, lo, hi};
-  afc_gemm_ap_impl(m, n, k, 1.0f, ap, b, b_rs, 1, c, ldc, &post);
+  if (afc_inplace_b(m, n, k, b_rs, 1, &post))
+    afc_gemm_ap_inplace(m, n, k, 1.0f, ap, b, b_rs, c, ldc, &post);
+  else
+    afc_gemm_ap_impl(m, n, k, 1.0f, ap, b, b_rs, 1, c, ldc, &post);
 }
 
 /* One packed (mc x kc) block of A-panels (`buf`) against every panel of packed B at depths
@@ -941,7 +1042,7 @@ static void afc_gemm_ap_in(int64_t m, int64_t n, int64_t k, float alpha, const f
         const float *a_panel = ap + i0 * k + k0 * AFC_MR;
         /* the first pass over the chunk's A panels (weights, from L3) fetches each one's
          * successor, the next chunk's first panel included (panels are contiguous) */
-        afc_ukernel_ap(kc, a_panel, buf + j0 * k + k0 * AFC_NR, c + i0 * ldc + j0, ldc, mr, nr, alpha, k0 > 0,
+        afc_ukernel_ap(kc, a_panel, buf + j0 * k + k0 * AFC_NR, 0, c + i0 * ldc + j0, ldc, mr, nr, alpha, k0 > 0,
                        a_panel + AFC_MR * k, j0 == 0 ? AFC_MR : 0, 0, i0, j0);
       }
     }

@@ -101,6 +101,11 @@ void afcx_gemm_ap(int64_t m, int64_t n, int64_t k, float alpha, const float *ap,
                   int64_t b_rs, int64_t b_cs, float *c, int64_t ldc) {
   afc_gemm_ap(m, n, k, alpha, ap, b, b_rs, b_cs, c, ldc);
 }
+/* afc_gemm_ap's packing driver, forced where it would read B in place (tests) */
+void afcx_gemm_ap_packed(int64_t m, int64_t n, int64_t k, float alpha, const float *ap, const float *b,
+                         int64_t b_rs, int64_t b_cs, float *c, int64_t ldc) {
+  afc_gemm_ap_impl(m, n, k, alpha, ap, b, b_rs, b_cs, c, ldc, 0);
+}
 void afcx_gemm_bp(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t a_rs,
                   int64_t a_cs, const float *bp, float *c, int64_t ldc) {
   afc_gemm_bp(m, n, k, alpha, a, a_rs, a_cs, bp, c, ldc);
@@ -189,6 +194,7 @@ _SIGNATURES: dict[str, tuple[list[type], type | None]] = {
     "afcx_pack_a": ([_I64, _I64, _PTR, _I64, _I64, _PTR], None),
     "afcx_pack_b": ([_I64, _I64, _PTR, _I64, _I64, _PTR], None),
     "afcx_gemm_ap": ([_I64, _I64, _I64, ctypes.c_float, _PTR, _PTR, _I64, _I64, _PTR, _I64], None),
+    "afcx_gemm_ap_packed": ([_I64, _I64, _I64, ctypes.c_float, _PTR, _PTR, _I64, _I64, _PTR, _I64], None),
     "afcx_gemm_bp": ([_I64, _I64, _I64, ctypes.c_float, _PTR, _I64, _I64, _PTR, _PTR, _I64], None),
     "afcx_gemv_bp": ([_I64, _I64, _I64, ctypes.c_float, _PTR, _I64, _I64, _PTR, _PTR, _I64], None),
     "afcx_gemm_bp_panels": ([_I64, _I64, _I64, ctypes.c_float, _PTR, _I64, _I64, _PTR, _PTR, _I64], None),
@@ -243,15 +249,23 @@ class Library:
         return out
 
     def gemm_ap(
-        self, ap: np.ndarray, b: np.ndarray, m: int, alpha: float = 1.0, input_rows: int = 0
+        self,
+        ap: np.ndarray,
+        b: np.ndarray,
+        m: int,
+        alpha: float = 1.0,
+        input_rows: int = 0,
+        packed: bool = False,
     ) -> np.ndarray:
         """Packed A x B; with `input_rows`, as afc_gemm_ap_in in chunks of that many rows (a
-        multiple of the A-panel height), B packed once per kernel call (afcx_begin_call)."""
+        multiple of the A-panel height), B packed once per kernel call (afcx_begin_call); with
+        `packed`, through the driver that packs B even where afc_gemm_ap reads it in place."""
         k, n = b.shape
         c = np.full((m, n), np.nan, np.float32)
         rs, cs = (s // 4 for s in b.strides)
         if not input_rows:
-            self.lib.afcx_gemm_ap(m, n, k, alpha, ap.ctypes.data, b.ctypes.data, rs, cs, c.ctypes.data, n)
+            fn = self.lib.afcx_gemm_ap_packed if packed else self.lib.afcx_gemm_ap
+            fn(m, n, k, alpha, ap.ctypes.data, b.ctypes.data, rs, cs, c.ctypes.data, n)
         for r0 in range(0, m if input_rows else 0, input_rows or 1):
             rows = min(input_rows, m - r0)
             at, out = ap.ctypes.data + 4 * r0 * k, c.ctypes.data + 4 * r0 * n

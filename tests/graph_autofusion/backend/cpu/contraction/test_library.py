@@ -9,6 +9,11 @@ cancellation in the result never makes the check looser or tighter than the inpu
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import mmap
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 
@@ -389,7 +394,8 @@ def test_post_ops_are_the_epilogue_of_the_same_product(
 ) -> None:
     """afc_gemm_ap_post equals afc_gemm_ap's product with the post-ops applied after it, bit
     for bit (the same product; the ops in the same order), NaN included: Relu maps it to 0, Clip
-    keeps it, as the generated epilogue does."""
+    keeps it, as the generated epilogue does. Post-ops with a residual run on the driver that
+    packs B, the others where afc_gemm_ap runs, reading B in place (afc.c says why)."""
     rng = np.random.default_rng(m + n + k)
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
@@ -398,11 +404,62 @@ def test_post_ops_are_the_epilogue_of_the_same_product(
     res_v = rng.standard_normal((m, n)).astype(np.float32) if res else None
     if res_v is not None:
         res_v[m // 2, n // 2] = np.nan
-    plain = lib.gemm_ap(ap, b, m)
+    plain = lib.gemm_ap(ap, b, m, packed=res)
     got = lib.gemm_ap_post(ap, b, m, (bias_v, res_v, act, -0.5, 0.75))
     np.testing.assert_array_equal(got, _post(plain, bias_v, res_v, act, -0.5, 0.75))
     if res_v is not None:
         assert (got[m // 2, n // 2] == 0) if act == POST_RELU else np.isnan(got[m // 2, n // 2])
+
+
+PROT_NONE = 0  # <sys/mman.h>; the mmap module names only the other protections
+
+
+@contextlib.contextmanager
+def _ending_at_a_guard_page(floats: int) -> Iterator[np.ndarray]:
+    """`floats` float32s whose last one ends where a page the process may not touch begins: a
+    read past them is a segmentation fault, not a silently ignored value."""
+    page = mmap.PAGESIZE
+    data = -(-4 * floats // page) * page
+    region = mmap.mmap(-1, data + page)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    assert libc.mprotect(base + data, page, PROT_NONE) == 0, ctypes.get_errno()
+    try:
+        yield np.frombuffer(region, np.float32, floats, data - 4 * floats)
+    finally:
+        libc.mprotect(base + data, page, mmap.PROT_READ | mmap.PROT_WRITE)
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "k", "rs"),
+    [
+        (64, 384, 256, 3136),  # ResNet-50's 256 -> 64 1x1 at 56x56: a pixel tile of a 3136-pixel plane
+        (24, 70, 144, 97),  # a last micro-panel of 6 (AVX-512) or 6 (AVX2) columns, two depth blocks
+        (9, 33, 300, 33),  # rows back to back, a one-column last micro-panel, three depth blocks on AVX2
+        (128, 47, 64, 50),  # the most rows read in place (AFC_INPLACE_MAX_ROWS)
+        (5, 31, 1, 31),  # one depth, no whole micro-panel on AVX-512
+    ],
+)
+def test_a_right_operand_read_in_place_ends_at_its_last_column(
+    lib: Library, m: int, n: int, k: int, rs: int
+) -> None:
+    """afc_gemm_ap reads a B of unit column stride where it lies (a 1x1 conv's pixel tile: k rows
+    of n pixels at the plane's row stride `rs`), its last micro-panel of fewer than NR columns
+    packed: the product is numpy's, as the packing driver's is, and nothing past B's last column
+    is read (B here ends at a page the process may not read)."""
+    rng = np.random.default_rng(m + n + k + rs)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    plane = rng.standard_normal((k, rs)).astype(np.float32)
+    with _ending_at_a_guard_page((k - 1) * rs + n) as flat:
+        flat[:] = plane.reshape(-1)[: flat.size]
+        b = np.lib.stride_tricks.as_strided(flat, (k, n), (4 * rs, 4))
+        _check(lib.gemm_ap(lib.pack_a(a), b, m), a, plane[:, :n])
+        bias = rng.standard_normal(m).astype(np.float32)
+        got = lib.gemm_ap_post(lib.pack_a(a), b, m, (bias, None, POST_RELU, 0.0, 0.0))
+    _check(lib.gemm_ap(lib.pack_a(a), plane[:, :n], m, packed=True), a, plane[:, :n])
+    want = lib.gemm_ap(lib.pack_a(a), plane[:, :n], m)
+    np.testing.assert_array_equal(got, _post(want, bias, None, POST_RELU, 0.0, 0.0))
 
 
 def test_a_right_input_is_packed_once_per_kernel_call(lib: Library) -> None:
