@@ -401,6 +401,25 @@ def test_pixel_tiles_as_rows_split_in_half_panels() -> None:
     assert conv_tiles(g, 32, rows=True) == (100, 2, 256, 1)
 
 
+def test_channel_tiles_of_one_pixel_tile_as_rows_are_balanced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # MobileNetV2's 960 -> 160 1x1 at 7x7: 49 pixels (one tile of rows), the channels the only
+    # split; whole panels were tiles of 64 + 64 + 32, one thread computing 96 channels. Two tiles
+    # of 80 (two and a half panels) give each thread half; 320 channels two of 160 (were 96 x 3 +
+    # 32); channels that split evenly keep their tiles, as do convs with a pixel tile per thread
+    assert conv_tiles(_geometry_1x1(960, 160, 7), 32, rows=True) == (49, 1, 80, 2)
+    assert conv_tiles(_geometry_1x1(960, 320, 7), 32, rows=True) == (49, 1, 160, 2)
+    assert conv_tiles(_geometry_1x1(320, 1280, 7), 32, rows=True) == (49, 1, 320, 4)
+    assert conv_tiles(_geometry_1x1(576, 96, 14), 32, rows=True) == (100, 2, 64, 2)
+    monkeypatch.setenv(CONTRACTION_ENV, "library")
+    model, feeds = _model((1, 960, 7, 7), (160, 960, 1, 1), bias=True, relu=False)
+    spec, weights = _spec(model)
+    kernel = lower_conv(spec)
+    assert "1 pixel tiles of 49 x 2 channel tiles of 80" in kernel.description
+    _assert_matches_onnxruntime(kernel, weights, model, feeds, tmp_path)
+
+
 @pytest.mark.parametrize(
     ("x_shape", "w_shape", "attrs", "rows"),
     [
