@@ -714,11 +714,13 @@ static inline void afc_fetch_res(const afc_post *p, int64_t i, int64_t j, int64_
  * 56x56 (784 x 576) 0.57 -> 0.52 ms. In the models, whose activations are mostly hotter than L3,
  * less: ResNet-50's 1x1s at 56x56 0.92-0.96 of their time, the sum of its kernels 0.988 on two
  * threads (both builds in one process, each kernel's fastest of 24 profiled runs; 0.995 for two
- * copies of one build). With a residual the packed path's
- * order (A panels outer, the residual fetched ahead) stays faster (64 -> 256 at 56x56: 1.09-1.11 ms
- * packed, 1.25 in place in that order, 1.57-1.76 in this one), so residual post-ops keep it. A last
- * micro-panel of fewer than NR columns is packed (the micro-kernel loads NR columns, which would
- * read past B's rows). m, n, k > 0. */
+ * copies of one build). With a residual among the post-ops, against the packing driver's order
+ * for it (A panels outer, the residual fetched ahead): MobileNetV2's 144 -> 24 at 56x56 0.239 ->
+ * 0.213 ms (AVX2 0.242 -> 0.217), its 192 -> 32 at 28x28 0.098 -> 0.093, 64 rows (K = 256) at
+ * 56x56 1.09 -> 1.04, 128 rows even; at 256 rows (ResNet-50's 64 -> 256 at 56x56, past
+ * AFC_INPLACE_MAX_ROWS) 1.09-1.11 packed, 1.57-1.76 in place. A last micro-panel of fewer than NR
+ * columns is packed (the micro-kernel loads NR columns, which would read past B's rows).
+ * m, n, k > 0. */
 static void afc_gemm_ap_inplace(int64_t m, int64_t n, int64_t k, float alpha, const float *ap, const float *b,
                                 int64_t b_rs, float *c, int64_t ldc, const afc_post *post) {
   int32_t offs[AFC_INPLACE_KC];
@@ -864,14 +866,13 @@ static inline __attribute__((always_inline)) void afc_gemm_ap_impl(int64_t m, in
 #define AFC_INPLACE_MAX_ROWS 128
 
 /* Whether afc_gemm_ap(_post) reads B in place (afc_gemm_ap_inplace) rather than packing it. */
-static inline int afc_inplace_b(int64_t m, int64_t n, int64_t k, int64_t b_rs, int64_t b_cs, const afc_post *post) {
-  return b_cs == 1 && !(post && post->res) && m > 0 && m <= AFC_INPLACE_MAX_ROWS && n > 0 && k > 0 &&
-         b_rs <= INT32_MAX / AFC_INPLACE_KC;
+static inline int afc_inplace_b(int64_t m, int64_t n, int64_t k, int64_t b_rs, int64_t b_cs) {
+  return b_cs == 1 && m > 0 && m <= AFC_INPLACE_MAX_ROWS && n > 0 && k > 0 && b_rs <= INT32_MAX / AFC_INPLACE_KC;
 }
 
 static void afc_gemm_ap(int64_t m, int64_t n, int64_t k, float alpha, const float *ap, const float *b,
                         int64_t b_rs, int64_t b_cs, float *c, int64_t ldc) {
-  if (afc_inplace_b(m, n, k, b_rs, b_cs, 0))
+  if (afc_inplace_b(m, n, k, b_rs, b_cs))
     afc_gemm_ap_inplace(m, n, k, alpha, ap, b, b_rs, c, ldc, 0);
   else
     afc_gemm_ap_impl(m, n, k, alpha, ap, b, b_rs, b_cs, c, ldc, 0);
@@ -881,7 +882,7 @@ static void afc_gemm_ap_post(int64_t m, int64_t n, int64_t k, const float *ap, c
                              int64_t ldc, const float *bias, const float *res, int64_t res_ld, int act, float lo,
                              float hi) {
   const afc_post post = {bias, res, res_ld, act, lo, hi};
-  if (afc_inplace_b(m, n, k, b_rs, 1, &post))
+  if (afc_inplace_b(m, n, k, b_rs, 1))
     afc_gemm_ap_inplace(m, n, k, 1.0f, ap, b, b_rs, c, ldc, &post);
   else
     afc_gemm_ap_impl(m, n, k, 1.0f, ap, b, b_rs, 1, c, ldc, &post);

@@ -394,8 +394,8 @@ def test_post_ops_are_the_epilogue_of_the_same_product(
 ) -> None:
     """afc_gemm_ap_post equals afc_gemm_ap's product with the post-ops applied after it, bit
     for bit (the same product; the ops in the same order), NaN included: Relu maps it to 0, Clip
-    keeps it, as the generated epilogue does. Post-ops with a residual run on the driver that
-    packs B, the others where afc_gemm_ap runs, reading B in place (afc.c says why)."""
+    keeps it, as the generated epilogue does (afc_gemm_ap_post reads B in place where
+    afc_gemm_ap does: up to AFC_INPLACE_MAX_ROWS rows)."""
     rng = np.random.default_rng(m + n + k)
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
@@ -404,7 +404,7 @@ def test_post_ops_are_the_epilogue_of_the_same_product(
     res_v = rng.standard_normal((m, n)).astype(np.float32) if res else None
     if res_v is not None:
         res_v[m // 2, n // 2] = np.nan
-    plain = lib.gemm_ap(ap, b, m, packed=res)
+    plain = lib.gemm_ap(ap, b, m)
     got = lib.gemm_ap_post(ap, b, m, (bias_v, res_v, act, -0.5, 0.75))
     np.testing.assert_array_equal(got, _post(plain, bias_v, res_v, act, -0.5, 0.75))
     if res_v is not None:
