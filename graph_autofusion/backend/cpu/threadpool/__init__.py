@@ -106,6 +106,7 @@ def load(path: Path) -> ctypes.CDLL:
             ("afp_regions", ctypes.c_long, []),
             ("afp_tasks_by_workers", ctypes.c_long, []),
             ("afp_hold_workers", None, [ctypes.c_int]),
+            ("afp_set_two_ended", None, [ctypes.c_int]),
         ):
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = restype, argtypes

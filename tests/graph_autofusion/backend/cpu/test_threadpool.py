@@ -35,6 +35,15 @@ void static_owner(int32_t *who, int32_t *teams, long n) {
 #pragma omp parallel for schedule(static)
   for (long i = 0; i < n; ++i) { who[i] = 1 + omp_get_thread_num(); teams[i] = omp_get_num_threads(); }
 }
+/* who[i] = 1 + the OpenMP thread that ran iteration i of a dynamic schedule (chunks of 1) */
+void dynamic_owner(int32_t *who, long n) {
+#pragma omp parallel for schedule(dynamic, 1)
+  for (long i = 0; i < n; ++i) {
+    volatile float spin = 0.0f; /* a few hundred ns of work: the worker gets a share */
+    for (int k = 0; k < 200; ++k) spin += 1.0f;
+    who[i] = 1 + omp_get_thread_num();
+  }
+}
 /* hits[i] += 1 for every iteration a dynamic schedule hands out, in chunks of 3 */
 void dynamic_hits(int32_t *hits, long n) {
 #pragma omp parallel for schedule(dynamic, 3)
@@ -128,6 +137,19 @@ def test_the_caller_alone_runs_every_task(regions: ctypes.CDLL) -> None:
     after = threadpool.stats()
     assert after["regions"] == before["regions"] + 50
     assert after["tasks_by_workers"] == before["tasks_by_workers"]
+
+
+def test_two_threads_take_dynamic_chunks_from_both_ends(regions: ctypes.CDLL, team_of_two: str) -> None:
+    """Thread 0 takes a prefix of the iterations, thread 1 the rest from the back: each thread
+    keeps about the same part of the image from one kernel to the next (pool.c says why)."""
+    for n in (1, 2, 5, 64, 1000):
+        for _ in range(20):
+            who = np.zeros(n, np.int32)
+            regions.dynamic_owner(ptr(who), ctypes.c_long(n))
+            assert set(who.tolist()) <= {1, 2}
+            assert np.all(np.diff(who) >= 0), who  # ones, then twos
+            if team_of_two == "caller_alone":
+                assert set(who.tolist()) == {1}  # thread 1's task, run last, finds nothing left
 
 
 def test_dynamic_schedules_hand_out_each_iteration_once(regions: ctypes.CDLL, team_of_two: str) -> None:
