@@ -10,9 +10,12 @@ How: kernels are still written and compiled with OpenMP pragmas (gcc outlines ea
 computes static schedules inline); every OpenMP unit is linked with `entry.c` and
 `-Wl,--wrap=<entry point>` for each libgomp entry point gcc emits (`WRAPPED`), so those calls go
 to this pool (`pool.c`) once the runtime attaches it to the unit (`attach`). A region of T threads
-becomes T tasks, task i running the outlined body as OpenMP thread i: the caller claims tasks
-from one atomic word as the workers do and then waits only for tasks already started, so a late
-worker costs nothing but its share of the work. Workers spin `spin_ns` after their last task
+becomes T tasks, task i running the outlined body as OpenMP thread i: the caller runs task 0,
+claims the others from one atomic word as the workers do and then waits only for tasks already
+started, so a late worker costs nothing but its share of the work. With two threads a dynamic
+loop is handed out from both ends, thread 0 from the front and thread 1 from the back, so each
+core keeps about the same half of the image from kernel to kernel (pool.c says what it
+measured). Workers spin `spin_ns` after their last task
 (the kernels of a run are microseconds apart), then sleep on a futex that the next region's
 caller rings without waiting for anyone to wake.
 

@@ -6,9 +6,9 @@
  * itself (so thread 0 is the same core in every region), then claims further tasks from one atomic
  * word (generation | task count | next task) exactly as the workers do, and at the end waits only
  * for tasks a worker has already started. In a region of two tasks a dynamic loop is handed out
- * from both ends (afp_set_workshare says why). A worker that is asleep,
- * or whose vCPU the hypervisor has taken away, joins late or not at all and the caller runs its
- * task: the region never waits for a thread to wake up. libgomp's region cannot end before every
+ * from both ends (afp_set_workshare says why). A worker that is asleep, or whose vCPU the
+ * hypervisor has taken away, joins late or not at all and the caller runs its task: the region
+ * never waits for a thread to wake up. libgomp's region cannot end before every
  * team thread has checked in.
  *
  * Workers spin for a while after their last task (kernels of one run are microseconds apart), then
@@ -42,7 +42,7 @@
 
 typedef struct {
   _Alignas(AFP_LINE) _Atomic long next; /* the next iteration to hand out (one-ended) */
-  _Atomic uint64_t ends;                /* two-ended: chunks taken from the front << 32 | chunks left before the back */
+  _Atomic uint64_t ends;                /* two-ended: chunks taken from the front << 32 | the back's end */
   long start, end, incr, step;
   int two_ended;
   _Atomic int state; /* 0 unset, 1 being set, 2 ready */
@@ -80,7 +80,10 @@ static struct {
   pthread_mutex_t grow;
   pthread_mutex_t atomic_lock;
   afp_region region;
-} afp = {.spin_ns = 100000, .two_ended = 1, .grow = PTHREAD_MUTEX_INITIALIZER, .atomic_lock = PTHREAD_MUTEX_INITIALIZER};
+} afp = {.spin_ns = 100000,
+         .two_ended = 1,
+         .grow = PTHREAD_MUTEX_INITIALIZER,
+         .atomic_lock = PTHREAD_MUTEX_INITIALIZER};
 
 static inline void afp_pause(void) {
 #if defined(__x86_64__) || defined(__i386__)
