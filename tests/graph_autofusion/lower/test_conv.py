@@ -274,6 +274,19 @@ def test_odd_task_counts_take_the_tile_the_threads_finish_soonest(
     _assert_matches_onnxruntime(lower_conv(spec), weights, model, feeds, tmp_path)
 
 
+def _library_conv_is_described(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, x_shape: tuple, w_shape: tuple, described: str
+) -> None:
+    """A conv with bias and Relu, lowered for the contraction library: its description names
+    `described` (the tiles), and its kernel matches onnxruntime."""
+    monkeypatch.setenv(CONTRACTION_ENV, "library")
+    model, feeds = _model(x_shape, w_shape, bias=True, relu=True)
+    spec, weights = _spec(model)
+    kernel = lower_conv(spec)
+    assert described in kernel.description
+    _assert_matches_onnxruntime(kernel, weights, model, feeds, tmp_path)
+
+
 def test_few_tasks_split_into_narrower_pixel_tiles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # MobileNetV2's 96 -> 24 and ResNet-50's 64 -> 64 1x1s at 56x56 took 4 tiles of 800 pixels (the
     # widest whose output fits OUT_TILE_FLOATS): one slowed thread then held up a quarter of the
@@ -286,12 +299,9 @@ def test_few_tasks_split_into_narrower_pixel_tiles(tmp_path: Path, monkeypatch: 
     # narrower tiles that would not make more tasks leave the split as it was (132 channels of 256
     # pixels: 4 channel tiles; 2 pixel tiles of 128 x 2 channel tiles would be 4 as well)
     assert conv_tiles(_geometry_1x1(64, 132, 16), 32) == (256, 1, 40, 4)
-    monkeypatch.setenv(CONTRACTION_ENV, "library")
-    model, feeds = _model((1, 64, 56, 56), (64, 64, 1, 1), bias=True, relu=True)
-    spec, weights = _spec(model)
-    kernel = lower_conv(spec)
-    assert "9 pixel tiles of 384 x 1 channel tiles of 64" in kernel.description
-    _assert_matches_onnxruntime(kernel, weights, model, feeds, tmp_path)
+    _library_conv_is_described(
+        monkeypatch, tmp_path, (1, 64, 56, 56), (64, 64, 1, 1), "9 pixel tiles of 384 x 1 channel tiles of 64"
+    )
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -412,12 +422,9 @@ def test_channel_tiles_of_one_pixel_tile_as_rows_are_balanced(
     assert conv_tiles(_geometry_1x1(960, 320, 7), 32, rows=True) == (49, 1, 160, 2)
     assert conv_tiles(_geometry_1x1(320, 1280, 7), 32, rows=True) == (49, 1, 320, 4)
     assert conv_tiles(_geometry_1x1(576, 96, 14), 32, rows=True) == (100, 2, 64, 2)
-    monkeypatch.setenv(CONTRACTION_ENV, "library")
-    model, feeds = _model((1, 960, 7, 7), (160, 960, 1, 1), bias=True, relu=False)
-    spec, weights = _spec(model)
-    kernel = lower_conv(spec)
-    assert "1 pixel tiles of 49 x 2 channel tiles of 80" in kernel.description
-    _assert_matches_onnxruntime(kernel, weights, model, feeds, tmp_path)
+    _library_conv_is_described(
+        monkeypatch, tmp_path, (1, 960, 7, 7), (160, 960, 1, 1), "1 pixel tiles of 49 x 2 channel tiles of 80"
+    )
 
 
 @pytest.mark.parametrize(
