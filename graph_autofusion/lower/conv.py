@@ -537,31 +537,42 @@ def _makespan(pixels: int, pt: int, images: int, quantum: int) -> int:
     return max(loads)
 
 
+def _least_makespan_tile(
+    size: int, tile: int, candidates: range, images: int, quantum: int, min_tasks: int
+) -> int:
+    """Of `tile` and the `candidates`, the tile whose `images` x tiles of `size` (pixels, or a
+    1x1 conv's channels as the product's columns) BALANCE_THREADS threads finish soonest
+    (`_makespan` in panels of `quantum`), the widest on a tie; candidates that leave fewer than
+    `min_tasks` tasks are passed over."""
+    best, best_span = tile, _makespan(size, tile, images, quantum)
+    for cand in candidates:
+        cand = min(cand, size)
+        if images * -(-size // cand) < min_tasks:
+            continue
+        span = _makespan(size, cand, images, quantum)
+        if span < best_span or (span == best_span and cand > best):
+            best, best_span = cand, span
+    return best
+
+
 def _balanced_pixel_tile(pixels: int, pt: int, widest: int, images: int, quantum: int) -> int:
     """The pixel tile, `pt` or a multiple of `quantum` from MIN_PIXEL_TILE up to `widest` (the
     L2 bound) rounded up, whose few tasks the threads finish soonest: rounding tiles to whole
     panels can leave an odd count that no re-split evens out (784 pixels in 160-pixel tiles: 5
     tasks, one thread doing 3 of them, 464 pixels against 320; in 192-pixel tiles the fifth task
-    is 16 pixels). The widest such tile wins ties; none that leaves fewer than MIN_TASKS tasks."""
+    is 16 pixels). The widest such tile wins ties; none that leaves fewer than MIN_TASKS tasks
+    (channel tiles would split the product instead)."""
     lo = min(pt, _round_up(MIN_PIXEL_TILE, quantum))
     hi = min(max(pt, _round_up(widest, quantum)), _round_up(pixels, quantum))
-    best = pt
-    best_span = _makespan(pixels, pt, images, quantum)
-    for cand in range(lo, hi + 1, quantum):
-        if images * -(-pixels // cand) < min(MIN_TASKS, images * -(-pixels // pt)):
-            continue  # too few tasks: channel tiles would split the product instead
-        span = _makespan(pixels, min(cand, pixels), images, quantum)
-        if span < best_span or (span == best_span and cand > best):
-            best, best_span = min(cand, pixels), span
-    return best
+    min_tasks = min(MIN_TASKS, images * -(-pixels // pt))
+    return _least_makespan_tile(pixels, pt, range(lo, hi + 1, quantum), images, quantum, min_tasks)
 
 
 def _balanced_channel_tile(channels: int, ct: int, base_tasks: int) -> int:
     """The channel tile of a 1x1 conv with the pixels as rows (channels: the product's columns):
     `ct` where it splits the channels evenly or there are pixel tiles for every thread
     (`base_tasks`), else the multiple of half a B panel whose channel tiles BALANCE_THREADS
-    threads finish soonest (`_makespan`: a tile's columns rounded to half a panel, plus
-    TASK_OVERHEAD_PIXELS), the narrower on a tie; none that leaves fewer tasks than threads.
+    threads finish soonest (`_least_makespan_tile`), none that leaves fewer tasks than threads.
     Whole panels left MobileNetV2's 7x7 convs (one pixel tile of 49) unbalanced: 160 channels in
     tiles of 64, 64 and 32 kept one thread busy with 96 of them (two threads 1.53-1.58x faster
     than one, onnxruntime 1.85-1.89x; Zen 4), 320 in tiles of 96 one with 192; in tiles of 80 (two
@@ -572,14 +583,8 @@ def _balanced_channel_tile(channels: int, ct: int, base_tasks: int) -> int:
     if channels % ct == 0 or base_tasks >= BALANCE_THREADS:
         return ct
     half = PANEL_QUANTUM // 2
-    best, best_span = ct, _makespan(channels, ct, base_tasks, PANEL_QUANTUM)
-    for cand in range(half, _round_up(channels, half) + 1, half):
-        if base_tasks * -(-channels // cand) < BALANCE_THREADS:
-            continue
-        span = _makespan(channels, min(cand, channels), base_tasks, PANEL_QUANTUM)
-        if span < best_span or (span == best_span and cand < best):
-            best, best_span = min(cand, channels), span
-    return best
+    candidates = range(half, _round_up(channels, half) + 1, half)
+    return _least_makespan_tile(channels, ct, candidates, base_tasks, PANEL_QUANTUM, BALANCE_THREADS)
 
 
 def _channel_tile(g: ConvGeometry, base_tasks: int, pt: int, min_tasks: int = MIN_TASKS) -> int:

@@ -12,13 +12,15 @@
 
 #define AFC_BUF_FLOATS (AFC_KC * AFC_NC > AFC_MC * AFC_KC ? AFC_KC * AFC_NC : AFC_MC * AFC_KC)
 
-/* The depth of each K block: K split into equal blocks of at most AFC_KC, so no block is a thin
- * remainder (K = 576 runs as 2 x 288, not 256 + 256 + 64: every block re-reads and re-writes the
- * C tile, which a thin one does not amortize). */
-static inline int64_t afc_kc(int64_t k) {
-  const int64_t blocks = (k + AFC_KC - 1) / AFC_KC;
+/* The depth of each K block: K (> 0) split into equal blocks of at most `most` (AFC_KC for the
+ * drivers' blocks), so no block is a thin remainder (K = 576 runs as 2 x 288, not 256 + 256 + 64:
+ * every block re-reads and re-writes the C tile, which a thin one does not amortize). */
+static inline int64_t afc_depth_block(int64_t k, int64_t most) {
+  const int64_t blocks = (k + most - 1) / most;
   return (k + blocks - 1) / blocks;
 }
+
+static inline int64_t afc_kc(int64_t k) { return afc_depth_block(k, AFC_KC); }
 
 /* The rows of each A block of afc_gemm_bp: M split into equal blocks of at most AFC_MC, rounded
  * up to whole panels (a conv's 196 pixels as rows run as 104 + 92, not 192 + 4: every block
@@ -724,7 +726,7 @@ static inline void afc_fetch_res(const afc_post *p, int64_t i, int64_t j, int64_
 static void afc_gemm_ap_inplace(int64_t m, int64_t n, int64_t k, float alpha, const float *ap, const float *b,
                                 int64_t b_rs, float *c, int64_t ldc, const afc_post *post) {
   int32_t offs[AFC_INPLACE_KC];
-  const int64_t blocks = (k + AFC_INPLACE_KC - 1) / AFC_INPLACE_KC, kb = (k + blocks - 1) / blocks;
+  const int64_t kb = afc_depth_block(k, AFC_INPLACE_KC);
   const int64_t lines = AFC_NR / 16;            /* cache lines in a micro-panel row */
   const int64_t whole = n / AFC_NR * AFC_NR;    /* columns in whole micro-panels */
   const int tail_nr = (int)(n - whole);         /* and in the packed last one */
@@ -860,9 +862,9 @@ static inline __attribute__((always_inline)) void afc_gemm_ap_impl(int64_t m, in
  * crowded into few L1 sets, must outlast the A panels of all the rows streaming past it, and
  * packing matters less the more rows share each packed element: in C (Zen 4, AVX-512, one thread,
  * best of 5 alternating runs), packed -> in place, 128 rows 7-13% faster (afc_gemm_ap_inplace),
- * 144-192 within 3%, 256 rows and more slower: ResNet-50's stride-2 downsample as an im2col tile (512 x 256 x
- * 196) 2.00 -> 2.20 ms, 1024 x 512 x 196 1.94 -> 2.13, its classifier (1000 x 2048, one column)
- * 0.61 -> 0.65. */
+ * 144-192 within 3%, 256 rows and more slower: ResNet-50's stride-2 downsample as an im2col tile
+ * (512 x 256 x 196) 2.00 -> 2.20 ms, 1024 x 512 x 196 1.94 -> 2.13, its classifier (1000 x 2048,
+ * one column) 0.61 -> 0.65. */
 #define AFC_INPLACE_MAX_ROWS 128
 
 /* Whether afc_gemm_ap(_post) reads B in place (afc_gemm_ap_inplace) rather than packing it. */
@@ -1033,7 +1035,7 @@ static void afc_gemm_ap_in(int64_t m, int64_t n, int64_t k, float alpha, const f
   }
   afc_kept_buffer(&buf, AFC_AP_INPUT_FLOATS);
   if (afc_kept_stale(&kept, b, n, k, b_rs, b_cs)) afc_pack_b_block(k, n, b, b_rs, b_cs, buf);
-  const int64_t blocks = (k + AFC_AP_INPUT_KC - 1) / AFC_AP_INPUT_KC, kb = (k + blocks - 1) / blocks;
+  const int64_t kb = afc_depth_block(k, AFC_AP_INPUT_KC);
   for (int64_t k0 = 0; k0 < k; k0 += kb) {
     const int64_t kc = k - k0 < kb ? k - k0 : kb;
     for (int64_t j0 = 0; j0 < n; j0 += AFC_NR) {

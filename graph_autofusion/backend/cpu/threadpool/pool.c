@@ -301,17 +301,14 @@ static long afp_claim_end(afp_workshare *ws) {
 
 static int afp_loop_dynamic_next(long *istart, long *iend) {
   afp_workshare *ws = afp_current_workshare();
+  long s;
   if (ws->two_ended) {
     const long i = afp_claim_end(ws);
     if (i < 0) return 0;
-    const long s = ws->start + i * ws->step;
-    long e = s + ws->step;
-    if (ws->incr > 0 ? e > ws->end : e < ws->end) e = ws->end;
-    *istart = s;
-    *iend = e;
-    return 1;
+    s = ws->start + i * ws->step;
+  } else {
+    s = atomic_fetch_add_explicit(&ws->next, ws->step, memory_order_relaxed);
   }
-  const long s = atomic_fetch_add_explicit(&ws->next, ws->step, memory_order_relaxed);
   long e = s + ws->step;
   if (ws->incr > 0) {
     if (s >= ws->end) return 0;
