@@ -126,6 +126,7 @@ PACK_A_ROUTINE = "afc_pack_a"
 DIRECT_CONV_ROUTINE = "afc_conv_ap"  # lower/conv.py's `conv_direct`: taps read from the input band
 DIRECT_ROWS_CONV_ROUTINE = "afc_conv_bp"  # its pixels-as-rows tiles over a padded band
 STORE_T_ROUTINE = "afc_store_t"  # a pixels-as-rows tile stored transposed into NCHW
+STORE_T_POST_ROUTINE = "afc_store_t_post"  # ... with the post-ops of PACKED_A_POST_ROUTINE
 DEPTHWISE_3X3_ROUTINE = "afc_dw3x3"  # lower/conv.py: stride-1 depthwise 3x3s
 DEPTHWISE_3X3_S2_ROUTINE = "afc_dw3x3_s2"  # ... and stride-2 ones
 

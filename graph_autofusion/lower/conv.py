@@ -51,7 +51,12 @@ convention (`Kernel.packed` / `prepack`) and the epilogue loop nest (`epilogue_n
   zero-padded band, then one `afc_conv_bp` call whose micro-kernel broadcasts each pixel's taps
   from the band in place against the weight's B-panels (`Y^T` into this thread's tile), then
   `afc_store_t` stores the tile transposed into NCHW, then the epilogue (ResNet-50's 3x3 convs of
-  64 and 128 channels at 56x56 and 28x28, and its 128-channel one of stride 2).
+  64 and 128 channels at 56x56 and 28x28, and its 128-channel one of stride 2). An epilogue of
+  the library's post-ops (`_Post`) runs on the transposed registers of that store instead
+  (`afc_store_t_post`), for every pixels-as-rows tile: the generated pass after the store read the
+  whole output tile back. In one process, both checkouts' kernels alternating (Zen 4, AVX-512, two
+  threads, benchmarks/anchor_ab.py): MobileNetV2's 14x14 expansions with Clip 0.78 and 0.85 of
+  their time, its 576 -> 96 projection with its bias 0.92, ResNet-50's 3x3s 0.98-0.99.
 
 * `conv_transpose_col2im` (ConvTranspose): per (image, group, block of output channels), one
   contraction `col = W_g^T x X[n, g]` into a per-thread workspace slice, then a scatter-add
@@ -111,6 +116,7 @@ from .anchor import (
     POST_CLIP,
     POST_NONE,
     POST_RELU,
+    STORE_T_POST_ROUTINE,
     STORE_T_ROUTINE,
     PackedPanels,
     _EpilogueValues,
@@ -713,10 +719,11 @@ class _ConvValues(_EpilogueValues):
 
 @dataclass(frozen=True)
 class _Post:
-    """A conv's epilogue as the library's post-ops (afc.h: afc_gemm_ap_post):
+    """A conv's epilogue as the library's post-ops (afc.h: afc_gemm_ap_post, afc_store_t_post):
     the conv's bias per output channel, a residual of the output's shape, then Relu or Clip,
     applied to each tile of the last depth block on its accumulators before the store (AVX-512,
-    AVX2; on the just-stored tile in the portable build). The generated epilogue instead reads
+    AVX2; on the just-stored tile in the portable build), or, with the pixels as rows, on the
+    transposed registers of the tile's store into NCHW. The generated epilogue instead reads
     the tile back after its product, a second pass over the output: on ResNet-50's 64 -> 256 1x1
     at 56x56 (Zen 5, two threads) 0.198 ms without an epilogue, 0.212 with the bias, 0.225 with
     bias, residual and Relu; with the post-ops 0.202 and 0.213. Run on the stored tile while it is
@@ -734,26 +741,29 @@ class _Post:
         first row's output channel, the tile's linear index in the output); the residual has
         the output's layout, so it is read at the same index."""
         m, n, a_at, b_at, ldb, channel, at = tile
+        operands = (m, n, ir.index(g.kdim), a_at, b_at, ldb, ir.addr(dest, at), ir.index(g.pixels))
+        return Call(routine, (*operands, *self._ops(g, channel, at)))
+
+    def store(
+        self, g: ConvGeometry, tile: tuple[Expr, Expr, Expr, Expr], dest: Buffer, at: tuple[Expr, Expr]
+    ) -> Call:
+        """afc_store_t_post's call for a pixels-as-rows tile: (pixels, channels, the tile, its
+        row stride) stored at (the first row's output channel, the linear index in the output)."""
+        channel, index = at
+        operands = (*tile, ir.addr(dest, index), ir.index(g.pixels))
+        return Call(STORE_T_POST_ROUTINE, (*operands, *self._ops(g, channel, index)))
+
+    def _ops(self, g: ConvGeometry, channel: Expr, at: Expr) -> tuple[Expr, ...]:
+        """The post-op arguments of a tile whose first row is output `channel` and whose first
+        value is at `at` in the output (where the residual, of the output's layout, is read)."""
         null = ir.raw("NULL", DType.I64)
-        pixels = ir.index(g.pixels)
-        return Call(
-            routine,
-            (
-                m,
-                n,
-                ir.index(g.kdim),
-                a_at,
-                b_at,
-                ldb,
-                ir.addr(dest, at),
-                pixels,
-                ir.addr(self.bias, channel) if self.bias is not None else null,
-                ir.addr(self.residual, at) if self.residual is not None else null,
-                pixels,
-                ir.index(self.act),
-                ir.const(self.lo, DType.F32),
-                ir.const(self.hi, DType.F32),
-            ),
+        return (
+            ir.addr(self.bias, channel) if self.bias is not None else null,
+            ir.addr(self.residual, at) if self.residual is not None else null,
+            ir.index(g.pixels),
+            ir.index(self.act),
+            ir.const(self.lo, DType.F32),
+            ir.const(self.hi, DType.F32),
         )
 
 
@@ -1053,17 +1063,12 @@ def _gemm_tiles(
                 ldc=ldt,
                 a_input=kept,
             )
-        store = Call(
-            STORE_T_ROUTINE,
-            (
-                p1 - p0,
-                ch1 - ch0,
-                ir.addr(tile, 0),
-                ir.index(ldt),
-                ir.addr(dest, row0 * pixels + p0),
-                ir.index(pixels),
-            ),
-        )
+        stored = (p1 - p0, ch1 - ch0, ir.addr(tile, 0), ir.index(ldt))
+        if post is not None:  # the epilogue on the transposed registers, not a pass after the store
+            store = post.store(g, stored, dest, (gi * g.cog + ch0, row0 * pixels + p0))
+            finished = True
+        else:
+            store = Call(STORE_T_ROUTINE, (*stored, ir.addr(dest, row0 * pixels + p0), ir.index(pixels)))
         product = [tile_product, store]
     elif (
         weights is not None

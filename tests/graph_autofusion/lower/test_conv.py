@@ -33,6 +33,7 @@ from graph_autofusion.lower.anchor import (
     PACKED_B_INPUT_ROUTINE,
     PACKED_B_ROUTINE,
     PARALLEL_MIN_MACS,
+    STORE_T_POST_ROUTINE,
     STORE_T_ROUTINE,
     method_of,
 )
@@ -239,8 +240,11 @@ def test_conv_matches_onnxruntime(
         few = pixels < 64 or (pixels <= 256 and method in (IM2COL, GEMM1X1))
         rows = band_rows or (attrs.get("group", 1) == 1 and pixels % 32 and few)
         # (with the pixels as rows over a padded band, the library gathers from the band itself;
-        # the product's tile is then stored transposed)
-        expected = [{PACKED_B_ROUTINE, STORE_T_ROUTINE}, {DIRECT_ROWS_CONV_ROUTINE, STORE_T_ROUTINE}]
+        # the product's tile is then stored transposed, the bias and Relu applied on the way)
+        expected = [
+            {PACKED_B_ROUTINE, STORE_T_POST_ROUTINE},
+            {DIRECT_ROWS_CONV_ROUTINE, STORE_T_POST_ROUTINE},
+        ]
         if band_rows:
             expected = expected[1:]
         elif not rows:  # channels as rows: the library finishes each tile with bias and Relu
@@ -450,13 +454,77 @@ def test_narrow_convs_put_the_pixels_in_the_rows(
     # 3x3s read their rows from the padded band (afc_conv_bp), a 1x1 from the activation, the
     # library's post-ops finishing each tile of the product
     if rows:
-        routines = {DIRECT_ROWS_CONV_ROUTINE if w_shape[2:] == (3, 3) else PACKED_B_ROUTINE, STORE_T_ROUTINE}
+        routines = {
+            DIRECT_ROWS_CONV_ROUTINE if w_shape[2:] == (3, 3) else PACKED_B_ROUTINE,
+            STORE_T_POST_ROUTINE,
+        }
     else:
         routines = {PACKED_A_POST_ROUTINE}
-    # the product's tile stored transposed into NCHW
+    # the product's tile stored transposed into NCHW, the bias and Relu applied on the way
     assert {c.function for c in calls(kernel.body)} == routines
     (task,) = [s for s in kernel.body if isinstance(s, Loop)]
     assert ("tile" in [b.name for b in task.scratch]) == rows  # the transposed product's workspace
+    _assert_matches_onnxruntime(kernel, weights, model, feeds, tmp_path)
+
+
+def _residual_model(
+    x_shape: tuple, w_shape: tuple, **attrs
+) -> tuple[onnx.ModelProto, dict, KernelSpec, list]:
+    """Conv(x) + bias + r, then Relu (a ResNet block's tail), r a second input; its spec takes
+    (x, r, the weights)."""
+    model, feeds = _model(x_shape, w_shape, bias=True, relu=False, **attrs)
+    g = model.graph
+    out_shape = [d.dim_value for d in g.output[0].type.tensor_type.shape.dim]
+    g.node.extend([helper.make_node("Add", ["y", "r"], ["s"]), helper.make_node("Relu", ["s"], ["o"])])
+    g.input.append(helper.make_tensor_value_info("r", F, out_shape))
+    del g.output[:]
+    g.output.append(helper.make_tensor_value_info("o", F, out_shape))
+    model = onnx.shape_inference.infer_shapes(model)
+    feeds["r"] = np.random.default_rng(3).standard_normal(out_shape).astype(np.float32)
+    spec, weights = _spec(model)
+    infos = spec.tensors
+    spec = KernelSpec(
+        symbol=spec.symbol, template=spec.template, nodes=spec.nodes,
+        inputs=(infos["x"], infos["r"], *spec.inputs[1:]), outputs=spec.outputs, tensors=infos,
+        weights=spec.weights,
+    )  # fmt: skip
+    return model, feeds, spec, weights
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "w_shape", "attrs"),
+    [
+        ((1, 16, 14, 14), (40, 16, 3, 3), {"pads": [1, 1, 1, 1]}),  # two pixel tiles of 100 + 96
+        ((1, 48, 7, 7), (80, 48, 1, 1), {}),  # a 1x1 of one pixel tile
+    ],
+)
+def test_pixels_as_rows_tiles_add_the_residual_on_their_transposed_store(
+    x_shape, w_shape, attrs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pixels-as-rows conv's bias, residual and Relu run on the transposed store of each tile
+    (afc_store_t_post), the residual read at the output's own index: no pass after the store."""
+    monkeypatch.setenv(CONTRACTION_ENV, "library")
+    model, feeds, spec, weights = _residual_model(x_shape, w_shape, **attrs)
+    kernel = lower_conv(spec)
+    routines = {c.function for c in calls(kernel.body)}
+    assert STORE_T_POST_ROUTINE in routines and STORE_T_ROUTINE not in routines
+    (got,) = run(kernel, [feeds["x"], feeds["r"], *weights], tmp_path)
+    (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, feeds
+    )
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-3)
+
+
+def test_pixels_as_rows_tiles_with_another_epilogue_store_then_finish(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An epilogue that is not the library's post-ops (a Sigmoid) is the generated pass after
+    the plain transposed store."""
+    monkeypatch.setenv(CONTRACTION_ENV, "library")
+    model, feeds = _model((1, 48, 7, 7), (80, 48, 1, 1), bias=True, relu=True, act="Sigmoid")
+    spec, weights = _spec(model)
+    kernel = lower_conv(spec)
+    assert {c.function for c in calls(kernel.body)} == {PACKED_B_ROUTINE, STORE_T_ROUTINE}
     _assert_matches_onnxruntime(kernel, weights, model, feeds, tmp_path)
 
 
@@ -473,7 +541,7 @@ def test_the_channel_tiles_of_one_pixel_tile_share_one_packing_of_the_activation
     begin, task = kernel.body
     assert begin.function == BEGIN_CALL_ROUTINE and isinstance(task, Loop) and task.parallel
     assert task.stop > 1  # channel tiles, each a task
-    assert {c.function for c in calls(task.body)} == {PACKED_B_INPUT_ROUTINE, STORE_T_ROUTINE}
+    assert {c.function for c in calls(task.body)} == {PACKED_B_INPUT_ROUTINE, STORE_T_POST_ROUTINE}
     _assert_matches_onnxruntime(kernel, weights, model, feeds, tmp_path)
 
 

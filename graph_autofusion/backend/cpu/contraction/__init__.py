@@ -37,7 +37,8 @@ the ISA is part of the cache key like every other kernel):
   band: the micro-kernel's B rows at a per-depth offset, no copy of the activation but the band),
   `afc_conv_bp` (B the packed W^T, the pixels as rows: up to CONV_BP_INPLACE_CHANNELS output
   channels the micro-kernel broadcasts each pixel's taps from the band in place) and
-  `afc_store_t` (such a tile stored transposed into NCHW); `afc_gemm_bp_in` / `afc_gemm_ap_in`
+  `afc_store_t` / `afc_store_t_post` (such a tile stored transposed into NCHW, the latter with
+  the post-ops below applied on the way); `afc_gemm_bp_in` / `afc_gemm_ap_in`
   keep a thread's packing of an operand that is a kernel input for the call's later tiles or row
   chunks (a 1x1 conv's tile runs in chunks of 24 output channels against its pixels packed once,
   each chunk finished by the epilogue while in L1), and `afc_gemm_ap_post` applies a conv's

@@ -186,6 +186,25 @@ static inline void afc_post_tile(const afc_post *p, int64_t i0, int64_t j0, int 
   }
 }
 
+#if defined(__AVX2__)
+/* The post-ops of afc_post_tile on one 8-float vector of tile row i in registers, before its
+ * store (`r`: the residual at the vector's first column, or NULL): the AVX2 micro-kernel's, and
+ * afc_store_t_post's on every AVX2-capable build. */
+static inline __attribute__((always_inline)) __m256 afc_post_v8(const afc_post *p, int64_t i, const float *r,
+                                                               __m256 v) {
+  if (p->bias) v = _mm256_add_ps(v, _mm256_set1_ps(p->bias[i]));
+  if (r) v = _mm256_add_ps(v, _mm256_loadu_ps(r));
+  if (p->act == AFC_POST_RELU) {
+    v = _mm256_and_ps(v, _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_GT_OQ));
+  } else if (p->act == AFC_POST_CLIP) {
+    const __m256 lo = _mm256_set1_ps(p->lo), hi = _mm256_set1_ps(p->hi);
+    v = _mm256_blendv_ps(v, lo, _mm256_cmp_ps(v, lo, _CMP_LT_OQ));
+    v = _mm256_blendv_ps(v, hi, _mm256_cmp_ps(v, hi, _CMP_GT_OQ));
+  }
+  return v;
+}
+#endif
+
 /* The micro-kernel: C[mr x nr] (= or +=) alpha * sum_kk ap[kk][0:MR] (x) bp[kk][0:NR].
  * `ap`, `bp` are panels of depth kc; mr <= MR and nr <= NR say how much of the tile is stored.
  * `pf` (advancing `pfs` floats per depth step, one prefetch per step: a new line every 16 / pfs
@@ -354,21 +373,6 @@ static inline __attribute__((always_inline)) void afc_ukernel_8(const int R, int
   }
 }
 
-/* The post-ops of afc_post_tile on one vector of a whole tile row i in registers, before its
- * store (`r`: the residual at the vector's first column, or NULL). */
-static inline __attribute__((always_inline)) __m256 afc_post_v8(const afc_post *p, int64_t i, const float *r,
-                                                               __m256 v) {
-  if (p->bias) v = _mm256_add_ps(v, _mm256_set1_ps(p->bias[i]));
-  if (r) v = _mm256_add_ps(v, _mm256_loadu_ps(r));
-  if (p->act == AFC_POST_RELU) {
-    v = _mm256_and_ps(v, _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_GT_OQ));
-  } else if (p->act == AFC_POST_CLIP) {
-    const __m256 lo = _mm256_set1_ps(p->lo), hi = _mm256_set1_ps(p->hi);
-    v = _mm256_blendv_ps(v, lo, _mm256_cmp_ps(v, lo, _CMP_LT_OQ));
-    v = _mm256_blendv_ps(v, hi, _mm256_cmp_ps(v, hi, _CMP_GT_OQ));
-  }
-  return v;
-}
 
 /* `post` as in the AVX-512 twin: on the accumulators of a whole tile, on the stored tile else. */
 static inline __attribute__((always_inline)) void afc_ukernel_rp(const int R, int64_t kc, const float *restrict ap,
@@ -1237,10 +1241,15 @@ static void afc_conv_bp(int64_t m, int64_t n, int64_t k, int64_t p0, int64_t ow,
 }
 
 /* out[j * ldo + i] = tile[i * ldt + j] for i < m, j < n: a conv's tile with its pixels as rows
- * stored into NCHW. By 8 x 8 register transposes (afv.h) where the ISA has them: the strided
- * one-float loads of a plain loop (a gather per vector, or a float per cycle) cost a tenth of the
- * product's time on a 784-pixel tile of 64 channels. */
-static void afc_store_t(int64_t m, int64_t n, const float *tile, int64_t ldt, float *out, int64_t ldo) {
+ * stored into NCHW, then `post` (or nothing) on each stored value, with out's rows (j) as the
+ * post-ops' rows: + bias[j], + res[j * res_ld + i], Relu or Clip. By 8 x 8 register transposes
+ * (afv.h) where the ISA has them, the post-ops on the transposed registers (afc_post_v8): the
+ * strided one-float loads of a plain loop (a gather per vector, or a float per cycle) cost a
+ * tenth of the product's time on a 784-pixel tile of 64 channels, and the generated epilogue
+ * after the store was a second pass over the tile in memory. */
+static inline __attribute__((always_inline)) void afc_store_t_impl(int64_t m, int64_t n, const float *tile,
+                                                                   int64_t ldt, float *out, int64_t ldo,
+                                                                   const afc_post *post) {
   int64_t i0 = 0;
 #if defined(__AVX2__)
   for (; i0 + 8 <= m; i0 += 8) {
@@ -1251,14 +1260,29 @@ static void afc_store_t(int64_t m, int64_t n, const float *tile, int64_t ldt, fl
       for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(tile + (i0 + i) * ldt + j0);
       afv_transpose8x8(r);
 #pragma GCC unroll 8
-      for (int j = 0; j < 8; ++j) _mm256_storeu_ps(out + (j0 + j) * ldo + i0, r[j]);
+      for (int j = 0; j < 8; ++j) {
+        if (post) r[j] = afc_post_v8(post, j0 + j, post->res ? post->res + (j0 + j) * post->res_ld + i0 : 0, r[j]);
+        _mm256_storeu_ps(out + (j0 + j) * ldo + i0, r[j]);
+      }
     }
     for (int64_t j = j0; j < n; ++j)
       for (int64_t i = i0; i < i0 + 8; ++i) out[j * ldo + i] = tile[i * ldt + j];
+    if (post && j0 < n) afc_post_tile(post, j0, i0, (int)(n - j0), 8, out + j0 * ldo + i0, ldo);
   }
 #endif
   for (int64_t j = 0; j < n; ++j)
     for (int64_t i = i0; i < m; ++i) out[j * ldo + i] = tile[i * ldt + j];
+  if (post && i0 < m) afc_post_tile(post, 0, i0, (int)n, (int)(m - i0), out + i0, ldo);
+}
+
+static void afc_store_t(int64_t m, int64_t n, const float *tile, int64_t ldt, float *out, int64_t ldo) {
+  afc_store_t_impl(m, n, tile, ldt, out, ldo, 0);
+}
+
+static void afc_store_t_post(int64_t m, int64_t n, const float *tile, int64_t ldt, float *out, int64_t ldo,
+                             const float *bias, const float *res, int64_t res_ld, int act, float lo, float hi) {
+  const afc_post post = {bias, res, res_ld, act, lo, hi};
+  afc_store_t_impl(m, n, tile, ldt, out, ldo, &post);
 }
 /* Depthwise 3x3 of stride 1, undilated, output rows as wide as the input's (pl plus the right
  * pad = 2): MobileNetV2's stride-1 depthwise convs. Vectors along a 7-, 14- or 28-wide row

@@ -77,6 +77,9 @@
  *   void afc_store_t(m, n, tile, ldt, out, ldo)
  *       out[j * ldo + i] = tile[i * ldt + j] (i < m, j < n): a pixels-as-rows tile stored into
  *       NCHW, by register transposes.
+ *   void afc_store_t_post(m, n, tile, ldt, out, ldo, bias, res, res_ld, act, lo, hi)
+ *       afc_store_t with afc_gemm_ap_post's post-ops on each stored value, out's rows (j, the
+ *       output channels) as their rows: + bias[j], then + res[j * res_ld + i], then `act`.
  *   void afc_dw3x3(p0, p1, cout, x, w, y, h, wd, oh, pt, pl)
  *       a depthwise 3x3 of stride 1, undilated, whose output rows are wd wide like its input's
  *       (pl plus the right pad = 2), over planes p0 .. p1 - 1 of h x wd floats at x + p * h * wd:

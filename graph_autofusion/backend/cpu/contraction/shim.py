@@ -147,6 +147,10 @@ void afcx_begin_call(void) { afc_begin_call(); }
 void afcx_store_t(int64_t m, int64_t n, const float *tile, int64_t ldt, float *out, int64_t ldo) {
   afc_store_t(m, n, tile, ldt, out, ldo);
 }
+void afcx_store_t_post(int64_t m, int64_t n, const float *tile, int64_t ldt, float *out, int64_t ldo,
+                       const float *bias, const float *res, int64_t res_ld, int64_t act, float lo, float hi) {
+  afc_store_t_post(m, n, tile, ldt, out, ldo, bias, res, res_ld, (int)act, lo, hi);
+}
 void afcx_dw3x3(int64_t p0, int64_t p1, int64_t cout, const float *x, const float *w, float *y, int64_t h,
                 int64_t wd, int64_t oh, int64_t pt, int64_t pl) {
   afc_dw3x3(p0, p1, cout, x, w, y, h, wd, oh, pt, pl);
@@ -206,6 +210,7 @@ _SIGNATURES: dict[str, tuple[list[type], type | None]] = {
     "afcx_gemm_ap_post": (_POST_ARGS, None),
     "afcx_begin_call": ([], None),
     "afcx_store_t": ([_I64, _I64, _PTR, _I64, _PTR, _I64], None),
+    "afcx_store_t_post": ([_I64, _I64, _PTR, _I64, _PTR, _I64, _PTR, _PTR, _I64, _I64, _F32, _F32], None),
     "afcx_dw3x3": ([_I64, _I64, _I64, _PTR, _PTR, _PTR, *[_I64] * 5], None),
     "afcx_dw3x3_s2": ([_I64, _I64, _I64, _PTR, _PTR, _PTR, *[_I64] * 6], None),
     "afcx_gemm_ap_parallel": ([_I64, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64], None),

@@ -411,6 +411,40 @@ def test_post_ops_are_the_epilogue_of_the_same_product(
         assert (got[m // 2, n // 2] == 0) if act == POST_RELU else np.isnan(got[m // 2, n // 2])
 
 
+@pytest.mark.parametrize(
+    ("m", "n", "bias", "res", "act"),
+    [
+        (100, 256, True, False, POST_RELU),  # ResNet-50's 3x3 at 14x14: bias + Relu
+        (49, 960, True, False, POST_CLIP),  # MobileNetV2's 7x7 expansion: ReLU6
+        (23, 17, True, True, POST_RELU),  # tails of pixels and of channels, every post-op
+        (5, 130, False, True, POST_NONE),  # fewer pixels than a transpose: the residual alone
+        (64, 40, True, True, POST_CLIP),
+    ],
+)
+def test_store_t_applies_the_post_ops_to_the_transposed_tile(
+    lib: Library, m: int, n: int, bias: bool, res: bool, act: int
+) -> None:
+    """afc_store_t_post stores what afc_store_t does with the post-ops applied after it, bit for
+    bit, each output row (an output channel) taking its own bias, NaN included (Relu maps it to
+    0, Clip keeps it, as the generated epilogue does); nothing past a row's m pixels is written."""
+    rng = np.random.default_rng(m + n)
+    ldt, ldo = n + 3, m + 5
+    tile = rng.standard_normal((m, ldt)).astype(np.float32)
+    tile[m // 2, n // 2] = np.nan
+    bias_v = rng.standard_normal(n).astype(np.float32) if bias else None
+    res_v = rng.standard_normal((n, ldo)).astype(np.float32) if res else None
+    out = np.full((n, ldo), np.nan, np.float32)
+    lib.lib.afcx_store_t_post(
+        m, n, tile.ctypes.data, ldt, out.ctypes.data, ldo,
+        bias_v.ctypes.data if bias_v is not None else None,
+        res_v.ctypes.data if res_v is not None else None, ldo, act, -0.5, 0.75,
+    )  # fmt: skip
+    expected = _post(tile[:, :n].T, bias_v, res_v[:, :m] if res_v is not None else None, act, -0.5, 0.75)
+    np.testing.assert_array_equal(out[:, :m], expected)
+    assert (out[n // 2, m // 2] == 0) if act == POST_RELU else np.isnan(out[n // 2, m // 2])
+    assert np.isnan(out[:, m:]).all()
+
+
 PROT_NONE = 0  # <sys/mman.h>; the mmap module names only the other protections
 
 
