@@ -711,7 +711,9 @@ static inline void afc_fetch_res(const afc_post *p, int64_t i, int64_t j, int64_
  * afc_gemm_ap_impl: a B micro-panel stays in L1 while the A panels stream past it; the first
  * NR / 16 A-panel calls of each micro-panel fetch the next micro-panel's cache lines, one row a
  * depth step (KC rows at B's row stride are KC streams, more than the hardware prefetchers
- * follow). Measured in C, one thread, B from L3 in huge pages as the runtime's arena, best of 5
+ * follow); the last micro-panel of a depth block fetches the next block's first one (it had
+ * waited on all its lines: ResNet-50's 256 -> 64 at 56x56, two depth blocks, 0.93 of its time on
+ * two threads, benchmarks/anchor_ab.py; 0.99 on AVX2, whose 64-deep blocks hide it better). Measured in C, one thread, B from L3 in huge pages as the runtime's arena, best of 5
  * alternating runs (Zen 4), packed -> in place: AVX-512, ResNet-50's 256 -> 64 at 56x56 1.25 ->
  * 0.97-0.98 ms, 256 -> 128 2.14 -> 1.97, 512 -> 128 at 28x28 1.07 -> 0.93, MobileNetV2's 144 -> 24
  * at 56x56 0.31 -> 0.20, 96 -> 24 0.165 -> 0.127, 192 -> 32 at 28x28 0.101 -> 0.088, 32 -> 16 at
@@ -754,6 +756,9 @@ static void afc_gemm_ap_inplace(int64_t m, int64_t n, int64_t k, float alpha, co
         int64_t pfs = 0;
         if (j0 + AFC_NR < n && call < lines) { /* line `call` of the next micro-panel's rows */
           pf = bk + j0 + AFC_NR + 16 * call;
+          pfs = b_rs;
+        } else if (j0 + AFC_NR >= n && k0 + kc < k && call < lines) { /* the next depth block's first */
+          pf = bk + kc * b_rs + 16 * call;
           pfs = b_rs;
         } else if (j0 == 0 && i0 + AFC_MR < m) { /* the first pass fetches each A panel's successor */
           pf = a_panel + AFC_MR * k;
