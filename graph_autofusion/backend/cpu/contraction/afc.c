@@ -1252,32 +1252,41 @@ static void afc_conv_bp(int64_t m, int64_t n, int64_t k, int64_t p0, int64_t ow,
  * strided one-float loads of a plain loop (a gather per vector, or a float per cycle) cost a
  * tenth of the product's time on a 784-pixel tile of 64 channels, and the generated epilogue
  * after the store was a second pass over the tile in memory. */
+/* Output rows (channels) afc_store_t writes per sweep over a tile's pixels: the 32-byte halves of
+ * each output line, stored at consecutive 8-pixel steps, then lie 64 x 32 bytes apart (in L1), and
+ * so do the tile's lines read for them; a sweep over all of a wide tile's channels (512 of
+ * ResNet-50's 14x14 expansions) left each half-written line to L2 before its other half came. */
+#define AFC_STORE_T_CHANNELS 64
 static inline __attribute__((always_inline)) void afc_store_t_impl(int64_t m, int64_t n, const float *tile,
                                                                    int64_t ldt, float *out, int64_t ldo,
                                                                    const afc_post *post) {
-  int64_t i0 = 0;
+  int64_t im = 0; /* pixels in whole blocks of 8 */
 #if defined(__AVX2__)
-  for (; i0 + 8 <= m; i0 += 8) {
-    int64_t j0 = 0;
-    for (; j0 + 8 <= n; j0 += 8) {
-      __m256 r[8];
+  im = m / 8 * 8;
+  const int64_t jn = n / 8 * 8;
+  for (int64_t jb = 0; jb < jn; jb += AFC_STORE_T_CHANNELS)
+    for (int64_t i0 = 0; i0 < im; i0 += 8)
+      for (int64_t j0 = jb; j0 < jn && j0 < jb + AFC_STORE_T_CHANNELS; j0 += 8) {
+        __m256 r[8];
 #pragma GCC unroll 8
-      for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(tile + (i0 + i) * ldt + j0);
-      afv_transpose8x8(r);
+        for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(tile + (i0 + i) * ldt + j0);
+        afv_transpose8x8(r);
 #pragma GCC unroll 8
-      for (int j = 0; j < 8; ++j) {
-        if (post) r[j] = afc_post_v8(post, j0 + j, post->res ? post->res + (j0 + j) * post->res_ld + i0 : 0, r[j]);
-        _mm256_storeu_ps(out + (j0 + j) * ldo + i0, r[j]);
+        for (int j = 0; j < 8; ++j) {
+          const float *res = post && post->res ? post->res + (j0 + j) * post->res_ld + i0 : 0;
+          if (post) r[j] = afc_post_v8(post, j0 + j, res, r[j]);
+          _mm256_storeu_ps(out + (j0 + j) * ldo + i0, r[j]);
+        }
       }
-    }
-    for (int64_t j = j0; j < n; ++j)
-      for (int64_t i = i0; i < i0 + 8; ++i) out[j * ldo + i] = tile[i * ldt + j];
-    if (post && j0 < n) afc_post_tile(post, j0, i0, (int)(n - j0), 8, out + j0 * ldo + i0, ldo);
+  if (im) {
+    for (int64_t j = jn; j < n; ++j)
+      for (int64_t i = 0; i < im; ++i) out[j * ldo + i] = tile[i * ldt + j];
+    if (post && jn < n) afc_post_tile(post, jn, 0, (int)(n - jn), (int)im, out + jn * ldo, ldo);
   }
 #endif
   for (int64_t j = 0; j < n; ++j)
-    for (int64_t i = i0; i < m; ++i) out[j * ldo + i] = tile[i * ldt + j];
-  if (post && i0 < m) afc_post_tile(post, 0, i0, (int)n, (int)(m - i0), out + i0, ldo);
+    for (int64_t i = im; i < m; ++i) out[j * ldo + i] = tile[i * ldt + j];
+  if (post && im < m) afc_post_tile(post, 0, im, (int)n, (int)(m - im), out + im, ldo);
 }
 
 static void afc_store_t(int64_t m, int64_t n, const float *tile, int64_t ldt, float *out, int64_t ldo) {
