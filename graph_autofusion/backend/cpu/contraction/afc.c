@@ -373,7 +373,6 @@ static inline __attribute__((always_inline)) void afc_ukernel_8(const int R, int
   }
 }
 
-
 /* `post` as in the AVX-512 twin: on the accumulators of a whole tile, on the stored tile else. */
 static inline __attribute__((always_inline)) void afc_ukernel_rp(const int R, int64_t kc, const float *restrict ap,
                                                                const float *const *arow,
@@ -713,7 +712,8 @@ static inline void afc_fetch_res(const afc_post *p, int64_t i, int64_t j, int64_
  * depth step (KC rows at B's row stride are KC streams, more than the hardware prefetchers
  * follow); the last micro-panel of a depth block fetches the next block's first one (it had
  * waited on all its lines: ResNet-50's 256 -> 64 at 56x56, two depth blocks, 0.93 of its time on
- * two threads, benchmarks/anchor_ab.py; 0.99 on AVX2, whose 64-deep blocks hide it better). Measured in C, one thread, B from L3 in huge pages as the runtime's arena, best of 5
+ * two threads, benchmarks/anchor_ab.py; 0.99 on AVX2, whose 64-deep blocks hide it better).
+ * Measured in C, one thread, B from L3 in huge pages as the runtime's arena, best of 5
  * alternating runs (Zen 4), packed -> in place: AVX-512, ResNet-50's 256 -> 64 at 56x56 1.25 ->
  * 0.97-0.98 ms, 256 -> 128 2.14 -> 1.97, 512 -> 128 at 28x28 1.07 -> 0.93, MobileNetV2's 144 -> 24
  * at 56x56 0.31 -> 0.20, 96 -> 24 0.165 -> 0.127, 192 -> 32 at 28x28 0.101 -> 0.088, 32 -> 16 at
@@ -1245,6 +1245,12 @@ static void afc_conv_bp(int64_t m, int64_t n, int64_t k, int64_t p0, int64_t ow,
   }
 }
 
+/* Output rows (channels) afc_store_t writes per sweep over a tile's pixels: the 32-byte halves of
+ * each output line, stored at consecutive 8-pixel steps, then lie 64 x 32 bytes apart (in L1), and
+ * so do the tile's lines read for them; a sweep over all of a wide tile's channels (512 of
+ * ResNet-50's 14x14 expansions) left each half-written line to L2 before its other half came. */
+#define AFC_STORE_T_CHANNELS 64
+
 /* out[j * ldo + i] = tile[i * ldt + j] for i < m, j < n: a conv's tile with its pixels as rows
  * stored into NCHW, then `post` (or nothing) on each stored value, with out's rows (j) as the
  * post-ops' rows: + bias[j], + res[j * res_ld + i], Relu or Clip. By 8 x 8 register transposes
@@ -1252,11 +1258,6 @@ static void afc_conv_bp(int64_t m, int64_t n, int64_t k, int64_t p0, int64_t ow,
  * strided one-float loads of a plain loop (a gather per vector, or a float per cycle) cost a
  * tenth of the product's time on a 784-pixel tile of 64 channels, and the generated epilogue
  * after the store was a second pass over the tile in memory. */
-/* Output rows (channels) afc_store_t writes per sweep over a tile's pixels: the 32-byte halves of
- * each output line, stored at consecutive 8-pixel steps, then lie 64 x 32 bytes apart (in L1), and
- * so do the tile's lines read for them; a sweep over all of a wide tile's channels (512 of
- * ResNet-50's 14x14 expansions) left each half-written line to L2 before its other half came. */
-#define AFC_STORE_T_CHANNELS 64
 static inline __attribute__((always_inline)) void afc_store_t_impl(int64_t m, int64_t n, const float *tile,
                                                                    int64_t ldt, float *out, int64_t ldo,
                                                                    const afc_post *post) {
