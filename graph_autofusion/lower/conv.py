@@ -736,13 +736,13 @@ class _Post:
     lo: float = 0.0
     hi: float = 0.0
 
-    def call(self, routine: str, g: ConvGeometry, tile: tuple[Expr, ...], dest: Buffer) -> Call:
-        """`routine`'s call for one tile: (rows, pixels, packed A at, B at, B's row stride, the
-        first row's output channel, the tile's linear index in the output); the residual has
+    def product(self, g: ConvGeometry, tile: tuple[Expr, ...], dest: Buffer) -> Call:
+        """afc_gemm_ap_post's call for one tile: (rows, pixels, packed A at, B at, B's row stride,
+        the first row's output channel, the tile's linear index in the output); the residual has
         the output's layout, so it is read at the same index."""
         m, n, a_at, b_at, ldb, channel, at = tile
         operands = (m, n, ir.index(g.kdim), a_at, b_at, ldb, ir.addr(dest, at), ir.index(g.pixels))
-        return Call(routine, (*operands, *self._ops(g, channel, at)))
+        return Call(PACKED_A_POST_ROUTINE, (*operands, *self._ops(g, channel, at)))
 
     def store(
         self, g: ConvGeometry, tile: tuple[Expr, Expr, Expr, Expr], dest: Buffer, at: tuple[Expr, Expr]
@@ -1063,12 +1063,12 @@ def _gemm_tiles(
                 ldc=ldt,
                 a_input=kept,
             )
-        stored = (p1 - p0, ch1 - ch0, ir.addr(tile, 0), ir.index(ldt))
+        stored, at = (p1 - p0, ch1 - ch0, ir.addr(tile, 0), ir.index(ldt)), row0 * pixels + p0
         if post is not None:  # the epilogue on the transposed registers, not a pass after the store
-            store = post.store(g, stored, dest, (gi * g.cog + ch0, row0 * pixels + p0))
+            store = post.store(g, stored, dest, (gi * g.cog + ch0, at))
             finished = True
         else:
-            store = Call(STORE_T_ROUTINE, (*stored, ir.addr(dest, row0 * pixels + p0), ir.index(pixels)))
+            store = Call(STORE_T_ROUTINE, (*stored, ir.addr(dest, at), ir.index(pixels)))
         product = [tile_product, store]
     elif (
         weights is not None
@@ -1098,7 +1098,7 @@ def _gemm_tiles(
         packed, _, block = weights
         a_at = ir.addr(packed, (gi * ctn + cb) * block)
         tile = (ch1 - ch0, p1 - p0, a_at, b_ptr, ldb, gi * g.cog + ch0, row0 * pixels + p0)
-        product = [post.call(PACKED_A_POST_ROUTINE, g, tile, dest)]
+        product = [post.product(g, tile, dest)]
         finished = True
     else:
         if weights is not None:
