@@ -58,6 +58,13 @@ INLINED_INT_CONSTANT = 4096
 # whole rows, and 8 rows of this many floats (128 KiB) still stay in L2 between the contraction
 # and the normalisation (lower/anchor.py sizes the row tile).
 ROW_NORM_MAX_COLUMNS = 4096
+# The smallest expansion (the 1x1 conv's output, bytes) a conv chain takes (`_conv_chain`). Below
+# it the two kernels pass it through the cache, and each runs its own better tiling: the chain's
+# bands give the 1x1 conv few pixels per call (lower/conv_chain.py). MobileNetV2's blocks in the
+# model, two threads, the chain against the two kernels (Intel Xeon with AVX-512): 4.8 MB
+# expansion (112x112) 0.59, 1.8 MB (56x56) 0.80 and 0.88; 602 KB (28x28) 0.96-1.23, 301-451 KB
+# (14x14) 0.95-1.63, 188 KB (7x7) 1.8-1.96.
+CONV_CHAIN_MIN_BYTES = 1 << 20
 
 
 def dense_strides(shape: Sequence[int]) -> tuple[int, ...]:
@@ -829,17 +836,26 @@ def _matmul(ops: tuple[OperandView, ...], tail: OutputTail | None) -> Contractio
 
 @dataclass(frozen=True)
 class ChainMatch:
-    """Two GEMMs in one kernel: per row block, `first` -> `middle` -> `second` -> `epilogue`, the
-    intermediate never leaving the thread's cache.
+    """Two contractions in one kernel, `first` -> `middle` -> `second` -> `epilogue`, the
+    intermediate never leaving the thread's cache: two GEMMs per block of rows, or a 1x1 Conv
+    feeding a depthwise 3x3 Conv (an inverted-residual block's expansion and depthwise conv) per
+    band of output rows (`conv`).
 
-    `middle` holds the elementwise ops and views from the first product to the second's left
-    operand; a view among them keeps the rows (a row of the first product is a row of the
-    second's left operand), so the chain runs on blocks of rows."""
+    For GEMMs `middle` holds the elementwise ops and views from the first product to the second's
+    left operand; a view among them keeps the rows (a row of the first product is a row of the
+    second's left operand), so the chain runs on blocks of rows. For convs it is at most one Relu
+    or Clip of constant bounds: the library applies it, with the first conv's bias, to the
+    expansion as it computes it (lower/conv_chain.py)."""
 
     first: onnx.NodeProto
     second: onnx.NodeProto
     middle: tuple[onnx.NodeProto, ...]
     epilogue: tuple[onnx.NodeProto, ...]
+
+    @property
+    def conv(self) -> bool:
+        """Whether this is the conv chain (a 1x1 Conv into a depthwise 3x3 Conv)."""
+        return self.first.op_type == "Conv"
 
     def to_json(self, node: Callable[[str], str] = str) -> dict[str, object]:
         return {
@@ -863,8 +879,12 @@ def match_chain(spec: KernelSpec) -> ChainMatch:
     if len(anchors) != 2:
         raise Unsupported(f"an anchor chain has two anchors, found {len(anchors)}")
     first, second = anchors
+    if first.op_type == "Conv" and second.op_type == "Conv":
+        return _conv_chain(body, first, second)
     if first.op_type not in GEMM_OPS or second.op_type not in GEMM_OPS:
-        raise Unsupported("only MatMul/Gemm pairs share a kernel")
+        raise Unsupported(
+            "only MatMul/Gemm pairs, or a 1x1 Conv feeding a depthwise 3x3 Conv, share a kernel"
+        )
     node = body.producer.get(second.input[0])
     while node is not None and node is not first:
         node = body.producer.get(node.input[0])
@@ -889,6 +909,20 @@ def match_chain(spec: KernelSpec) -> ChainMatch:
     for n in middle:
         if lookup(n.op_type).kind != OpKind.VIEW and body.numel(n.output[0]) != body.numel(y1):
             raise Unsupported("the first contraction's epilogue changes its domain")
+    desc = _chain_epilogue(body, first, middle, second, _chain_norm)
+    return ChainMatch(first, second, tuple(middle), tuple(desc))
+
+
+def _chain_epilogue(
+    body: _Body,
+    first: onnx.NodeProto,
+    middle: Sequence[onnx.NodeProto],
+    second: onnx.NodeProto,
+    closing_norm: Callable[[_Body, onnx.NodeProto, list[onnx.NodeProto]], set[int]] | None = None,
+) -> list[onnx.NodeProto]:
+    """The second contraction's epilogue: every node after it, elementwise or a view on its
+    domain (`closing_norm`: the ids of a closing LayerNormalization the chain may take); raises
+    `Unsupported` for a node that is neither in the chain nor after it."""
     chained = {id(n) for n in (first, *middle)}
     desc = body.descendants(second)
     other = [n for n in body.nodes if id(n) not in chained and n is not second and n not in desc]
@@ -898,7 +932,7 @@ def match_chain(spec: KernelSpec) -> ChainMatch:
         )
     size = body.numel(second.output[0])
     before = {o for n in (first, *middle) for o in n.output if o}
-    closing = _chain_norm(body, second, desc)
+    closing = closing_norm(body, second, desc) if closing_norm else set()
     for n in desc:
         if id(n) not in closing and not _elementwise_or_view(n):
             raise Unsupported(f"{n.op_type} '{n.name}' cannot run as an epilogue of {second.op_type}")
@@ -906,6 +940,84 @@ def match_chain(spec: KernelSpec) -> ChainMatch:
             raise Unsupported(f"epilogue {n.op_type} '{n.name}' changes the domain of {second.op_type}")
         if any(x in before for x in n.input):
             raise Unsupported(f"epilogue {n.op_type} '{n.name}' reads a prologue value")
+    return desc
+
+
+def _conv_attrs(node: onnx.NodeProto, body: _Body) -> tuple[int, list[int], list[int], list[int]]:
+    """(group, strides, pads, dilations) of a 2-D Conv with explicit pads (auto_pad NOTSET)."""
+    attrs = attrs_of(node)
+    auto_pad = attrs.get("auto_pad", b"NOTSET")
+    if (auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad) != "NOTSET":
+        raise Unsupported(f"Conv '{node.name}' of a chain pads by auto_pad")
+    if len(body.shape(node.input[0])) != 4:
+        raise Unsupported(f"Conv '{node.name}' of a chain is not 2-D")
+    group = int(attrs.get("group", 1))  # type: ignore[arg-type]
+    strides = [int(v) for v in attrs.get("strides", [1, 1])]  # type: ignore[union-attr]
+    pads = [int(v) for v in attrs.get("pads", [0, 0, 0, 0])]  # type: ignore[union-attr]
+    dilations = [int(v) for v in attrs.get("dilations", [1, 1])]  # type: ignore[union-attr]
+    return group, strides, pads, dilations
+
+
+def _activation_bounds(node: onnx.NodeProto, body: _Body) -> bool:
+    """Whether a chain's middle node is one the library applies: Relu, or Clip of scalar
+    constant (or attribute) bounds."""
+    if node.op_type == "Relu":
+        return True
+    if node.op_type != "Clip":
+        return False
+    attrs = attrs_of(node)
+    for slot, key in ((1, "min"), (2, "max")):
+        name = node.input[slot] if len(node.input) > slot else ""
+        if name:
+            value = body.constants.get(name)
+            if value is None or value.size != 1:
+                return False
+        elif key not in attrs:
+            return False
+    return True
+
+
+def _conv_chain(body: _Body, first: onnx.NodeProto, second: onnx.NodeProto) -> ChainMatch:
+    """A 1x1 Conv (stride 1, unpadded, one group) whose output, through at most one Relu or Clip,
+    only feeds a depthwise 3x3 Conv (one channel a group, stride 1 or 2, undilated, one pixel of
+    padding on each side), then the second conv's elementwise epilogue."""
+    group, strides, pads, dilations = _conv_attrs(first, body)
+    w1 = body.shape(first.input[1])
+    if group != 1 or strides != [1, 1] or any(pads) or dilations != [1, 1] or tuple(w1[2:]) != (1, 1):
+        raise Unsupported(f"Conv '{first.name}' opening a conv chain is not a 1x1 conv of stride 1")
+    group, strides, pads, dilations = _conv_attrs(second, body)
+    w2 = body.shape(second.input[1])
+    channels = body.shape(second.input[0])[1]
+    if (
+        group != channels
+        or tuple(w2) != (channels, 1, 3, 3)
+        or strides not in ([1, 1], [2, 2])
+        or pads != [1, 1, 1, 1]
+        or dilations != [1, 1]
+    ):
+        raise Unsupported(
+            f"Conv '{second.name}' closing a conv chain is not a depthwise 3x3 of stride 1 or 2"
+        )
+    middle: list[onnx.NodeProto] = []
+    value = first.output[0]
+    while value != second.input[0]:
+        users = body.consumers.get(value, [])
+        if len(users) != 1 or value in body.outputs:
+            raise Unsupported("the intermediate of a conv chain is read outside the chain")
+        node = users[0]
+        if middle or not _activation_bounds(node, body) or node.input[0] != value:
+            raise Unsupported(f"{node.op_type} '{node.name}' between the convs is not one Relu or Clip")
+        middle.append(node)
+        value = node.output[0]
+    if len(body.consumers.get(value, [])) != 1 or value in body.outputs:
+        raise Unsupported("the intermediate of a conv chain is read outside the chain")
+    expanded = 4 * body.numel(first.output[0])
+    if expanded < CONV_CHAIN_MIN_BYTES:
+        raise Unsupported(
+            f"the expansion ({expanded} bytes) stays in cache between two kernels: a conv chain "
+            f"gains from {CONV_CHAIN_MIN_BYTES} bytes on"
+        )
+    desc = _chain_epilogue(body, first, middle, second)
     return ChainMatch(first, second, tuple(middle), tuple(desc))
 
 

@@ -189,11 +189,14 @@ def _anchor(
 
 
 def _anchor_chain(graph: Graph, members: Collection[int], anchors: list[Node]) -> None:
-    """Two GEMMs in one kernel: the group is one exactly when the chain match succeeds, given
-    weights known before the kernel runs (which only the graph can tell)."""
-    second = max(anchors, key=lambda n: n.index)
+    """Two contractions in one kernel: the group is one exactly when the chain match succeeds,
+    given weights known before the kernel runs (which only the graph can tell): the second's,
+    and a conv chain's first conv's too (the library packs it once)."""
+    first, second = sorted(anchors, key=lambda n: n.index)
     if any(graph.producer(x) is not None for x in second.inputs[1:] if x):
         raise Misfit("the second contraction of a chain needs constant weights")
+    if first.op_type == "Conv" and any(graph.producer(x) is not None for x in first.inputs[1:] if x):
+        raise Misfit("the first conv of a conv chain needs constant weights")
     try:
         match_chain(group_spec(graph, members, max_constant=INLINED_INT_CONSTANT))
     except Unsupported as why:

@@ -164,3 +164,85 @@ def test_a_reshape_that_changes_the_row_length_is_refused() -> None:
     # [8, 16] -> [4, 32]: row blocks of the first product are not rows of the second's operand.
     kind, why = classify(_graph(_mlp_chain(reshape_rows=True)), range(6))
     assert kind is None and why == "the reshape between the contractions does not keep rows"
+
+
+def _inverted_residual(
+    size: int = 64,
+    expand: int = 64,
+    stride: int = 2,
+    first_kernel: int = 1,
+    between: str = "Clip",
+    dw_pads: tuple[int, ...] = (1, 1, 1, 1),
+) -> onnx.ModelProto:
+    """x -> Conv 1x1 (bias) -> Clip(0, 6) | Relu | Add(x') -> depthwise Conv 3x3 (bias) -> Relu:
+    an inverted-residual block's expansion and depthwise conv; `first_kernel` 3 makes the
+    expansion a 3x3 conv (padded to keep the size)."""
+    cin = 8
+    mid = {"Clip": node("Clip", ["e", "lo", "hi"], ["a"], "act6"), "Relu": node("Relu", ["e"], ["a"], "act")}
+    pads = {"pads": [1, 1, 1, 1]} if first_kernel == 3 else {}
+    nodes = [
+        node("Conv", ["x", "w1", "b1"], ["e"], "expand", **pads),
+        mid.get(between, node("Add", ["e", "other"], ["a"], "add")),
+        node("Conv", ["a", "w2", "b2"], ["d"], "dw", group=expand, strides=[stride] * 2, pads=list(dw_pads)),
+        node("Relu", ["d"], ["o"], "out"),
+    ]
+    inputs = [("x", [1, cin, size, size])]
+    if between == "Add":
+        inputs.append(("other", [1, expand, size, size]))
+    return model(
+        nodes,
+        inputs,
+        ["o"],
+        [
+            ("w1", np.ones((expand, cin, first_kernel, first_kernel), np.float32)),
+            ("b1", np.ones((expand,), np.float32)),
+            ("lo", np.array(0.0, np.float32)),
+            ("hi", np.array(6.0, np.float32)),
+            ("w2", np.ones((expand, 1, 3, 3), np.float32)),
+            ("b2", np.ones((expand,), np.float32)),
+        ],
+    )
+
+
+def test_a_1x1_conv_into_a_depthwise_conv_is_a_conv_chain() -> None:
+    g = _graph(_inverted_residual())
+    assert classify(g, range(4)) == ("anchor_chain", "")
+    chain = match_chain(group_spec(g, range(4)))
+    assert chain.conv and (chain.first.name, chain.second.name) == ("expand", "dw")
+    assert [n.name for n in chain.middle] == ["act6"] and [n.name for n in chain.epilogue] == ["out"]
+    fused = gaf.fuse(_inverted_residual())
+    (group,) = [g for g in fused.plan.kernels if g.template == "anchor_chain"]
+    assert sorted(fused.plan.graph.nodes[i].name for i in group.members) == ["act6", "dw", "expand", "out"]
+
+
+def test_conv_chains_that_the_library_cannot_run_are_refused_with_why() -> None:
+    def why(m: onnx.ModelProto) -> str | None:
+        kind, reason = classify(_graph(m), range(4))
+        assert kind is None
+        return reason
+
+    assert why(_inverted_residual(first_kernel=3)) == (
+        "Conv 'expand' opening a conv chain is not a 1x1 conv of stride 1"
+    )
+    assert why(_inverted_residual(dw_pads=(0, 0, 0, 0))) == (
+        "Conv 'dw' closing a conv chain is not a depthwise 3x3 of stride 1 or 2"
+    )
+    assert why(_inverted_residual(between="Add")) == "Add 'add' between the convs is not one Relu or Clip"
+    # 64 channels of 32x32 floats (256 KiB) stay in cache between two kernels
+    assert why(_inverted_residual(size=32)) == (
+        "the expansion (262144 bytes) stays in cache between two kernels: "
+        "a conv chain gains from 1048576 bytes on"
+    )
+    assert classify(_graph(_inverted_residual(between="Relu", stride=1)), range(4)) == ("anchor_chain", "")
+
+
+def test_mobilenet_v2_chains_its_large_expansions_only() -> None:
+    """The three blocks whose expansion is at least 1 MiB (112x112 and 56x56) run as conv chains;
+    the blocks at 28x28 and below keep their two kernels."""
+    from graph_autofusion import zoo
+
+    fused = gaf.fuse(zoo.build("mobilenet_v2"))
+    chains = [g for g in fused.plan.kernels if g.template == "anchor_chain"]
+    graph = fused.plan.graph
+    sizes = sorted(graph.shape(graph.nodes[min(g.members)].outputs[0])[2] for g in chains)
+    assert sizes == [56, 56, 112]

@@ -9,8 +9,9 @@ keeps the last axis last (followed only by views): the GEMM then stores each til
 the permuted layout instead of writing the product and copying it.
 
 A single anchor is its `AnchorMatch` (plan/anchor_match.py) lowered to the kernel IR by
-lower/anchor.py (MatMul/Gemm) or lower/conv.py (Conv/ConvTranspose), a two-GEMM chain its
-`ChainMatch` lowered by lower/chain.py, and both are rendered by render_c.py. Only a staged chain
+lower/anchor.py (MatMul/Gemm) or lower/conv.py (Conv/ConvTranspose), a chain its `ChainMatch`
+lowered by lower/chain.py (two GEMMs) or lower/conv_chain.py (a 1x1 Conv into a depthwise 3x3
+Conv), and all are rendered by render_c.py. Only a staged chain
 (the row-block chain ruled out by its layout) is a little C text here: two lowered stage kernels
 called one after the other with the intermediate in a heap buffer.
 
@@ -38,7 +39,14 @@ from ....lower.anchor import (
 )
 from ....lower.chain import StreamingChain, lower_chain, sub_spec
 from ....lower.conv import lower_conv
-from ....plan.anchor_match import ANCHOR_OPS, EPILOGUE_VIEW_OPS, STRIDE_PROLOGUE_OPS, match_anchor
+from ....lower.conv_chain import PW_DW_ROUTINE, lower_conv_chain
+from ....plan.anchor_match import (
+    ANCHOR_OPS,
+    EPILOGUE_VIEW_OPS,
+    STRIDE_PROLOGUE_OPS,
+    match_anchor,
+    match_chain,
+)
 from ..blas import BLAS_PREAMBLE
 from ..contraction import library_source
 from ..kernel_spec import KernelSpec
@@ -122,7 +130,7 @@ def uses_library(kernel: Kernel) -> bool:
     """Whether a lowered kernel calls the contraction library (it packs a weight, or runs its
     depthwise planes there), so its translation unit carries the library's text."""
     return bool(kernel.packed) or any(
-        _calls(kernel.body, r) for r in (DEPTHWISE_3X3_ROUTINE, DEPTHWISE_3X3_S2_ROUTINE)
+        _calls(kernel.body, r) for r in (DEPTHWISE_3X3_ROUTINE, DEPTHWISE_3X3_S2_ROUTINE, PW_DW_ROUTINE)
     )
 
 
@@ -144,10 +152,11 @@ def _index_inputs(spec: KernelSpec) -> set[str]:
 
 
 def _emit_chain(spec: KernelSpec, anchors: list[int]) -> AnchorKernel:
-    """The row-block chain (lower/chain.py) when its layout allows, else the two stages one after
-    the other."""
+    """The row-block chain (lower/chain.py) or the band chain of two convs (lower/conv_chain.py)
+    when its layout allows, else the two stages one after the other."""
     try:
-        return _rendered(lower_chain(spec))
+        chain = match_chain(spec)
+        return _rendered(lower_conv_chain(spec, chain) if chain.conv else lower_chain(spec, chain))
     except CodegenUnsupported as exc:
         try:
             return _emit_staged_chain(spec, anchors, str(exc))

@@ -1313,11 +1313,11 @@ static void afc_store_t_post(int64_t m, int64_t n, const float *tile, int64_t ld
  *   a vector read that plane flat, each tap one load, as the generated loop does. */
 #define AFC_DW3_PAD_FLOATS 16384
 /* afc_dw3x3 / afc_dw3x3_s2 a tap at a time (portable builds, planes too large for AVX2's copy). */
-static void afc_dw3_scalar(int64_t p0, int64_t p1, int64_t cout, const float *x, const float *w, float *y,
-                           int64_t h, int64_t wd, int64_t oh, int64_t ow, int64_t stride, int64_t pt,
-                           int64_t pl) {
+static void afc_dw3_scalar(int64_t p0, int64_t p1, int64_t cout, const float *x, int64_t xs, const float *w,
+                           float *y, int64_t ys, int64_t h, int64_t wd, int64_t oh, int64_t ow, int64_t stride,
+                           int64_t pt, int64_t pl) {
   for (int64_t p = p0; p < p1; ++p) {
-    const float *xp = x + p * h * wd, *wp = w + p % cout * 9;
+    const float *xp = x + p * xs, *wp = w + p % cout * 9;
     for (int64_t oy = 0; oy < oh; ++oy)
       for (int64_t ox = 0; ox < ow; ++ox) {
         float acc = 0.0f;
@@ -1325,7 +1325,7 @@ static void afc_dw3_scalar(int64_t p0, int64_t p1, int64_t cout, const float *x,
           const int64_t iy = stride * oy + t / 3 - pt, ix = stride * ox + t % 3 - pl;
           if (iy >= 0 && iy < h && ix >= 0 && ix < wd) acc += wp[t] * xp[iy * wd + ix];
         }
-        y[p * oh * ow + oy * ow + ox] = acc;
+        y[p * ys + oy * ow + ox] = acc;
       }
   }
 }
@@ -1421,10 +1421,12 @@ static inline __attribute__((always_inline)) void afc_dw3_shifts(const float *ro
 }
 #endif
 
-static void afc_dw3x3(int64_t p0, int64_t p1, int64_t cout, const float *x, const float *w, float *y, int64_t h,
-                      int64_t wd, int64_t oh, int64_t pt, int64_t pl) {
+/* afc_dw3x3 over planes `xs` floats apart in x and `ys` apart in y (afc_pw_dw3x3: a band of
+ * rows of each plane). */
+static void afc_dw3x3_planes(int64_t p0, int64_t p1, int64_t cout, const float *x, int64_t xs, const float *w,
+                             float *y, int64_t ys, int64_t h, int64_t wd, int64_t oh, int64_t pt, int64_t pl) {
 #if defined(__AVX512F__)
-  for (int64_t p = p0; p < p1; ++p) afc_dw3_plane(x + p * h * wd, w + p % cout * 9, y + p * oh * wd, h, wd, oh, pt, pl);
+  for (int64_t p = p0; p < p1; ++p) afc_dw3_plane(x + p * xs, w + p % cout * 9, y + p * ys, h, wd, oh, pt, pl);
   return;
 #elif defined(__AVX2__) && defined(__FMA__)
   /* padded row j holds input row j - pt at columns pl .. pl + wd - 1, zeros around it (the
@@ -1440,7 +1442,7 @@ static void afc_dw3x3(int64_t p0, int64_t p1, int64_t cout, const float *x, cons
     const int64_t j0 = pt > 0 ? pt : 0, j1 = h + pt < rows ? h + pt : rows;
     float flat[1024 + 8];
     for (int64_t p = p0; p < p1; ++p) {
-      const float *xp = x + p * h * wd, *wp = w + p % cout * 9;
+      const float *xp = x + p * xs, *wp = w + p % cout * 9;
       for (int64_t j = j0; j < j1; ++j)
         for (int64_t i = 0; i < wd; ++i) pad[j * fw + pl + i] = xp[(j - pt) * wd + i];
       __m256 wv[9];
@@ -1451,7 +1453,7 @@ static void afc_dw3x3(int64_t p0, int64_t p1, int64_t cout, const float *x, cons
         for (int t = 1; t < 9; ++t) acc = _mm256_fmadd_ps(wv[t], _mm256_loadu_ps(base + t / 3 * fw + t % 3), acc);
         _mm256_storeu_ps(flat + 8 * v, acc);
       }
-      float *yp = y + p * oh * wd;
+      float *yp = y + p * ys;
       for (int64_t oy = 0; oy < oh; ++oy)
         for (int64_t ox = 0; ox < wd; ++ox) yp[oy * wd + ox] = flat[oy * fw + ox];
     }
@@ -1463,8 +1465,8 @@ static void afc_dw3x3(int64_t p0, int64_t p1, int64_t cout, const float *x, cons
     float *const pad = afc_dw3_padded(&kept, key, rows * pw);
     const int64_t j0 = pt > 0 ? pt : 0, j1 = h + pt < rows ? h + pt : rows;
     for (int64_t p = p0; p < p1; ++p) {
-      const float *xp = x + p * h * wd, *wp = w + p % cout * 9;
-      float *yp = y + p * oh * wd;
+      const float *xp = x + p * xs, *wp = w + p % cout * 9;
+      float *yp = y + p * ys;
       for (int64_t j = j0; j < j1; ++j) {
         float *dst = pad + j * pw + pl;
         const float *src = xp + (j - pt) * wd;
@@ -1492,7 +1494,11 @@ static void afc_dw3x3(int64_t p0, int64_t p1, int64_t cout, const float *x, cons
     return;
   }
 #endif
-  afc_dw3_scalar(p0, p1, cout, x, w, y, h, wd, oh, wd, 1, pt, pl);
+  afc_dw3_scalar(p0, p1, cout, x, xs, w, y, ys, h, wd, oh, wd, 1, pt, pl);
+}
+static void afc_dw3x3(int64_t p0, int64_t p1, int64_t cout, const float *x, const float *w, float *y, int64_t h,
+                      int64_t wd, int64_t oh, int64_t pt, int64_t pl) {
+  afc_dw3x3_planes(p0, p1, cout, x, h * wd, w, y, oh * wd, h, wd, oh, pt, pl);
 }
 /* afc_dw3x3 at stride 2: output (oy, ox) reads padded rows 2 oy + ky and padded columns 2 ox + kx.
  * The column shifts of a padded row are its even columns (kx = 0), its odd ones (kx = 1) and its
@@ -1542,11 +1548,11 @@ static void afc_dw3s2_plane(const float *xp, const float *wp, float *yp, int64_t
 }
 #endif
 
-static void afc_dw3x3_s2(int64_t p0, int64_t p1, int64_t cout, const float *x, const float *w, float *y,
-                         int64_t h, int64_t wd, int64_t oh, int64_t ow, int64_t pt, int64_t pl) {
+static void afc_dw3x3_s2_planes(int64_t p0, int64_t p1, int64_t cout, const float *x, int64_t xs, const float *w,
+                                float *y, int64_t ys, int64_t h, int64_t wd, int64_t oh, int64_t ow, int64_t pt,
+                                int64_t pl) {
 #if defined(__AVX512F__)
-  for (int64_t p = p0; p < p1; ++p)
-    afc_dw3s2_plane(x + p * h * wd, w + p % cout * 9, y + p * oh * ow, h, wd, oh, ow, pt, pl);
+  for (int64_t p = p0; p < p1; ++p) afc_dw3s2_plane(x + p * xs, w + p % cout * 9, y + p * ys, h, wd, oh, ow, pt, pl);
   return;
 #elif defined(__AVX2__) && defined(__FMA__)
   /* phase f, padded row j, column t holds padded column 2 t + f of padded row j (input row
@@ -1559,8 +1565,8 @@ static void afc_dw3x3_s2(int64_t p0, int64_t p1, int64_t cout, const float *x, c
     const int64_t j0 = pt > 0 ? pt : 0, j1 = h + pt < rows ? h + pt : rows;
     const int64_t i1 = wd < 2 * ow + 1 - pl ? wd : 2 * ow + 1 - pl; /* input columns read */
     for (int64_t p = p0; p < p1; ++p) {
-      const float *xp = x + p * h * wd, *wp = w + p % cout * 9;
-      float *yp = y + p * oh * ow;
+      const float *xp = x + p * xs, *wp = w + p % cout * 9;
+      float *yp = y + p * ys;
       /* input column i goes to padded column i + pl: 16 at a time split in their even and odd
        * elements (a float at a time cost 2 cycles, 0.7 ms of MobileNetV2's 112 -> 56) */
       float *const even = pad + (pl & 1) * phase + pl / 2, *const odd = pad + ((pl + 1) & 1) * phase + (pl + 1) / 2;
@@ -1605,6 +1611,43 @@ static void afc_dw3x3_s2(int64_t p0, int64_t p1, int64_t cout, const float *x, c
     return;
   }
 #endif
-  afc_dw3_scalar(p0, p1, cout, x, w, y, h, wd, oh, ow, 2, pt, pl);
+  afc_dw3_scalar(p0, p1, cout, x, xs, w, y, ys, h, wd, oh, ow, 2, pt, pl);
+}
+static void afc_dw3x3_s2(int64_t p0, int64_t p1, int64_t cout, const float *x, const float *w, float *y,
+                         int64_t h, int64_t wd, int64_t oh, int64_t ow, int64_t pt, int64_t pl) {
+  afc_dw3x3_s2_planes(p0, p1, cout, x, h * wd, w, y, oh * ow, h, wd, oh, ow, pt, pl);
+}
+
+/* One band of output rows [oy0, oy1) of a depthwise 3x3 (stride 1 or 2) whose input is a 1x1
+ * conv's output, the expansion computed here for the input rows the band reads (afc.h). The
+ * expansion goes into the thread's `buf`, one plane of (stride * (band - 1) + 3) rows per channel,
+ * and the depthwise conv reads it from there: the expanded tensor (MobileNetV2's 96 x 112 x 112
+ * is 4.8 MB) never leaves the cache. A band after the first of a run keeps the rows the previous
+ * band expanded and this one reads again (3 - stride of them), moved to the planes' tops, and
+ * expands only the rest. */
+static void afc_pw_dw3x3(int64_t cexp, int64_t cin, const float *ap, const float *x, int64_t h, int64_t w,
+                         const float *bias, int act, float lo, float hi, const float *w2, float *y, int64_t oh,
+                         int64_t ow, int64_t stride, int64_t pt, int64_t pl, int64_t oy0, int64_t oy1,
+                         int64_t band, int first, float *buf) {
+  const int64_t ps = (stride * (band - 1) + 3) * w; /* buf's plane stride */
+  const int64_t r0 = stride * oy0 - pt > 0 ? stride * oy0 - pt : 0;
+  const int64_t r1 = stride * (oy1 - 1) - pt + 3 < h ? stride * (oy1 - 1) - pt + 3 : h;
+  int64_t keep = 0;
+  if (!first) { /* the previous band, [oy0 - band, oy0), expanded rows [q0, q1) */
+    const int64_t q0 = stride * (oy0 - band) - pt > 0 ? stride * (oy0 - band) - pt : 0;
+    const int64_t q1 = stride * (oy0 - 1) - pt + 3 < h ? stride * (oy0 - 1) - pt + 3 : h;
+    keep = q1 > r0 ? q1 - r0 : 0;
+    if (keep && r0 > q0)
+      for (int64_t c = 0; c < cexp; ++c)
+        memmove(buf + c * ps, buf + c * ps + (r0 - q0) * w, sizeof(float) * (size_t)(keep * w));
+  }
+  if (r1 > r0 + keep)
+    afc_gemm_ap_post(cexp, (r1 - r0 - keep) * w, cin, ap, x + (r0 + keep) * w, h * w, buf + keep * w, ps, bias, 0,
+                     0, act, lo, hi);
+  const int64_t bt = pt + r0 - stride * oy0; /* the band's top padding */
+  if (stride == 1)
+    afc_dw3x3_planes(0, cexp, cexp, buf, ps, w2, y + oy0 * ow, oh * ow, r1 - r0, w, oy1 - oy0, bt, pl);
+  else
+    afc_dw3x3_s2_planes(0, cexp, cexp, buf, ps, w2, y + oy0 * ow, oh * ow, r1 - r0, w, oy1 - oy0, ow, bt, pl);
 }
 #endif /* AFC_IMPL */

@@ -91,6 +91,15 @@
  *       the same at stride 2 (output rows ow wide): y[p * oh * ow + oy * ow + ox] reads input
  *       rows 2 oy + ky - pt and columns 2 ox + kx - pl. Vectorized on AVX-512; on AVX2 where 2 *
  *       (2 oh + 1) * (8 * ceil(ow / 8) + 8) <= 16384 (its padded column phases per thread).
+ *   void afc_pw_dw3x3(cexp, cin, ap, x, h, w, bias, act, lo, hi, w2, y, oh, ow, stride, pt, pl,
+ *                     oy0, oy1, band, first, buf)
+ *       output rows [oy0, oy1) (at most `band` of them) of afc_dw3x3 (stride 1) or afc_dw3x3_s2
+ *       (stride 2) over the cexp planes h x w of M = the 1x1 conv `ap` (the A-panels of its cexp x
+ *       cin weight) of x[cin][h * w], with afc_gemm_ap_post's post-ops (bias, act, lo, hi; no
+ *       residual): y[c * oh * ow + oy * ow + ox] for c < cexp. M's rows the band reads are
+ *       expanded into `buf`, cexp * (stride * (band - 1) + 3) * w floats of the calling thread;
+ *       with `first` 0 the call must follow, on the same thread and buffer, the one for the band
+ *       [oy0 - band, oy0) of the same x, whose expanded rows it reuses.
  * Sizes are int64_t, strides in elements. Buffers from the caller need no particular alignment;
  * packed buffers of 64-byte alignment are faster.
  */

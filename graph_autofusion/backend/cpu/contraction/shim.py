@@ -159,6 +159,13 @@ void afcx_dw3x3_s2(int64_t p0, int64_t p1, int64_t cout, const float *x, const f
                    int64_t wd, int64_t oh, int64_t ow, int64_t pt, int64_t pl) {
   afc_dw3x3_s2(p0, p1, cout, x, w, y, h, wd, oh, ow, pt, pl);
 }
+void afcx_pw_dw3x3(int64_t cexp, int64_t cin, const float *ap, const float *x, int64_t h, int64_t w,
+                   const float *bias, int64_t act, float lo, float hi, const float *w2, float *y, int64_t oh,
+                   int64_t ow, int64_t stride, int64_t pt, int64_t pl, int64_t oy0, int64_t oy1, int64_t band,
+                   int64_t first, float *buf) {
+  afc_pw_dw3x3(cexp, cin, ap, x, h, w, bias, (int)act, lo, hi, w2, y, oh, ow, stride, pt, pl, oy0, oy1, band,
+               (int)first, buf);
+}
 /* tiles of a whole GEMM over OpenMP threads, as an anchor kernel runs them (benchmarks) */
 void afcx_gemm_ap_parallel(int64_t m, int64_t n, int64_t k, const float *ap, const float *b, float *c,
                            int64_t mb, int64_t nb) {
@@ -213,6 +220,10 @@ _SIGNATURES: dict[str, tuple[list[type], type | None]] = {
     "afcx_store_t_post": ([_I64, _I64, _PTR, _I64, _PTR, _I64, _PTR, _PTR, _I64, _I64, _F32, _F32], None),
     "afcx_dw3x3": ([_I64, _I64, _I64, _PTR, _PTR, _PTR, *[_I64] * 5], None),
     "afcx_dw3x3_s2": ([_I64, _I64, _I64, _PTR, _PTR, _PTR, *[_I64] * 6], None),
+    "afcx_pw_dw3x3": (
+        [_I64, _I64, _PTR, _PTR, _I64, _I64, _PTR, _I64, _F32, _F32, _PTR, _PTR, *[_I64] * 9, _PTR],
+        None,
+    ),
     "afcx_gemm_ap_parallel": ([_I64, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64], None),
     "afcx_gemm_bp_parallel": ([_I64, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64], None),
 }
@@ -392,6 +403,41 @@ class Library:
             self.lib.afcx_dw3x3(p0, p1, *pointers, h, wd, oh, *pads)
         else:
             self.lib.afcx_dw3x3_s2(p0, p1, *pointers, h, wd, oh, ow, *pads)
+        return y
+
+    def pw_dw3x3(
+        self,
+        x: np.ndarray,
+        w1: np.ndarray,
+        post: tuple[np.ndarray | None, int, float, float],
+        w2: np.ndarray,
+        stride: int,
+        runs: list[range],
+        band: int,
+    ) -> np.ndarray:
+        """afc_pw_dw3x3 over `x[cin, h, w]`: the 1x1 conv `w1[cexp, cin]` with `post` = (bias or
+        None, act, lo, hi), then the depthwise 3x3 `w2[cexp, 3, 3]` of `stride`, padded by one
+        pixel on each side, as y[cexp, oh, ow]. Each run of output rows is computed in bands of
+        `band` rows on one buffer, the run's first band with `first`, the rest reusing what the
+        band before it expanded; rows outside the runs stay NaN."""
+        cin, h, w = x.shape
+        cexp = w1.shape[0]
+        oh, ow = (h - 1) // stride + 1, (w - 1) // stride + 1
+        y = np.full((cexp, oh, ow), np.nan, np.float32)
+        ap = self.pack_a(np.ascontiguousarray(w1, np.float32))
+        xs, w2s = np.ascontiguousarray(x, np.float32), np.ascontiguousarray(w2, np.float32)
+        bias, act, lo, hi = post
+        bias_at = np.ascontiguousarray(bias, np.float32) if bias is not None else None
+        buf = np.full(cexp * (stride * (band - 1) + 3) * w, np.nan, np.float32)
+        for run in runs:
+            for oy0 in range(run.start, run.stop, band):
+                oy1 = min(oy0 + band, run.stop)
+                self.lib.afcx_pw_dw3x3(
+                    cexp, cin, ap.ctypes.data, xs.ctypes.data, h, w,
+                    bias_at.ctypes.data if bias_at is not None else None, act, lo, hi,
+                    w2s.ctypes.data, y.ctypes.data, oh, ow, stride, 1, 1, oy0, oy1, band,
+                    int(oy0 == run.start), buf.ctypes.data,
+                )  # fmt: skip
         return y
 
 

@@ -602,3 +602,44 @@ def test_depthwise_3x3_planes_match_the_padded_convolution(
         assert np.isnan(got[0]).all() and np.isnan(got[p1:]).all()  # only planes [p0, p1)
         scale = np.abs(expected).max()
         np.testing.assert_allclose(got[1:p1], expected[1:p1], rtol=0, atol=1e-5 * scale)
+
+
+# afc_pw_dw3x3: (cin, cexp, h, w, stride, runs of output rows, band rows): one run in one band,
+# runs of several bands with a shorter last one, bands of one row (the kept rows move by one),
+# AVX2's flat rows (w <= 8), odd sizes at stride 2 (the last band reads the bottom row), a run
+# that starts inside the image (its first band expands the rows above it too).
+PW_DW = [
+    (3, 5, 7, 7, 1, [range(0, 7)], 8),
+    (4, 9, 13, 11, 1, [range(0, 6), range(6, 13)], 3),
+    (5, 16, 10, 37, 1, [range(0, 10)], 1),
+    (2, 7, 6, 5, 1, [range(0, 2), range(2, 6)], 2),
+    (6, 10, 15, 33, 2, [range(0, 4), range(4, 8)], 3),
+    (3, 8, 16, 18, 2, [range(0, 8)], 1),
+    (4, 12, 9, 70, 2, [range(2, 5)], 2),
+]
+
+
+@pytest.mark.parametrize(("cin", "cexp", "h", "w", "stride", "runs", "band"), PW_DW)
+@pytest.mark.parametrize("act", [POST_NONE, POST_CLIP])
+def test_a_pointwise_conv_into_a_depthwise_conv_band_by_band(
+    lib: Library, cin: int, cexp: int, h: int, w: int, stride: int, runs: list[range], band: int, act: int
+) -> None:
+    """Each run's bands, the later ones reusing the rows the band before expanded, give the 1x1
+    conv with its post-ops (bias, Clip; none without a bias) followed by the padded depthwise
+    conv; rows outside the runs are not written."""
+    rng = np.random.default_rng(cin * h + w)
+    x = rng.standard_normal((cin, h, w)).astype(np.float32)
+    w1 = rng.standard_normal((cexp, cin)).astype(np.float32)
+    w2 = rng.standard_normal((cexp, 3, 3)).astype(np.float32)
+    bias = rng.standard_normal(cexp).astype(np.float32) if act != POST_NONE else None
+    got = lib.pw_dw3x3(x, w1, (bias, act, -0.5, 1.5), w2, stride, runs, band)
+    mid = np.einsum("ck,khw->chw", w1.astype(np.float64), x.astype(np.float64))
+    if bias is not None:
+        mid = np.clip(mid + bias[:, None, None], -0.5, 1.5)
+    out = ((h - 1) // stride + 1, (w - 1) // stride + 1)
+    expected = _depthwise_reference(mid, w2, out, (1, 1), stride)
+    rows = sorted({r for run in runs for r in run})
+    others = [r for r in range(out[0]) if r not in rows]
+    assert np.isnan(got[:, others]).all()
+    scale = np.abs(expected).max()
+    np.testing.assert_allclose(got[:, rows], expected[:, rows], rtol=0, atol=1e-5 * scale)
