@@ -15,8 +15,9 @@ stem, its 3x3s on 56x56, 28x28, 14x14 and 7x7 pixels and with stride 2, its 1x1 
 the residual add at 56x56, 14x14 and 7x7, the projection shortcut and the 1x1 reductions at
 56x56, 14x14 and 7x7, the stride-2 1x1
 downsample) and MobileNetV2's (3x3 depthwise, stride 1 and 2, on 112x112 down to 7x7 planes, with
-ReLU6 as Clip; 1x1 expansions and projections at 56x56 and 14x14), each with its folded-BatchNorm
-bias and activation; and a ConvTranspose 2x upsampling.
+ReLU6 as Clip; 1x1 expansions and projections at 56x56 and 14x14; its expansions at 112x112 and
+56x56 with the depthwise conv after them, as conv chains), each with its folded-BatchNorm bias and
+activation; and a ConvTranspose 2x upsampling.
 
 The float constants the kernels take as parameters are the spec's `weights` (where the checkout's
 KernelSpec has that field), so with `AUTOFUSION_CONTRACTION=library` (the default) each side
@@ -198,6 +199,18 @@ def _conv_problems(r: Callable[..., np.ndarray]) -> dict[str, Problem]:
             nodes.append(N("Identity", [last], ["o"]))
         return nodes, feeds, ["o"], consts
 
+    def chain(x: tuple[int, ...], expand: int, stride: int) -> Problem:
+        """1x1 expansion + Clip, then the depthwise 3x3 + Clip (an inverted-residual block's
+        first two convs)."""
+        nodes = [
+            N("Conv", ["x", "w1", "b1"], ["e"]),
+            N("Clip", ["e", "lo", "hi"], ["a"]),
+            N("Conv", ["a", "w2", "b2"], ["d"], group=expand, strides=[stride] * 2, pads=[1, 1, 1, 1]),
+            N("Clip", ["d", "lo", "hi"], ["o"]),
+        ]
+        weights = {"w1": r(expand, x[1], 1, 1), "b1": r(expand), "w2": r(expand, 1, 3, 3), "b2": r(expand)}
+        return nodes, {"x": r(*x)}, ["o"], {**weights, **six}
+
     p1, s2 = [1, 1, 1, 1], [2, 2]
     return {
         "conv_r50_stem_7x7_s2": conv((1, 3, 224, 224), (64, 3, 7, 7), strides=s2, pads=[3, 3, 3, 3]),
@@ -234,6 +247,11 @@ def _conv_problems(r: Callable[..., np.ndarray]) -> dict[str, Problem]:
         "conv_mbv2_1x1_project_14_96": conv((1, 576, 14, 14), (96, 576, 1, 1), act="none"),
         "conv_mbv2_1x1_expand_14_576": conv((1, 96, 14, 14), (576, 96, 1, 1), act="relu6"),
         "conv_mbv2_1x1_project_7": conv((1, 960, 7, 7), (320, 960, 1, 1), act="none"),
+        # conv chains (template anchor_chain, lower/conv_chain.py): MobileNetV2's expansions with
+        # the depthwise convs after them, at 112x112 (stride 2) and 56x56 (stride 1 and 2)
+        "chain_mbv2_112_s2": chain((1, 16, 112, 112), 96, 2),
+        "chain_mbv2_56": chain((1, 24, 56, 56), 144, 1),
+        "chain_mbv2_56_s2": chain((1, 24, 56, 56), 144, 2),
         # a decoder's 2x upsampling (U-Net / FCN style), weights [Cin, Cout, 4, 4]
         "convT_up2_4x4_28": conv((1, 128, 28, 28), (128, 64, 4, 4), op="ConvTranspose", strides=s2, pads=p1),
     }

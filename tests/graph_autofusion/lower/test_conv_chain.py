@@ -116,4 +116,4 @@ def test_without_the_library_the_chain_is_two_stages(monkeypatch: pytest.MonkeyP
     spec, _ = spec_for(model, "staged", weights=True)
     with pytest.raises(Unsupported, match="contraction library"):
         lower_conv_chain(spec)
-    check(model, "staged", k=36, weights=True, scale=4.0)
+    check(model, "staged", k=36, method="conv_chain_staged", weights=True, scale=4.0)

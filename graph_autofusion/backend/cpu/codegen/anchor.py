@@ -74,8 +74,9 @@ class AnchorKernel:
 
     `source` is a complete C translation unit defining `void <spec.symbol>(void *const *args)`;
     `method` names how the contraction is computed ("gemm", "batched_gemm", "conv1x1_gemm",
-    "conv_im2col_tiled", "conv_direct", "conv_depthwise", "conv_transpose_col2im", "matmul_chain", or
-    "matmul_chain_staged" when a chain's layout rules out row blocks; a "_packed" suffix means an
+    "conv_im2col_tiled", "conv_direct", "conv_depthwise", "conv_transpose_col2im", "matmul_chain",
+    "conv_depthwise_chain", or "matmul_chain_staged" / "conv_chain_staged" when a chain runs as two
+    stages (its layout rules out row blocks, or the library is not there); a "_packed" suffix means an
     operand view needed a per-tile copy); `uses_blas` says whether the unit must be linked with
     BLAS.
     """
@@ -231,12 +232,13 @@ def _emit_staged_chain(spec: KernelSpec, anchors: list[int], reason: str) -> Anc
     body.append("}")
     if packed_floats:
         body = _staged_prepack(spec, stages, packed_floats, index, argv) + body
+    method = "conv_chain_staged" if spec.nodes[anchors[0]].op_type == "Conv" else "matmul_chain_staged"
     desc = (
-        f"method: matmul_chain_staged; two stages ({k1.method} -> {k2.method}) with the intermediate "
-        f"{list(mid_info.shape)} in memory, because the row-block chain does not apply: {reason}"
+        f"method: {method}; two stages ({k1.method} -> {k2.method}) with the intermediate "
+        f"{list(mid_info.shape)} in memory, because the chain does not apply: {reason}"
     )
     parts = [PRELUDE, k1.source, k2.source, c_comment(spec.describe(desc)), *body]
-    return AnchorKernel("\n".join(parts) + "\n", "matmul_chain_staged", k1.uses_blas or k2.uses_blas)
+    return AnchorKernel("\n".join(parts) + "\n", method, k1.uses_blas or k2.uses_blas)
 
 
 def _staged_prepack(
