@@ -1,7 +1,8 @@
 """Fusion quality on every zoo model, measured side by side in one run.
 
 For each model (full size, torchscript-style export): ONNX nodes, kernels before and after fusion,
-the lower bound (one kernel per conv/matmul/gemm/pool/reduction), onnxruntime's node count after
+the lower bound of one-anchor kernels (one kernel per conv/matmul/gemm/pool/reduction; attention and
+chains of two contractions, GEMM or conv, share one kernel and go below it), onnxruntime's node count after
 its own fusions at ORT_ENABLE_EXTENDED and ORT_ENABLE_ALL, and our planning time (median of 3).
 
     python benchmarks/fusion_quality.py [--style dynamo] [--models resnet50,bert_base]

@@ -5,17 +5,18 @@ What the kernel computes is its conv `ChainMatch` (plan/anchor_match.py): the ex
 and its Relu or Clip are the library's post-ops, applied as it computes each tile; the depthwise
 conv's bias and epilogue are the generated epilogue, run on each band while it is hot.
 
-    for task in 0..images x RUNS (parallel, static):    # a run: contiguous output rows
+    for task in 0..images x runs (parallel, static):    # a run: contiguous output rows
         for oy0 in the run's rows, `band` at a time:
             afc_pw_dw3x3(..., oy0, oy1, band, first = oy0 is the run's first row, mid)
             epilogue over (the image's channels) x (pixels of rows [oy0, oy1))
 
 `afc_pw_dw3x3` (afc.h) expands the input rows the band reads into this thread's `mid` slice
 and runs the depthwise conv from there; a band after the first of a run reuses the rows the
-previous band expanded and this one reads again. The runs split each image in contiguous halves,
-so the two threads each read the half of the input and write the half of the output that is
-theirs in the convs before and after too (1x1 convs hand out pixel tiles from both ends): the
-other core's cache holds little of what a thread reads.
+previous band expanded and this one reads again. The runs split each image in as many contiguous
+parts as the kernel's team has threads (its workspace slices), one per thread: each expands the
+halo rows of its part once, and on two threads each reads the half of the input and writes the
+half of the output that is its own in the convs before and after too (1x1 convs hand out pixel
+tiles from both ends), so the other core's cache holds little of what a thread reads.
 
 Why: the expansion is the largest tensor of such a block (96 x 112 x 112 floats, 4.8 MB, in
 MobileNetV2) and the two kernels wrote it and read it back; in a chain the band's planes stay in
@@ -34,13 +35,13 @@ import math
 
 from ..backend.cpu.contraction import contraction_mode
 from ..backend.cpu.kernel_spec import KernelSpec
+from ..backend.cpu.render_c import WORKSPACE_SLICES
 from ..kernel_ir import Buffer, Call, DType, Kernel, Let, Loop, Stmt
 from ..kernel_ir import nodes as ir
 from ..plan.anchor_match import ChainMatch, dense_strides, match_anchor, match_chain
 from .anchor import PARALLEL_MIN_MACS, POST_NONE, _is_raw, anchor_kernel, destination, epilogue_nest
 from .chain import sub_spec
 from .conv import (
-    BALANCE_THREADS,
     _ConvValues,
     _packed_weights,
     _packs_weight,
@@ -105,10 +106,10 @@ def lower_conv_chain(spec: KernelSpec, chain: ChainMatch | None = None) -> Kerne
     write_back = None if _is_raw(match2, dest) and values.bias is None else dest
     y_buf = out_buf[dest]
 
-    runs = min(BALANCE_THREADS, g2.oh)
-    band = band_rows(g1.cout, g1.w, g2.sh, -(-g2.oh // runs))
+    band = band_rows(g1.cout, g1.w, g2.sh, g2.oh)
     mid = Buffer("mid", DType.F32, mid_floats(g1.cout, g1.w, g2.sh, band), "scratch")
-    tasks = g2.n * runs
+    # a run per thread of the team (one workspace slice each), at most one per output row
+    runs = ir.clamp(ir.raw(WORKSPACE_SLICES, DType.I64), 1, g2.oh)
     task, ni, ri, a0, a1 = (ir.var(v) for v in ("task", "ni", "ri", "a0", "a1"))
     b, oy0, oy1 = ir.var("b"), ir.var("oy0"), ir.var("oy1")
     null = ir.raw("NULL", DType.I64)
@@ -150,14 +151,14 @@ def lower_conv_chain(spec: KernelSpec, chain: ChainMatch | None = None) -> Kerne
     ]
     # a depthwise multiply-add costs about 4 of the expansion's (lower/conv.py)
     macs = g1.n * g1.cout * g1.pixels * g1.cin + 4 * g2.n * g2.cout * g2.pixels * g2.taps
-    parallel = tasks > 1 and macs >= PARALLEL_MIN_MACS
-    loop = Loop(task, tasks, tuple(body), parallel=parallel, scratch=(mid,), macs=macs)  # static: the runs
+    parallel = macs >= PARALLEL_MIN_MACS
+    loop = Loop(task, runs * g2.n, tuple(body), parallel=parallel, scratch=(mid,), macs=macs)  # static
     middle = " -> ".join(n.op_type for n in chain.middle) or "none"
     after = " -> ".join(n.op_type for n in chain.epilogue) or "none"
     what = (
         f"method: conv_depthwise_chain; Conv 1x1 {g1.n}x{g1.cin}x{g1.h}x{g1.w} -> {g1.cout} channels"
         f" -> {middle} -> depthwise 3x3 stride {g2.sh} -> {g2.cout}x{g2.oh}x{g2.ow} -> {after}; "
-        f"{g2.n} images x {runs} runs of output rows in bands of {band}, the expansion in a per-thread "
+        f"{g2.n} images x a run of output rows per thread, in bands of {band}, the expansion in a per-thread "
         "workspace slice; the 1x1 conv's weight packed once at load (contraction library)"
     )
     return anchor_kernel(spec, values, [loop] if math.prod(match2.domain) else [], what, [weights])

@@ -107,6 +107,9 @@ def _table_literals(values: object, dtype: DType) -> list[str]:
 
 # The prelude's global that the runtime sets in every loaded unit (threads.parallel_min_macs).
 PARALLEL_MIN_MACS_SYMBOL = "af_parallel_min_macs"
+# A kernel with a workspace: its slices, one per thread of the team the runtime runs it on (the
+# lowering may size a parallel loop by it: lower/conv_chain.py).
+WORKSPACE_SLICES = "af_ws_slices"
 _PRELUDE = """\
 #ifndef AF_PRELUDE
 #define AF_PRELUDE
@@ -551,8 +554,8 @@ class KernelRenderer(StmtVisitor):
             block.emit("{")
             region = block.child()
             region.emit("const int64_t af_tid = AF_THREAD_NUM();")
-            short = f'af_workspace_short("{self.kernel.name}", af_tid, af_ws_slices)'
-            region.emit(f"if (af_tid >= af_ws_slices) {short};")
+            short = f'af_workspace_short("{self.kernel.name}", af_tid, {WORKSPACE_SLICES})'
+            region.emit(f"if (af_tid >= {WORKSPACE_SLICES}) {short};")
             for b in s.scratch:
                 t = c_type(b.dtype)
                 at = f"af_ws + af_tid * {self.workspace_bytes} + {self.scratch_offsets[b.name]}"
@@ -616,7 +619,7 @@ class KernelRenderer(StmtVisitor):
         if self.workspace_bytes:
             n += 1 if self.packed_floats else 0
             parts.append(f"  char *const af_ws = (char *)args[{n}];")
-            parts.append(f"  const int64_t af_ws_slices = (int64_t)(intptr_t)args[{n + 1}];")
+            parts.append(f"  const int64_t {WORKSPACE_SLICES} = (int64_t)(intptr_t)args[{n + 1}];")
         parts.extend(body.lines)
         parts.append("}")
         return "\n".join(parts) + "\n"
