@@ -209,6 +209,14 @@ ROWS_QUANTUM = 4
 # channel tile that is a task of its own builds the whole im2col again (4608 x 49 floats for
 # ResNet-50's last 3x3 convs), so only as many as the two threads need.
 ROWS_IM2COL_MIN_TASKS = 2
+# A 1x1 conv with the pixels as rows whose pixel tiles are already a task per thread keeps up to
+# this many output channels in one tile: each channel tile that is a task of its own packs its
+# pixel tile's activation again (K x 100 floats at 14x14). Both tilings in one process, two
+# threads, every kernel's fastest of 45 profiled runs (Intel Xeon with AVX-512): MobileNetV2's
+# 14x14 projections 384 -> 64 0.87-0.92 of their time, 576 -> 96 0.92-0.94, 192 -> 64 0.94,
+# ResNet-50's 1024 -> 256 0.92-0.98; its wider expansions (64 -> 384, 96 -> 576: K of 64 and 96,
+# cheap to pack) 1.06-1.15 so, and at 7x7 (one pixel tile) one task cannot feed two threads.
+ROWS_WHOLE_CHANNELS = 256
 # Floats of padding after each row of the transposed product's tile: its rows are a power of two
 # of floats apart otherwise (512 channels: 2 KiB), so the column the transposed store reads maps
 # onto two L1 sets and misses on every load.
@@ -612,7 +620,8 @@ def conv_tiles(g: ConvGeometry, quantum: int = 16, rows: bool = False) -> tuple[
     a tile of whole panels wastes no lanes, measured 97 -> 109 GFLOP/s for a 176- vs 192-pixel
     tile of ResNet-50's first 3x3 conv). With `rows` (pixels as rows) the pixel tile is the image
     and the channel tiles, now the product's columns, are whole panels, or half panels where that
-    balances a 1x1 conv's threads (`_balanced_channel_tile`).
+    balances a 1x1 conv's threads (`_balanced_channel_tile`), or all of a 1x1 conv's up to
+    ROWS_WHOLE_CHANNELS channels where its pixel tiles are a task per thread.
 
     A 1x1 conv whose weight the library packs (`quantum` PANEL_QUANTUM) narrows its pixel tile,
     down to MIN_PIXEL_TILE, so that all its output channels fit one tile of OUT_TILE_FLOATS, where
@@ -646,7 +655,9 @@ def conv_tiles(g: ConvGeometry, quantum: int = 16, rows: bool = False) -> tuple[
         im2col = conv_method(g) == "conv_im2col_tiled"
         tasks = ROWS_IM2COL_MIN_TASKS if im2col else MIN_TASKS
         ct = min(g.cog, _round_up(_channel_tile(g, g.n * g.group * ptn, pt, tasks), PANEL_QUANTUM))
-        if not im2col:
+        if not im2col and g.n * g.group * ptn >= BALANCE_THREADS and g.cog <= ROWS_WHOLE_CHANNELS:
+            ct = g.cog  # each pixel tile's activation packed once (ROWS_WHOLE_CHANNELS)
+        elif not im2col:
             ct = _balanced_channel_tile(g.cog, ct, g.n * g.group * ptn)
         return pt, ptn, ct, -(-g.cog // ct)
     widest = max(MIN_PIXEL_TILE, COL_TILE_FLOATS // max(1, g.kdim))

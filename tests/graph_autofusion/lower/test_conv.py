@@ -415,17 +415,27 @@ def test_pixel_tiles_as_rows_split_in_half_panels() -> None:
     assert conv_tiles(g, 32, rows=True) == (100, 2, 256, 1)
 
 
+def test_a_pixel_tile_per_thread_keeps_its_channels_in_one_tile() -> None:
+    # 14x14 1x1s with the pixels as rows: two pixel tiles (100 + 96), one per thread; up to
+    # ROWS_WHOLE_CHANNELS output channels stay one tile, so each tile's activation is packed once
+    # (MobileNetV2's projections, ResNet-50's 1024 -> 256); wider expansions (K of 64 or 96,
+    # cheap to pack again) keep splitting their channels
+    assert conv_tiles(_geometry_1x1(576, 96, 14), 32, rows=True) == (100, 2, 96, 1)
+    assert conv_tiles(_geometry_1x1(384, 64, 14), 32, rows=True) == (100, 2, 64, 1)
+    assert conv_tiles(_geometry_1x1(1024, 256, 14), 32, rows=True) == (100, 2, 256, 1)
+    assert conv_tiles(_geometry_1x1(96, 576, 14), 32, rows=True) == (100, 2, 288, 2)
+
+
 def test_channel_tiles_of_one_pixel_tile_as_rows_are_balanced(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # MobileNetV2's 960 -> 160 1x1 at 7x7: 49 pixels (one tile of rows), the channels the only
     # split; whole panels were tiles of 64 + 64 + 32, one thread computing 96 channels. Two tiles
     # of 80 (two and a half panels) give each thread half; 320 channels two of 160 (were 96 x 3 +
-    # 32); channels that split evenly keep their tiles, as do convs with a pixel tile per thread
+    # 32); channels that split evenly keep their tiles
     assert conv_tiles(_geometry_1x1(960, 160, 7), 32, rows=True) == (49, 1, 80, 2)
     assert conv_tiles(_geometry_1x1(960, 320, 7), 32, rows=True) == (49, 1, 160, 2)
     assert conv_tiles(_geometry_1x1(320, 1280, 7), 32, rows=True) == (49, 1, 320, 4)
-    assert conv_tiles(_geometry_1x1(576, 96, 14), 32, rows=True) == (100, 2, 64, 2)
     _library_conv_is_described(
         monkeypatch, tmp_path, (1, 960, 7, 7), (160, 960, 1, 1), "1 pixel tiles of 49 x 2 channel tiles of 80"
     )
