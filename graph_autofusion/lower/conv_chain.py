@@ -1,5 +1,6 @@
 """A 1x1 Conv feeding a depthwise 3x3 Conv as one kernel: an inverted-residual block's expansion
-and depthwise conv (MobileNetV2's sixteen), the expanded tensor never leaving the cache.
+and depthwise conv (MobileNetV2's at 112x112 and 56x56), the expanded tensor never leaving the
+cache.
 
 What the kernel computes is its conv `ChainMatch` (plan/anchor_match.py): the expansion's bias
 and its Relu or Clip are the library's post-ops, applied as it computes each tile; the depthwise
@@ -20,13 +21,13 @@ tiles from both ends), so the other core's cache holds little of what a thread r
 
 Why: the expansion is the largest tensor of such a block (96 x 112 x 112 floats, 4.8 MB, in
 MobileNetV2) and the two kernels wrote it and read it back; in a chain the band's planes stay in
-L2. Measured in C (benchmarks' shapes, two threads, Intel Xeon with AVX-512, best of 40
-alternating runs), the two library calls as two parallel loops against the chain: MobileNetV2's
-16 -> 96 at 112x112 with the stride-2 depthwise 0.46 -> 0.29 ms, 24 -> 144 at 56x56 0.21 -> 0.20
-(stride 1) and 0.18 -> 0.14 (stride 2), 64 -> 384 at 14x14 0.093 -> 0.064, 96 -> 576 0.18 ->
-0.12, 160 -> 960 at 7x7 0.14 -> 0.12; 32 -> 192 at 28x28 0.073 -> 0.076. Bands of BAND_ROWS
-rows measured best at 112x112 and 56x56 (4 and 14 within 5%); a band's `mid` is kept within
-BAND_FLOATS.
+L2. In the model (both plans in one process, two threads, each kernel's fastest of 40 profiled
+runs, Intel Xeon with AVX-512), the chain against the two kernels: MobileNetV2's 16 -> 96 at
+112x112 with the stride-2 depthwise 0.49 -> 0.29 ms, 24 -> 144 at 56x56 0.22 -> 0.18 (stride 1)
+and 0.16 -> 0.14 (stride 2); the whole model 0.89 of its time. Smaller expansions keep their two
+kernels (plan/anchor_match.py: CONV_CHAIN_MIN_BYTES), whose own tilings beat the bands' few
+pixels a call. Bands of BAND_ROWS rows measured best at 112x112 and 56x56 (4 and 14 rows within
+5%, in C); a band's `mid` is kept within BAND_FLOATS.
 """
 
 from __future__ import annotations
@@ -100,7 +101,8 @@ def lower_conv_chain(spec: KernelSpec, chain: ChainMatch | None = None) -> Kerne
     x_buf, w2_buf = values.buffer_of(x.tensor), values.buffer_of(match2.operands[1].tensor)
 
     # the second half's destination and epilogue, as a lone depthwise conv's
-    values.match, values.bias = match2, (chain.second.input[2] if len(chain.second.input) > 2 else "") or None
+    values.match = match2
+    values.bias = chain.second.input[2] if len(chain.second.input) > 2 and chain.second.input[2] else None
     out_buf, dest, _, _, flat = destination(spec, values, match2, "conv chain's epilogue")
     values.raw_at = (out_buf[dest], None)
     write_back = None if _is_raw(match2, dest) and values.bias is None else dest
