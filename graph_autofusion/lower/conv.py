@@ -102,7 +102,7 @@ from ..backend.cpu.contraction import CONV_BP_INPLACE_CHANNELS, PANEL_QUANTUM, c
 from ..backend.cpu.kernel_spec import KernelSpec
 from ..kernel_ir import Buffer, Call, DType, Expr, If, Kernel, Let, Loop, Stmt, Store, TensorAt
 from ..kernel_ir import nodes as ir
-from ..plan.anchor_match import AnchorMatch, OperandView, dense_strides, match_anchor
+from ..plan.anchor_match import AnchorMatch, OperandView, clip_bounds, dense_strides, match_anchor
 from .anchor import (
     BEGIN_CALL_ROUTINE,
     DEPTHWISE_3X3_ROUTINE,
@@ -796,7 +796,7 @@ def _post_ops(spec: KernelSpec, match: AnchorMatch, values: _ConvValues) -> _Pos
         elif node.op_type == "Relu":
             act = POST_RELU
         elif node.op_type == "Clip" and ins[0] == value:
-            bounds = _clip_bounds(node, spec)
+            bounds = clip_bounds(node, spec.constants)
             if bounds is None:
                 return None
             act, (lo, hi) = POST_CLIP, bounds
@@ -810,25 +810,6 @@ def _post_ops(spec: KernelSpec, match: AnchorMatch, values: _ConvValues) -> _Pos
         return _Post(bias, values.buffer_of(residual) if residual else None, act, lo, hi)
     except Unsupported:
         return None
-
-
-def _clip_bounds(node: onnx.NodeProto, spec: KernelSpec) -> tuple[float, float] | None:
-    """A Clip's (min, max) when both are compile-time scalars (inputs from opset 11, attributes
-    before), else None."""
-    attrs = attrs_of(node)
-    bounds: list[float] = []
-    for k, key in ((1, "min"), (2, "max")):
-        name = node.input[k] if len(node.input) > k else ""
-        if name:
-            value = spec.constants.get(name)
-            if value is None or value.size != 1:
-                return None
-            bounds.append(float(value.reshape(())))
-        elif key in attrs:
-            bounds.append(float(attrs[key]))  # type: ignore[arg-type]
-        else:
-            return None
-    return bounds[0], bounds[1]
 
 
 def lower_conv(spec: KernelSpec, match: AnchorMatch | None = None) -> Kernel:

@@ -33,7 +33,7 @@ their geometry).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -958,23 +958,31 @@ def _conv_attrs(node: onnx.NodeProto, body: _Body) -> tuple[int, list[int], list
     return group, strides, pads, dilations
 
 
+def clip_bounds(node: onnx.NodeProto, constants: Mapping[str, np.ndarray]) -> tuple[float, float] | None:
+    """A Clip's (min, max) when both are compile-time scalars (inputs from opset 11, attributes
+    before), else None."""
+    attrs = attrs_of(node)
+    bounds: list[float] = []
+    for k, key in ((1, "min"), (2, "max")):
+        name = node.input[k] if len(node.input) > k else ""
+        if name:
+            value = constants.get(name)
+            if value is None or value.size != 1:
+                return None
+            bounds.append(float(np.asarray(value).reshape(())))
+        elif key in attrs:
+            bounds.append(float(attrs[key]))  # type: ignore[arg-type]
+        else:
+            return None
+    return bounds[0], bounds[1]
+
+
 def _activation_bounds(node: onnx.NodeProto, body: _Body) -> bool:
     """Whether a chain's middle node is one the library applies: Relu, or Clip of scalar
     constant (or attribute) bounds."""
-    if node.op_type == "Relu":
-        return True
-    if node.op_type != "Clip":
-        return False
-    attrs = attrs_of(node)
-    for slot, key in ((1, "min"), (2, "max")):
-        name = node.input[slot] if len(node.input) > slot else ""
-        if name:
-            value = body.constants.get(name)
-            if value is None or value.size != 1:
-                return False
-        elif key not in attrs:
-            return False
-    return True
+    if node.op_type == "Clip":
+        return clip_bounds(node, body.constants) is not None
+    return node.op_type == "Relu"
 
 
 def _conv_chain(body: _Body, first: onnx.NodeProto, second: onnx.NodeProto) -> ChainMatch:
