@@ -58,8 +58,8 @@ INLINED_INT_CONSTANT = 4096
 # whole rows, and 8 rows of this many floats (128 KiB) still stay in L2 between the contraction
 # and the normalisation (lower/anchor.py sizes the row tile).
 ROW_NORM_MAX_COLUMNS = 4096
-# The smallest expansion (the 1x1 conv's output, bytes) a conv chain takes (`_conv_chain`). Below
-# it the two kernels pass it through the cache, and each runs its own better tiling: the chain's
+# The smallest tensor between its two convs (bytes) a conv chain takes (`_conv_chain`). Below it
+# the two kernels pass it through the cache, and each runs its own better tiling: the chain's
 # bands give the 1x1 conv few pixels per call (lower/conv_chain.py). MobileNetV2's blocks in the
 # model, two threads, the chain against the two kernels (Intel Xeon with AVX-512): 4.8 MB
 # expansion (112x112) 0.59, 1.8 MB (56x56) 0.80 and 0.88; 602 KB (28x28) 0.96-1.23, 301-451 KB
@@ -854,8 +854,13 @@ class ChainMatch:
 
     @property
     def conv(self) -> bool:
-        """Whether this is the conv chain (a 1x1 Conv into a depthwise 3x3 Conv)."""
+        """Whether this is a conv chain (a 1x1 Conv and a depthwise 3x3 Conv, either first)."""
         return self.first.op_type == "Conv"
+
+    @property
+    def depthwise_first(self) -> bool:
+        """Whether a conv chain's depthwise conv feeds its 1x1 conv (else the other way round)."""
+        return self.conv and int(attrs_of(self.first).get("group", 1)) > 1  # type: ignore[arg-type]
 
     def to_json(self, node: Callable[[str], str] = str) -> dict[str, object]:
         return {
@@ -985,27 +990,42 @@ def _activation_bounds(node: onnx.NodeProto, body: _Body) -> bool:
     return node.op_type == "Relu"
 
 
+def _pointwise_conv(node: onnx.NodeProto, body: _Body) -> bool:
+    """A 1x1 Conv of stride 1, unpadded, undilated, one group."""
+    group, strides, pads, dilations = _conv_attrs(node, body)
+    kernel = tuple(body.shape(node.input[1])[2:])
+    return group == 1 and strides == [1, 1] and not any(pads) and dilations == [1, 1] and kernel == (1, 1)
+
+
+def _depthwise_conv(node: onnx.NodeProto, body: _Body) -> bool:
+    """A depthwise 3x3 Conv (a channel a group) of stride 1 or 2, undilated, one pixel of padding
+    on each side."""
+    group, strides, pads, dilations = _conv_attrs(node, body)
+    channels = body.shape(node.input[0])[1]
+    return (
+        group == channels
+        and tuple(body.shape(node.input[1])) == (channels, 1, 3, 3)
+        and strides in ([1, 1], [2, 2])
+        and pads == [1, 1, 1, 1]
+        and dilations == [1, 1]
+    )
+
+
 def _conv_chain(body: _Body, first: onnx.NodeProto, second: onnx.NodeProto) -> ChainMatch:
-    """A 1x1 Conv (stride 1, unpadded, one group) whose output, through at most one Relu or Clip,
-    only feeds a depthwise 3x3 Conv (one channel a group, stride 1 or 2, undilated, one pixel of
-    padding on each side), then the second conv's elementwise epilogue."""
-    group, strides, pads, dilations = _conv_attrs(first, body)
-    w1 = body.shape(first.input[1])
-    if group != 1 or strides != [1, 1] or any(pads) or dilations != [1, 1] or tuple(w1[2:]) != (1, 1):
-        raise Unsupported(f"Conv '{first.name}' opening a conv chain is not a 1x1 conv of stride 1")
-    group, strides, pads, dilations = _conv_attrs(second, body)
-    w2 = body.shape(second.input[1])
-    channels = body.shape(second.input[0])[1]
-    if (
-        group != channels
-        or tuple(w2) != (channels, 1, 3, 3)
-        or strides not in ([1, 1], [2, 2])
-        or pads != [1, 1, 1, 1]
-        or dilations != [1, 1]
-    ):
+    """A 1x1 Conv (`_pointwise_conv`) whose output, through at most one Relu or Clip, only feeds a
+    depthwise 3x3 Conv (`_depthwise_conv`), or a depthwise 3x3 Conv feeding a 1x1 Conv so, then
+    the second conv's elementwise epilogue."""
+    if _pointwise_conv(first, body):
+        if not _depthwise_conv(second, body):
+            raise Unsupported(
+                f"Conv '{second.name}' after a 1x1 conv is not a depthwise 3x3 of stride 1 or 2"
+            )
+    elif not _depthwise_conv(first, body):
         raise Unsupported(
-            f"Conv '{second.name}' closing a conv chain is not a depthwise 3x3 of stride 1 or 2"
+            f"Conv '{first.name}' opening a conv chain is neither a 1x1 conv nor a depthwise 3x3"
         )
+    elif not _pointwise_conv(second, body):
+        raise Unsupported(f"Conv '{second.name}' after a depthwise conv is not a 1x1 conv of stride 1")
     middle: list[onnx.NodeProto] = []
     value = first.output[0]
     while value != second.input[0]:
@@ -1019,11 +1039,11 @@ def _conv_chain(body: _Body, first: onnx.NodeProto, second: onnx.NodeProto) -> C
         value = node.output[0]
     if len(body.consumers.get(value, [])) != 1 or value in body.outputs:
         raise Unsupported("the intermediate of a conv chain is read outside the chain")
-    expanded = 4 * body.numel(first.output[0])
-    if expanded < CONV_CHAIN_MIN_BYTES:
+    between = 4 * body.numel(first.output[0])
+    if between < CONV_CHAIN_MIN_BYTES:
         raise Unsupported(
-            f"the expansion ({expanded} bytes) stays in cache between two kernels: a conv chain "
-            f"gains from {CONV_CHAIN_MIN_BYTES} bytes on"
+            f"the tensor between the convs ({between} bytes) stays in cache between two kernels: "
+            f"a conv chain gains from {CONV_CHAIN_MIN_BYTES} bytes on"
         )
     desc = _chain_epilogue(body, first, middle, second)
     return ChainMatch(first, second, tuple(middle), tuple(desc))

@@ -17,7 +17,13 @@ from onnx import helper
 from graph_autofusion.backend.cpu.contraction import CONTRACTION_ENV
 from graph_autofusion.backend.cpu.render_c import WORKSPACE_SLICES
 from graph_autofusion.kernel_ir import Loop
-from graph_autofusion.lower.conv_chain import PW_DW_ROUTINE, band_rows, lower_conv_chain, mid_floats
+from graph_autofusion.lower.conv_chain import (
+    DW_PW_ROUTINE,
+    PW_DW_ROUTINE,
+    band_rows,
+    lower_conv_chain,
+    mid_floats,
+)
 from graph_autofusion.lower.values import Unsupported
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backend" / "cpu" / "codegen"))
@@ -118,3 +124,53 @@ def test_without_the_library_the_chain_is_two_stages(monkeypatch: pytest.MonkeyP
     with pytest.raises(Unsupported, match="contraction library"):
         lower_conv_chain(spec)
     check(model, "staged", k=36, method="conv_chain_staged", weights=True, scale=4.0)
+
+
+def _separable(
+    rng: np.random.Generator,
+    *,
+    n: int,
+    c: int,
+    cout: int,
+    h: int,
+    w: int,
+    stride: int,
+    middle: str,
+    residual: bool,
+):
+    """x -> depthwise Conv 3x3 (bias) -> [Clip(0, 6) | none] -> Conv 1x1 -> [+ r]: a
+    depthwise-separable conv (MobileNetV2's first block, its projection without a bias here)."""
+    oh, ow = (h - 1) // stride + 1, (w - 1) // stride + 1
+    nodes = [N("Conv", ["x", "w1", "b1"], ["d"], group=c, strides=[stride, stride], pads=[1, 1, 1, 1])]
+    between = "d"
+    if middle == "Clip":
+        nodes.append(N("Clip", ["d", "lo", "hi"], ["a"]))
+        between = "a"
+    nodes.append(N("Conv", [between, "w2"], ["p" if residual else "o"]))
+    inputs = {"x": rand(rng, n, c, h, w)}
+    if residual:
+        nodes.append(N("Add", ["p", "r"], ["o"]))
+        inputs["r"] = rand(rng, n, cout, oh, ow)
+    weights = {"w1": rand(rng, c, 1, 3, 3), "b1": rand(rng, c), "w2": rand(rng, cout, c, 1, 1), **BOUNDS}
+    return make_case(nodes, inputs, ["o"], weights, template="anchor_chain")
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        # MobileNetV2's first block: 32 channels at 112x112 into 16
+        dict(n=1, c=32, cout=16, h=112, w=112, stride=1, middle="Clip", residual=False),
+        # two images, odd sizes, stride 2, nothing between, the output added to another input
+        dict(n=2, c=48, cout=24, h=111, w=109, stride=2, middle="none", residual=True),
+    ],
+    ids=lambda c: f"{c['h']}x{c['w']}s{c['stride']}{c['middle']}",
+)
+def test_a_depthwise_conv_into_a_1x1_conv_matches_onnxruntime(case: dict) -> None:
+    rng = np.random.default_rng(case["h"] + case["c"])
+    model = _separable(rng, **case)
+    spec, _ = spec_for(model, "separable", weights=True)
+    kernel = lower_conv_chain(spec)
+    (loop,) = kernel.body
+    assert [c.function for c in calls(kernel.body)] == [DW_PW_ROUTINE] and len(kernel.packed) == 1
+    assert [b.name for b in loop.scratch] == ["mid"] and not loop.dynamic
+    check(model, "separable", k=9 * case["c"], method="conv_depthwise_chain", weights=True, scale=4.0)

@@ -222,27 +222,57 @@ def test_conv_chains_that_the_library_cannot_run_are_refused_with_why() -> None:
         return reason
 
     assert why(_inverted_residual(first_kernel=3)) == (
-        "Conv 'expand' opening a conv chain is not a 1x1 conv of stride 1"
+        "Conv 'expand' opening a conv chain is neither a 1x1 conv nor a depthwise 3x3"
     )
     assert why(_inverted_residual(dw_pads=(0, 0, 0, 0))) == (
-        "Conv 'dw' closing a conv chain is not a depthwise 3x3 of stride 1 or 2"
+        "Conv 'dw' after a 1x1 conv is not a depthwise 3x3 of stride 1 or 2"
     )
     assert why(_inverted_residual(between="Add")) == "Add 'add' between the convs is not one Relu or Clip"
     # 64 channels of 32x32 floats (256 KiB) stay in cache between two kernels
     assert why(_inverted_residual(size=32)) == (
-        "the expansion (262144 bytes) stays in cache between two kernels: "
+        "the tensor between the convs (262144 bytes) stays in cache between two kernels: "
         "a conv chain gains from 1048576 bytes on"
     )
     assert classify(_graph(_inverted_residual(between="Relu", stride=1)), range(4)) == ("anchor_chain", "")
 
 
-def test_mobilenet_v2_chains_its_large_expansions_only() -> None:
-    """The three blocks whose expansion is at least 1 MiB (112x112 and 56x56) run as conv chains;
-    the blocks at 28x28 and below keep their two kernels."""
+def test_a_depthwise_conv_into_a_1x1_conv_is_a_conv_chain() -> None:
+    """x -> depthwise 3x3 -> Relu -> 1x1 -> Relu (a depthwise-separable conv)."""
+    m = model(
+        [
+            node("Conv", ["x", "w1", "b1"], ["d"], "dw", group=32, pads=[1, 1, 1, 1]),
+            node("Relu", ["d"], ["a"], "act"),
+            node("Conv", ["a", "w2"], ["p"], "project"),
+            node("Relu", ["p"], ["o"], "out"),
+        ],
+        [("x", [1, 32, 96, 96])],
+        ["o"],
+        [
+            ("w1", np.ones((32, 1, 3, 3), np.float32)),
+            ("b1", np.ones((32,), np.float32)),
+            ("w2", np.ones((16, 32, 1, 1), np.float32)),
+        ],
+    )
+    g = _graph(m)
+    assert classify(g, range(4)) == ("anchor_chain", "")
+    chain = match_chain(group_spec(g, range(4)))
+    assert chain.conv and chain.depthwise_first and [n.name for n in chain.middle] == ["act"]
+    three = node("Conv", ["a", "w3"], ["p"], "project", pads=[1, 1, 1, 1])
+    m.graph.node[2].CopyFrom(three)
+    m.graph.initializer.append(onnx.numpy_helper.from_array(np.ones((16, 32, 3, 3), np.float32), "w3"))
+    kind, why = classify(_graph(m), range(4))
+    assert kind is None and why == "Conv 'project' after a depthwise conv is not a 1x1 conv of stride 1"
+
+
+def test_mobilenet_v2_chains_its_large_tensors_only() -> None:
+    """The blocks whose tensor between two convs is at least 1 MiB run conv chains: the three
+    expansions at 112x112 and 56x56 with their depthwise convs, and the first block's depthwise
+    conv at 112x112 with its projection; the blocks at 28x28 and below keep their kernels."""
     from graph_autofusion import zoo
 
     fused = gaf.fuse(zoo.build("mobilenet_v2"))
     chains = [g for g in fused.plan.kernels if g.template == "anchor_chain"]
     graph = fused.plan.graph
-    sizes = sorted(graph.shape(graph.nodes[min(g.members)].outputs[0])[2] for g in chains)
-    assert sizes == [56, 56, 112]
+    firsts = [graph.nodes[min(g.members)] for g in chains]
+    assert sorted(graph.shape(n.outputs[0])[2] for n in firsts) == [56, 56, 112, 112]
+    assert sum(int(n.attrs.get("group", 1)) > 1 for n in firsts) == 1  # the depthwise-first chain

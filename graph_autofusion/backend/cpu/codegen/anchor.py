@@ -39,7 +39,7 @@ from ....lower.anchor import (
 )
 from ....lower.chain import StreamingChain, lower_chain, sub_spec
 from ....lower.conv import lower_conv
-from ....lower.conv_chain import PW_DW_ROUTINE, lower_conv_chain
+from ....lower.conv_chain import DW_PW_ROUTINE, PW_DW_ROUTINE, lower_conv_chain
 from ....plan.anchor_match import (
     ANCHOR_OPS,
     EPILOGUE_VIEW_OPS,
@@ -131,7 +131,8 @@ def uses_library(kernel: Kernel) -> bool:
     """Whether a lowered kernel calls the contraction library (it packs a weight, or runs its
     depthwise planes there), so its translation unit carries the library's text."""
     return bool(kernel.packed) or any(
-        _calls(kernel.body, r) for r in (DEPTHWISE_3X3_ROUTINE, DEPTHWISE_3X3_S2_ROUTINE, PW_DW_ROUTINE)
+        _calls(kernel.body, r)
+        for r in (DEPTHWISE_3X3_ROUTINE, DEPTHWISE_3X3_S2_ROUTINE, PW_DW_ROUTINE, DW_PW_ROUTINE)
     )
 
 

@@ -1650,4 +1650,27 @@ static void afc_pw_dw3x3(int64_t cexp, int64_t cin, const float *ap, const float
   else
     afc_dw3x3_s2_planes(0, cexp, cexp, buf, ps, w2, y + oy0 * ow, oh * ow, r1 - r0, w, oy1 - oy0, ow, bt, pl);
 }
+
+/* One band of output rows [oy0, oy1) of a 1x1 conv whose input is a depthwise 3x3 conv's output
+ * (afc.h): the depthwise rows of the band into the thread's `buf` (c planes of oy1 - oy0 rows),
+ * their post-ops on each plane while it is in L1, then the 1x1 conv of the band's pixels from
+ * there. The depthwise output (MobileNetV2's first block: 32 x 112 x 112 floats) never leaves the
+ * cache, and a band reads its input rows in place: no rows are computed twice. */
+static void afc_dw3x3_pw(int64_t c, const float *x, int64_t h, int64_t w, const float *w1, const float *bias,
+                         int act, float lo, float hi, int64_t stride, int64_t pt, int64_t pl, int64_t cout,
+                         const float *ap, float *y, int64_t oh, int64_t ow, int64_t oy0, int64_t oy1, float *buf) {
+  const int64_t rows = oy1 - oy0, n = rows * ow;
+  const int64_t r0 = stride * oy0 - pt > 0 ? stride * oy0 - pt : 0;
+  const int64_t r1 = stride * (oy1 - 1) - pt + 3 < h ? stride * (oy1 - 1) - pt + 3 : h;
+  const int64_t bt = pt + r0 - stride * oy0; /* the band's top padding */
+  const afc_post post = {bias, 0, 0, act, lo, hi};
+  for (int64_t p = 0; p < c; ++p) {
+    if (stride == 1)
+      afc_dw3x3_planes(p, p + 1, c, x + r0 * w, h * w, w1, buf, n, r1 - r0, w, rows, bt, pl);
+    else
+      afc_dw3x3_s2_planes(p, p + 1, c, x + r0 * w, h * w, w1, buf, n, r1 - r0, w, rows, ow, bt, pl);
+    if (bias || act != AFC_POST_NONE) afc_post_tile(&post, p, 0, 1, (int)n, buf + p * n, n);
+  }
+  afc_gemm_ap(cout, n, c, 1.0f, ap, buf, n, 1, y + oy0 * ow, oh * ow);
+}
 #endif /* AFC_IMPL */

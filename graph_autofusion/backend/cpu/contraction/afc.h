@@ -100,6 +100,12 @@
  *       expanded into `buf`, cexp * (stride * (band - 1) + 3) * w floats of the calling thread;
  *       with `first` 0 the call must follow, on the same thread and buffer, the one for the band
  *       [oy0 - band, oy0) of the same x, whose expanded rows it reuses.
+ *   void afc_dw3x3_pw(c, x, h, w, w1, bias, act, lo, hi, stride, pt, pl, cout, ap, y, oh, ow, oy0, oy1, buf)
+ *       output rows [oy0, oy1) of the 1x1 conv `ap` (the A-panels of its cout x c weight) of D =
+ *       afc_dw3x3 (stride 1) or afc_dw3x3_s2 (stride 2) of x[c][h * w] by w1[c][9], with
+ *       afc_gemm_ap_post's post-ops (bias, act, lo, hi; no residual) on D:
+ *       y[o * oh * ow + oy * ow + ox] for o < cout. D's band is computed into `buf`, c * (oy1 - oy0)
+ *       * ow floats of the calling thread.
  * Sizes are int64_t, strides in elements. Buffers from the caller need no particular alignment;
  * packed buffers of 64-byte alignment are faster.
  */

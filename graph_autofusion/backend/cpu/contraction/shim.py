@@ -159,6 +159,11 @@ void afcx_dw3x3_s2(int64_t p0, int64_t p1, int64_t cout, const float *x, const f
                    int64_t wd, int64_t oh, int64_t ow, int64_t pt, int64_t pl) {
   afc_dw3x3_s2(p0, p1, cout, x, w, y, h, wd, oh, ow, pt, pl);
 }
+void afcx_dw3x3_pw(int64_t c, const float *x, int64_t h, int64_t w, const float *w1, const float *bias,
+                   int64_t act, float lo, float hi, int64_t stride, int64_t pt, int64_t pl, int64_t cout,
+                   const float *ap, float *y, int64_t oh, int64_t ow, int64_t oy0, int64_t oy1, float *buf) {
+  afc_dw3x3_pw(c, x, h, w, w1, bias, (int)act, lo, hi, stride, pt, pl, cout, ap, y, oh, ow, oy0, oy1, buf);
+}
 void afcx_pw_dw3x3(int64_t cexp, int64_t cin, const float *ap, const float *x, int64_t h, int64_t w,
                    const float *bias, int64_t act, float lo, float hi, const float *w2, float *y, int64_t oh,
                    int64_t ow, int64_t stride, int64_t pt, int64_t pl, int64_t oy0, int64_t oy1, int64_t band,
@@ -220,6 +225,28 @@ _SIGNATURES: dict[str, tuple[list[type], type | None]] = {
     "afcx_store_t_post": ([_I64, _I64, _PTR, _I64, _PTR, _I64, _PTR, _PTR, _I64, _I64, _F32, _F32], None),
     "afcx_dw3x3": ([_I64, _I64, _I64, _PTR, _PTR, _PTR, *[_I64] * 5], None),
     "afcx_dw3x3_s2": ([_I64, _I64, _I64, _PTR, _PTR, _PTR, *[_I64] * 6], None),
+    "afcx_dw3x3_pw": (
+        [
+            _I64,
+            _PTR,
+            _I64,
+            _I64,
+            _PTR,
+            _PTR,
+            _I64,
+            _F32,
+            _F32,
+            _I64,
+            _I64,
+            _I64,
+            _I64,
+            _PTR,
+            _PTR,
+            *[_I64] * 4,
+            _PTR,
+        ],
+        None,
+    ),
     "afcx_pw_dw3x3": (
         [_I64, _I64, _PTR, _PTR, _I64, _I64, _PTR, _I64, _F32, _F32, _PTR, _PTR, *[_I64] * 9, _PTR],
         None,
@@ -403,6 +430,36 @@ class Library:
             self.lib.afcx_dw3x3(p0, p1, *pointers, h, wd, oh, *pads)
         else:
             self.lib.afcx_dw3x3_s2(p0, p1, *pointers, h, wd, oh, ow, *pads)
+        return y
+
+    def dw3x3_pw(
+        self,
+        x: np.ndarray,
+        w1: np.ndarray,
+        post: tuple[np.ndarray | None, int, float, float],
+        w2: np.ndarray,
+        stride: int,
+        bands: list[tuple[int, int]],
+    ) -> np.ndarray:
+        """afc_dw3x3_pw over `x[c, h, w]`: the depthwise 3x3 `w1[c, 3, 3]` of `stride`, padded by
+        one pixel on each side, with `post` = (bias or None, act, lo, hi), then the 1x1 conv
+        `w2[cout, c]`, as y[cout, oh, ow], band by band (`bands`: output rows [oy0, oy1));
+        rows outside the bands stay NaN."""
+        c, h, w = x.shape
+        cout = w2.shape[0]
+        oh, ow = (h - 1) // stride + 1, (w - 1) // stride + 1
+        y = np.full((cout, oh, ow), np.nan, np.float32)
+        ap = self.pack_a(np.ascontiguousarray(w2, np.float32))
+        xs, w1s = np.ascontiguousarray(x, np.float32), np.ascontiguousarray(w1, np.float32)
+        bias, act, lo, hi = post
+        bias_at = np.ascontiguousarray(bias, np.float32) if bias is not None else None
+        buf = np.full(c * max(b - a for a, b in bands) * ow, np.nan, np.float32)
+        for oy0, oy1 in bands:
+            self.lib.afcx_dw3x3_pw(
+                c, xs.ctypes.data, h, w, w1s.ctypes.data,
+                bias_at.ctypes.data if bias_at is not None else None, act, lo, hi,
+                stride, 1, 1, cout, ap.ctypes.data, y.ctypes.data, oh, ow, oy0, oy1, buf.ctypes.data,
+            )  # fmt: skip
         return y
 
     def pw_dw3x3(

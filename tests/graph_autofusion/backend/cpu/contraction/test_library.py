@@ -643,3 +643,40 @@ def test_a_pointwise_conv_into_a_depthwise_conv_band_by_band(
     assert np.isnan(got[:, others]).all()
     scale = np.abs(expected).max()
     np.testing.assert_allclose(got[:, rows], expected[:, rows], rtol=0, atol=1e-5 * scale)
+
+
+# afc_dw3x3_pw: (c, cout, h, w, stride, bands of output rows): one band, bands of one and several
+# rows with a shorter last one, AVX2's flat rows (w <= 8), odd sizes at stride 2, bands not from
+# the top
+DW_PW = [
+    (5, 3, 7, 7, 1, [(0, 7)]),
+    (9, 4, 13, 11, 1, [(0, 1), (1, 5), (5, 13)]),
+    (7, 2, 6, 5, 1, [(0, 3), (3, 6)]),
+    (10, 6, 15, 33, 2, [(0, 3), (3, 6), (6, 8)]),
+    (12, 4, 9, 70, 2, [(2, 5)]),
+]
+
+
+@pytest.mark.parametrize(("c", "cout", "h", "w", "stride", "bands"), DW_PW)
+@pytest.mark.parametrize("act", [POST_NONE, POST_CLIP])
+def test_a_depthwise_conv_into_a_pointwise_conv_band_by_band(
+    lib: Library, c: int, cout: int, h: int, w: int, stride: int, bands: list[tuple[int, int]], act: int
+) -> None:
+    """Each band gives the padded depthwise conv with its post-ops (bias, Clip; none without a
+    bias) followed by the 1x1 conv; rows outside the bands are not written."""
+    rng = np.random.default_rng(c * h + w)
+    x = rng.standard_normal((c, h, w)).astype(np.float32)
+    w1 = rng.standard_normal((c, 3, 3)).astype(np.float32)
+    w2 = rng.standard_normal((cout, c)).astype(np.float32)
+    bias = rng.standard_normal(c).astype(np.float32) if act != POST_NONE else None
+    got = lib.dw3x3_pw(x, w1, (bias, act, -0.5, 1.5), w2, stride, bands)
+    out = ((h - 1) // stride + 1, (w - 1) // stride + 1)
+    mid = _depthwise_reference(x, w1, out, (1, 1), stride)
+    if bias is not None:
+        mid = np.clip(mid + bias[:, None, None], -0.5, 1.5)
+    expected = np.einsum("oc,chw->ohw", w2.astype(np.float64), mid)
+    rows = sorted({r for a, b in bands for r in range(a, b)})
+    others = [r for r in range(out[0]) if r not in rows]
+    assert np.isnan(got[:, others]).all()
+    scale = np.abs(expected).max()
+    np.testing.assert_allclose(got[:, rows], expected[:, rows], rtol=0, atol=1e-5 * scale)
