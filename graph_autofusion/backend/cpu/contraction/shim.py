@@ -446,21 +446,41 @@ class Library:
         `w2[cout, c]`, as y[cout, oh, ow], band by band (`bands`: output rows [oy0, oy1));
         rows outside the bands stay NaN."""
         c, h, w = x.shape
-        cout = w2.shape[0]
-        oh, ow = (h - 1) // stride + 1, (w - 1) // stride + 1
-        y = np.full((cout, oh, ow), np.nan, np.float32)
-        ap = self.pack_a(np.ascontiguousarray(w2, np.float32))
-        xs, w1s = np.ascontiguousarray(x, np.float32), np.ascontiguousarray(w1, np.float32)
-        bias, act, lo, hi = post
-        bias_at = np.ascontiguousarray(bias, np.float32) if bias is not None else None
+        y, keep, (xs, w1s, ap, bias_at) = self._chain_operands(x, w1, w2, post, stride, w2.shape[0])
+        _, oh, ow = y.shape
+        act, lo, hi = post[1:]
         buf = np.full(c * max(b - a for a, b in bands) * ow, np.nan, np.float32)
         for oy0, oy1 in bands:
             self.lib.afcx_dw3x3_pw(
-                c, xs.ctypes.data, h, w, w1s.ctypes.data,
-                bias_at.ctypes.data if bias_at is not None else None, act, lo, hi,
-                stride, 1, 1, cout, ap.ctypes.data, y.ctypes.data, oh, ow, oy0, oy1, buf.ctypes.data,
+                c, xs, h, w, w1s, bias_at, act, lo, hi, stride, 1, 1, w2.shape[0], ap, y.ctypes.data,
+                oh, ow, oy0, oy1, buf.ctypes.data,
             )  # fmt: skip
+        del keep
         return y
+
+    def _chain_operands(
+        self,
+        x: np.ndarray,
+        dw: np.ndarray,
+        pw: np.ndarray,
+        post: tuple[np.ndarray | None, int, float, float],
+        stride: int,
+        channels: int,
+    ) -> tuple[np.ndarray, list[np.ndarray], tuple[int, int, int, int | None]]:
+        """A conv chain's NaN-filled output (`channels` planes at `stride`), the arrays its
+        pointers point into (kept alive by the caller), and the pointers: x, the depthwise
+        weight, the 1x1 conv's A-panels, the bias (None without)."""
+        _, h, w = x.shape
+        y = np.full((channels, (h - 1) // stride + 1, (w - 1) // stride + 1), np.nan, np.float32)
+        keep = [
+            np.ascontiguousarray(x, np.float32),
+            np.ascontiguousarray(dw, np.float32),
+            self.pack_a(np.ascontiguousarray(pw, np.float32)),
+        ]
+        if post[0] is not None:
+            keep.append(np.ascontiguousarray(post[0], np.float32))
+        xs, dws, ap = (int(a.ctypes.data) for a in keep[:3])
+        return y, keep, (xs, dws, ap, int(keep[3].ctypes.data) if post[0] is not None else None)
 
     def pw_dw3x3(
         self,
@@ -479,22 +499,18 @@ class Library:
         band before it expanded; rows outside the runs stay NaN."""
         cin, h, w = x.shape
         cexp = w1.shape[0]
-        oh, ow = (h - 1) // stride + 1, (w - 1) // stride + 1
-        y = np.full((cexp, oh, ow), np.nan, np.float32)
-        ap = self.pack_a(np.ascontiguousarray(w1, np.float32))
-        xs, w2s = np.ascontiguousarray(x, np.float32), np.ascontiguousarray(w2, np.float32)
-        bias, act, lo, hi = post
-        bias_at = np.ascontiguousarray(bias, np.float32) if bias is not None else None
+        y, keep, (xs, w2s, ap, bias_at) = self._chain_operands(x, w2, w1, post, stride, cexp)
+        _, oh, ow = y.shape
+        act, lo, hi = post[1:]
         buf = np.full(cexp * (stride * (band - 1) + 3) * w, np.nan, np.float32)
         for run in runs:
             for oy0 in range(run.start, run.stop, band):
                 oy1 = min(oy0 + band, run.stop)
                 self.lib.afcx_pw_dw3x3(
-                    cexp, cin, ap.ctypes.data, xs.ctypes.data, h, w,
-                    bias_at.ctypes.data if bias_at is not None else None, act, lo, hi,
-                    w2s.ctypes.data, y.ctypes.data, oh, ow, stride, 1, 1, oy0, oy1, band,
-                    int(oy0 == run.start), buf.ctypes.data,
+                    cexp, cin, ap, xs, h, w, bias_at, act, lo, hi, w2s, y.ctypes.data, oh, ow, stride,
+                    1, 1, oy0, oy1, band, int(oy0 == run.start), buf.ctypes.data,
                 )  # fmt: skip
+        del keep
         return y
 
 
