@@ -18,6 +18,8 @@ from graph_autofusion.backend.cpu.contraction import CONTRACTION_ENV
 from graph_autofusion.backend.cpu.render_c import WORKSPACE_SLICES
 from graph_autofusion.kernel_ir import Loop
 from graph_autofusion.lower.conv_chain import (
+    BAND_FLOATS,
+    BAND_ROWS,
     DW_PW_ROUTINE,
     PW_DW_ROUTINE,
     band_rows,
@@ -72,6 +74,19 @@ def _block(
     return make_case(nodes, inputs, ["o"], weights, template="anchor_chain")
 
 
+def _lowered(model, symbol: str, routine: str) -> Loop:  # type: ignore[no-untyped-def]
+    """The chain's lowered loop: a static parallel loop of a run of each image's output rows per
+    thread (as many runs as workspace slices) with its `mid` workspace slice, one call of
+    `routine` a band, the 1x1 conv's weight packed once."""
+    spec, _ = spec_for(model, symbol, weights=True)
+    kernel = lower_conv_chain(spec)
+    (loop,) = kernel.body
+    assert isinstance(loop, Loop) and [b.name for b in loop.scratch] == ["mid"]
+    assert [c.function for c in calls(kernel.body)] == [routine] and len(kernel.packed) == 1
+    assert WORKSPACE_SLICES in str(loop.stop) and loop.parallel and not loop.dynamic
+    return loop
+
+
 @pytest.fixture(autouse=True)
 def library(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(CONTRACTION_ENV, "library")
@@ -93,13 +108,7 @@ CASES = [
 def test_the_chain_matches_onnxruntime(case: dict) -> None:
     rng = np.random.default_rng(case["h"] + case["cexp"])
     model = _block(rng, **case)
-    spec, _ = spec_for(model, "chain", weights=True)
-    kernel = lower_conv_chain(spec)
-    (loop,) = kernel.body
-    assert isinstance(loop, Loop) and [b.name for b in loop.scratch] == ["mid"]
-    assert [c.function for c in calls(kernel.body)] == [PW_DW_ROUTINE] and len(kernel.packed) == 1
-    # a static run of each image's output rows per thread: as many runs as workspace slices
-    assert WORKSPACE_SLICES in str(loop.stop) and loop.parallel and not loop.dynamic
+    loop = _lowered(model, "chain", PW_DW_ROUTINE)
     oh = (case["h"] - 1) // case["stride"] + 1
     band = band_rows(case["cexp"], case["w"], case["stride"], oh)
     assert loop.scratch[0].size == mid_floats(case["cexp"], case["w"], case["stride"], band)
@@ -168,9 +177,8 @@ def _separable(
 def test_a_depthwise_conv_into_a_1x1_conv_matches_onnxruntime(case: dict) -> None:
     rng = np.random.default_rng(case["h"] + case["c"])
     model = _separable(rng, **case)
-    spec, _ = spec_for(model, "separable", weights=True)
-    kernel = lower_conv_chain(spec)
-    (loop,) = kernel.body
-    assert [c.function for c in calls(kernel.body)] == [DW_PW_ROUTINE] and len(kernel.packed) == 1
-    assert [b.name for b in loop.scratch] == ["mid"] and not loop.dynamic
+    loop = _lowered(model, "separable", DW_PW_ROUTINE)
+    oh, ow = ((size - 1) // case["stride"] + 1 for size in (case["h"], case["w"]))
+    band = max(1, min(BAND_ROWS, oh, BAND_FLOATS // (case["c"] * ow)))  # the band's depthwise rows
+    assert loop.scratch[0].size == case["c"] * band * ow
     check(model, "separable", k=9 * case["c"], method="conv_depthwise_chain", weights=True, scale=4.0)

@@ -1618,6 +1618,13 @@ static void afc_dw3x3_s2(int64_t p0, int64_t p1, int64_t cout, const float *x, c
   afc_dw3x3_s2_planes(p0, p1, cout, x, h * wd, w, y, oh * ow, h, wd, oh, ow, pt, pl);
 }
 
+/* The input rows [r[0], r[1]) of a plane of h rows that output rows [oy0, oy1) of a 3x3 window
+ * at `stride`, `pt` rows of top padding, read (the conv chains' bands). */
+static inline void afc_band_rows(int64_t stride, int64_t pt, int64_t h, int64_t oy0, int64_t oy1, int64_t r[2]) {
+  r[0] = stride * oy0 - pt > 0 ? stride * oy0 - pt : 0;
+  r[1] = stride * (oy1 - 1) - pt + 3 < h ? stride * (oy1 - 1) - pt + 3 : h;
+}
+
 /* One band of output rows [oy0, oy1) of a depthwise 3x3 (stride 1 or 2) whose input is a 1x1
  * conv's output, the expansion computed here for the input rows the band reads (afc.h). The
  * expansion goes into the thread's `buf`, one plane of (stride * (band - 1) + 3) rows per channel,
@@ -1630,16 +1637,16 @@ static void afc_pw_dw3x3(int64_t cexp, int64_t cin, const float *ap, const float
                          int64_t ow, int64_t stride, int64_t pt, int64_t pl, int64_t oy0, int64_t oy1,
                          int64_t band, int first, float *buf) {
   const int64_t ps = (stride * (band - 1) + 3) * w; /* buf's plane stride */
-  const int64_t r0 = stride * oy0 - pt > 0 ? stride * oy0 - pt : 0;
-  const int64_t r1 = stride * (oy1 - 1) - pt + 3 < h ? stride * (oy1 - 1) - pt + 3 : h;
+  int64_t r[2], q[2];
+  afc_band_rows(stride, pt, h, oy0, oy1, r);
+  const int64_t r0 = r[0], r1 = r[1];
   int64_t keep = 0;
-  if (!first) { /* the previous band, [oy0 - band, oy0), expanded rows [q0, q1) */
-    const int64_t q0 = stride * (oy0 - band) - pt > 0 ? stride * (oy0 - band) - pt : 0;
-    const int64_t q1 = stride * (oy0 - 1) - pt + 3 < h ? stride * (oy0 - 1) - pt + 3 : h;
-    keep = q1 > r0 ? q1 - r0 : 0;
-    if (keep && r0 > q0)
+  if (!first) { /* the previous band, [oy0 - band, oy0), expanded rows [q[0], q[1]) */
+    afc_band_rows(stride, pt, h, oy0 - band, oy0, q);
+    keep = q[1] > r0 ? q[1] - r0 : 0;
+    if (keep && r0 > q[0])
       for (int64_t c = 0; c < cexp; ++c)
-        memmove(buf + c * ps, buf + c * ps + (r0 - q0) * w, sizeof(float) * (size_t)(keep * w));
+        memmove(buf + c * ps, buf + c * ps + (r0 - q[0]) * w, sizeof(float) * (size_t)(keep * w));
   }
   if (r1 > r0 + keep)
     afc_gemm_ap_post(cexp, (r1 - r0 - keep) * w, cin, ap, x + (r0 + keep) * w, h * w, buf + keep * w, ps, bias, 0,
@@ -1660,8 +1667,9 @@ static void afc_dw3x3_pw(int64_t c, const float *x, int64_t h, int64_t w, const 
                          int act, float lo, float hi, int64_t stride, int64_t pt, int64_t pl, int64_t cout,
                          const float *ap, float *y, int64_t oh, int64_t ow, int64_t oy0, int64_t oy1, float *buf) {
   const int64_t rows = oy1 - oy0, n = rows * ow;
-  const int64_t r0 = stride * oy0 - pt > 0 ? stride * oy0 - pt : 0;
-  const int64_t r1 = stride * (oy1 - 1) - pt + 3 < h ? stride * (oy1 - 1) - pt + 3 : h;
+  int64_t r[2];
+  afc_band_rows(stride, pt, h, oy0, oy1, r);
+  const int64_t r0 = r[0], r1 = r[1];
   const int64_t bt = pt + r0 - stride * oy0; /* the band's top padding */
   const afc_post post = {bias, 0, 0, act, lo, hi};
   for (int64_t p = 0; p < c; ++p) {
