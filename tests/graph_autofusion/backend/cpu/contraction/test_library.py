@@ -387,6 +387,7 @@ def _post(c: np.ndarray, bias: np.ndarray | None, res: np.ndarray | None, act: i
         (201, 420, 72, True, True, POST_RELU),  # past one row block (MC) and one column block (NC)
         (64, 70, 64, True, True, POST_RELU),  # AVX2's last panel of 4 rows: post-ops in registers
         (64, 224, 256, True, False, POST_CLIP),
+        (96, 70, 600, True, True, POST_CLIP),  # B in place over several depth blocks: post on the last
     ],
 )
 def test_post_ops_are_the_epilogue_of_the_same_product(
@@ -472,6 +473,7 @@ def _ending_at_a_guard_page(floats: int) -> Iterator[np.ndarray]:
         (24, 70, 144, 97),  # a last micro-panel of 6 (AVX-512) or 6 (AVX2) columns, two depth blocks
         (9, 33, 300, 33),  # rows back to back, a one-column last micro-panel, three depth blocks on AVX2
         (128, 47, 64, 50),  # the most rows read in place (AFC_INPLACE_MAX_ROWS)
+        (48, 45, 600, 3136),  # several in-place depth blocks on every ISA, a last micro-panel packed
         (5, 31, 1, 31),  # one depth, no whole micro-panel on AVX-512
     ],
 )
