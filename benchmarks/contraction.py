@@ -25,14 +25,17 @@ and prints the median and fastest run of each.
 onnxruntime's nodes (ORT_ENABLE_ALL, its own per-node profile): both on `--threads` threads, the
 fastest of `--reps` runs of each kernel (ours: process CPU time with one thread, the wall clock
 with more; onnxruntime: its profiler's per-node time), paired by (input shape, weight shape) in
-execution order, with GFLOP/s and the share of the ISA's FMA peak on those threads, the biggest
+execution order (by input and output shapes where onnxruntime's profile leaves out a weight it
+pre-packed: GPT-2's Gemms, a MatMul's constant weight; a chain's row by both its products, their
+times summed), with GFLOP/s and the share of the ISA's FMA peak on those threads, the biggest
 losers (ms ours - ms onnxruntime) first. The runs are split into LAYER_ROUNDS rounds, each
 profiling onnxruntime's nodes, then OpenVINO's, then ours, in blocks of their own (its threads spin
 after a run): on a host whose speed drifts for minutes, one block each had put a slow stretch in
 one column only (ResNet-50's anchors read 1.20x onnxruntime in one such run, 1.04x in the next,
 same code, Zen 4). With OpenVINO installed, its contraction nodes
 (`PERF_COUNT`, fastest of `--reps`, configured as runtime_speed.py does) fill an `ov ms` column,
-paired in execution order where it runs as many as we do (the conv nets; empty otherwise).
+paired in execution order where it runs as many as we do and all are convs (the conv nets; empty
+otherwise: a transformer's node count can agree with ours while their orders differ).
 
 With `--scaling` (and `--layers`), the per-layer profile is taken on one thread and on `--threads`
 and the table gives each paired layer's speedup from one thread to `--threads`, ours and
@@ -353,13 +356,20 @@ def compare_models_wall(names: list[str], nthreads: int, reps: int) -> list[dict
     return out
 
 
-def _anchor_key(spec: KernelSpec) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """(input shape, weight shape) of a kernel's Conv/MatMul/Gemm node, None without one."""
+Dims = tuple[int, ...]
+AnchorKey = tuple[tuple[Dims, Dims], tuple[Dims, Dims], str]
+
+
+def _anchor_keys(spec: KernelSpec) -> list[AnchorKey]:
+    """((input shape, weight shape), (input shape, output shape), op) of each of a kernel's
+    Conv/MatMul/Gemm nodes (two in a chain), in order; empty without one."""
+    keys = []
     for node in spec.nodes:
         if node.op_type in ("Conv", "MatMul", "Gemm"):
             shape = spec.tensors
-            return tuple(shape[node.input[0]].shape), tuple(shape[node.input[1]].shape)
-    return None
+            x, w, y = (tuple(shape[n].shape) for n in (node.input[0], node.input[1], node.output[0]))
+            keys.append(((x, w), (x, y), node.op_type))
+    return keys
 
 
 def ort_node_times(
@@ -394,12 +404,15 @@ def ort_node_times(
         if not any(op in args.get("op_name", "") for op in ("Conv", "MatMul", "Gemm")):
             continue
         shapes = [tuple(next(iter(t.values()))) for t in args.get("input_type_shape", [])]
-        if len(shapes) < 2:
+        outs = [tuple(next(iter(t.values()))) for t in args.get("output_type_shape", [])]
+        if not shapes:
             continue
         best = min(float(r[i]["dur"]) for r in runs if i < len(r) and r[i]["name"] == ev["name"])
-        key = (shapes[0], shapes[1])
+        # a weight onnxruntime pre-packed is missing from the node's profiled inputs (GPT-2's
+        # Conv1D Gemm lists the activation and the bias): such a node pairs by its output shape
+        key = (shapes[0], shapes[1] if len(shapes) > 1 else ())
         rows.append({"node": ev["name"].removesuffix("_kernel_time"), "op": args["op_name"], "key": key,
-                     "ms": best / 1e3})  # fmt: skip
+                     "out_key": (shapes[0], outs[0]) if outs else None, "ms": best / 1e3})  # fmt: skip
     return rows
 
 
@@ -490,37 +503,66 @@ def compare_layers(
                 best[i] = min(best[i], clock() - start)
     peak = peak_flops(build_library(), clock=time.process_time if nthreads == 1 else time.perf_counter)
     pending: dict[tuple, list[dict[str, object]]] = {}
+    by_output: dict[tuple, list[dict[str, object]]] = {}
     for row in theirs:
         pending.setdefault(row["key"], []).append(row)  # type: ignore[arg-type]
+        if row["out_key"] is not None:
+            by_output.setdefault(row["out_key"], []).append(row)  # type: ignore[arg-type]
+    taken: set[str] = set()
+
+    def peer_of(key: AnchorKey) -> dict[str, object] | None:
+        """onnxruntime's first unpaired node of the same (input, weight) shapes, else of the same
+        (input, output) shapes and op (a Gemm whose weight its profile leaves out)."""
+        for row in pending.get(key[0], []):
+            if row["node"] not in taken:
+                taken.add(str(row["node"]))
+                return row
+        for row in by_output.get(key[1], []):
+            if row["node"] not in taken and key[2] in str(row["op"]):  # Gemm in FusedGemm
+                taken.add(str(row["node"]))
+                return row
+        return None
+
     steps = [s for s in cm._steps if isinstance(s, KernelStep)]
     out = []
+    ops = []
     for step, ns in zip(steps, best, strict=True):
         spec = cm.plan.specs[step.symbol]
-        key = _anchor_key(spec)
+        keys = _anchor_keys(spec)
         macs = _anchor_macs(spec)
-        if key is None or not macs:
+        if not keys or not macs:
             continue
-        peer = (pending.get(key) or [None]).pop(0) if pending.get(key) else None
+        key = keys[0][0]
+        ops.extend(k[2] for k in keys)
+        # a chain's row pairs with onnxruntime's nodes of both its products, their times summed
+        peers = [peer_of(k) for k in keys]
+        peer = peers[0] if all(peers) else None
         ms = ns / 1e6
-        ort_ms = float(peer["ms"]) if peer else math.nan  # type: ignore[arg-type]
+        ort_ms = sum(float(p["ms"]) for p in peers if p) if peer else math.nan  # type: ignore[arg-type]
         out.append({
             "node": step.node_name, "x": list(key[0]), "w": list(key[1]), "ms": round(ms, 4),
+            "then": [list(k[0][1]) for k in keys[1:]],
             "ort_ms": round(ort_ms, 4), "gflops": round(2 * macs / ns, 1),
             "ort_gflops": round(2 * macs / (ort_ms * 1e6), 1) if peer else math.nan,
             "peak_pct": round(100 * 2 * macs / ns / (peak / 1e9), 1),
         })  # fmt: skip
-    # OpenVINO's nodes pair with our anchors in execution order where it runs as many (a conv net:
-    # both fuse each conv with its epilogue); otherwise (transformers) the column stays empty
-    ov_ms = ov_times if ov_times is not None and len(ov_times) == len(out) else [math.nan] * len(out)
+    # OpenVINO's nodes pair with our anchors in execution order where it runs as many and all are
+    # convs (a conv net: both fuse each conv with its epilogue); otherwise the column stays empty
+    # (a transformer's counts can agree while the orders do not: GPT-2's read 0.17x and 1.97x)
+    convs = all(op == "Conv" for op in ops)
+    in_order = ov_times is not None and len(ov_times) == len(ops) == len(out) and convs
+    ov_ms = ov_times if in_order else [math.nan] * len(out)
     for row, ms in zip(out, ov_ms, strict=True):
         row["ov_ms"] = round(ms, 4)
     return out
 
 
 def _layer_label(row: dict[str, object]) -> str:
-    """A layer as its input (without the batch) and weight shapes: `64x56x56 -> 64x64x3x3`."""
+    """A layer as its input (without the batch) and weight shapes: `64x56x56 -> 64x64x3x3`; a
+    chain's with its second weight after them."""
     x, w = row["x"], row["w"]
-    return f"{'x'.join(map(str, x[1:]))} -> {'x'.join(map(str, w))}"  # type: ignore[index, call-overload]
+    then = "".join(f" -> {'x'.join(map(str, v))}" for v in row.get("then", []))  # type: ignore[attr-defined]
+    return f"{'x'.join(map(str, x[1:]))} -> {'x'.join(map(str, w))}{then}"  # type: ignore[index, call-overload]
 
 
 def _layer_lines(rows: list[dict[str, object]], nthreads: int) -> list[str]:

@@ -1,6 +1,7 @@
-"""benchmarks/contraction.py --layers on a two-conv model: onnxruntime's per-node profile read
-back, every anchor paired with its onnxruntime node by (input shape, weight shape) and with
-OpenVINO's in execution order, the table."""
+"""benchmarks/contraction.py --layers on small models: onnxruntime's per-node profile read back,
+every anchor paired with its onnxruntime node by (input shape, weight shape), or by input and
+output shapes where the profile leaves a pre-packed weight out, a chain with both of its nodes,
+OpenVINO's in execution order in a conv net only, the table."""
 
 from __future__ import annotations
 
@@ -117,3 +118,74 @@ def test_the_scaling_table_comes_from_one_and_two_thread_profiles_of_the_same_mo
     two = contraction.compare_layers(model, feeds, nthreads=2, reps=2)
     lines = contraction._scaling_lines(one, two, 2)
     assert len(lines) == 2 + len(one) and lines[-1].startswith(f"{len(one)} paired anchors")
+
+
+def _two_matmuls() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A Gemm with a constant weight and bias, Relu, a MatMul with a constant weight: onnxruntime
+    pre-packs both weights and its profile leaves them out of the nodes' inputs."""
+    rng = np.random.default_rng(1)
+    w1 = rng.standard_normal((32, 16)).astype(np.float32)
+    b1 = rng.standard_normal(16).astype(np.float32)
+    w2 = rng.standard_normal((16, 24)).astype(np.float32)
+    nodes = [
+        helper.make_node("Gemm", ["x", "w1", "b1"], ["a"]),
+        helper.make_node("Relu", ["a"], ["b"]),
+        helper.make_node("MatMul", ["b", "w2"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "two_matmuls",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(v, n) for n, v in (("w1", w1), ("b1", b1), ("w2", w2))],
+    )
+    model = onnx.shape_inference.infer_shapes(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    )
+    return model, {"x": rng.standard_normal((8, 32)).astype(np.float32)}
+
+
+def test_matmul_anchors_pair_by_output_shape_where_the_profile_leaves_their_weight_out() -> None:
+    """Every anchor of a matmul model finds its onnxruntime node (by input and output shapes
+    where the weight shape is missing), and OpenVINO's column stays empty: its nodes pair in
+    order only in a conv net (a transformer's counts can agree while its orders differ)."""
+    model, feeds = _two_matmuls()
+    theirs = contraction.ort_node_times(model, feeds, nthreads=1, reps=2)
+    assert [r["out_key"] for r in theirs] == [((8, 32), (8, 16)), ((8, 16), (8, 24))]
+    rows = contraction.compare_layers(model, feeds, nthreads=1, reps=2)
+    assert [(r["x"], r["w"]) for r in rows] == [([8, 32], [32, 16]), ([8, 16], [16, 24])]
+    assert all(not math.isnan(float(r["ort_ms"])) for r in rows)  # type: ignore[arg-type]
+    assert all(math.isnan(float(r["ov_ms"])) for r in rows)  # type: ignore[arg-type]
+
+
+def test_a_chain_s_row_pairs_with_both_of_its_products(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An MLP block planned as one chain kernel (MatMul, Relu, MatMul) is one row, compared with
+    the sum of onnxruntime's two MatMul nodes (their profiled rows, read back, then given fixed
+    times here so that the sum is exact) and labelled with both weights."""
+    rng = np.random.default_rng(2)
+    w1 = rng.standard_normal((128, 256)).astype(np.float32)
+    w2 = rng.standard_normal((256, 128)).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["a"]),
+        helper.make_node("Relu", ["a"], ["b"]),
+        helper.make_node("MatMul", ["b", "w2"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mlp_block",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 128])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
+    )
+    model = onnx.shape_inference.infer_shapes(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    )
+    feeds = {"x": rng.standard_normal((64, 128)).astype(np.float32)}
+    theirs = contraction.ort_node_times(model, feeds, nthreads=1, reps=2)
+    assert len(theirs) == 2
+    fixed = [{**row, "ms": ms} for row, ms in zip(theirs, (0.5, 0.25), strict=True)]
+    monkeypatch.setattr(contraction, "ort_node_times", lambda *args: fixed)
+    rows = contraction.compare_layers(model, feeds, nthreads=1, reps=2)
+    assert len(rows) == 1 and rows[0]["then"] == [[256, 128]]
+    assert rows[0]["ort_ms"] == 0.75
+    assert contraction._layer_label(rows[0]) == "128 -> 128x256 -> 256x128"
