@@ -86,11 +86,46 @@ static int64_t afc_pack_a_panel_rows(int64_t kc, const float *a, int64_t rs, flo
 }
 #endif
 
-/* Rows [0, m) x depth [0, kc) of a strided A into A-panels of depth `kc` (panel stride kc*MR). */
-static void afc_pack_a_block(int64_t m, int64_t kc, const float *a, int64_t rs, int64_t cs, float *ap) {
-  for (int64_t p = 0; p < m; p += AFC_MR) {
-    const int64_t rows = m - p < AFC_MR ? m - p : AFC_MR;
-    float *dst = ap + p * kc;
+/* The rows of A-panel `p` of an m-row block of the rows paths (afc_gemm_bp, afc_conv_bp: pixels or
+ * tokens as rows): `*start` and `*rows`. A block keeps ceil(m / MR) panels, but on AVX2 their rows
+ * are balanced (49 pixels: 4 panels of 6 and 5 of 5, not 8 of 6 and one of 1; 32 tokens: 2 of 6 and
+ * 4 of 5, not 5 of 6 and one of 2): the kernels run a panel of 4 or 5 rows at full speed
+ * (afc_ukernel: 8 or 10 accumulator chains keep both FMA pipes busy), while a last panel of 1-3
+ * rows waits on the FMA latency (2-6 chains): the 49th row of a 49-row product cost 0.62 of a 6-row
+ * panel. The same products, bit for bit. Measured in C, one thread, B from L2/L3, best of 100 (AMD
+ * EPYC Zen 3), fixed -> balanced panels: ResNet-50's 7x7 1x1s (49 pixels; 2048 -> 512, 512 -> 2048)
+ * 1.102 -> 1.058 and 1.091 -> 1.039 ms, MobileNetV2's 960 -> 160 0.170 -> 0.163; a matmul chain's
+ * 32-row blocks (BERT's FFN, 768 -> 3072 and 3072 -> 768) 1.636 -> 1.544 and 1.634 -> 1.556, 128
+ * tokens x 768 x 768 1.540 -> 1.522. The kernels in one process (benchmarks/anchor_ab.py, two
+ * threads): ResNet-50's 7x7 convs 0.94-0.97 of their time, BERT's FFN chain 0.96; whole BERT-base
+ * 0.99 (both library texts compiled into one process). AVX-512 panels of 8 rows have no 7-row
+ * kernel (a 7-row panel computes 8), so its blocks keep whole panels. */
+#if AFC_MR == 6
+#define AFC_BALANCED_PANELS 1
+#else
+#define AFC_BALANCED_PANELS 0
+#endif
+static inline void afc_panel_span(int64_t m, int64_t p, int64_t *start, int *rows) {
+  if (AFC_BALANCED_PANELS) {
+    const int64_t panels = (m + AFC_MR - 1) / AFC_MR, q = m / panels, extra = m % panels;
+    *start = p * q + (p < extra ? p : extra);
+    *rows = (int)(q + (p < extra));
+  } else {
+    *start = p * AFC_MR;
+    *rows = (int)(m - *start < AFC_MR ? m - *start : AFC_MR);
+  }
+}
+
+/* Rows [0, m) x depth [0, kc) of a strided A into A-panels of depth `kc` (panel stride kc*MR):
+ * panel p holds rows p * MR on (`spans` 0: the weights' panels of the columns paths) or the rows
+ * afc_panel_span gives it (the rows paths). */
+static void afc_pack_a_spans(int64_t m, int64_t kc, const float *a, int64_t rs, int64_t cs, float *ap, int spans) {
+  for (int64_t panel = 0; panel * AFC_MR < m; ++panel) {
+    int64_t p = panel * AFC_MR;
+    int span = (int)(m - p < AFC_MR ? m - p : AFC_MR);
+    if (spans) afc_panel_span(m, panel, &p, &span);
+    const int64_t rows = span;
+    float *dst = ap + panel * AFC_MR * kc;
     if (rows < AFC_MR) memset(dst, 0, sizeof(float) * (size_t)(kc * AFC_MR));
 #if defined(__AVX2__) && AFC_MR <= 8
     if (cs == 1 && rows == AFC_MR) {
@@ -142,7 +177,7 @@ static void afc_pack_b_block(int64_t kc, int64_t n, const float *b, int64_t rs, 
 }
 
 static void afc_pack_a(int64_t m, int64_t k, const float *a, int64_t rs, int64_t cs, float *ap) {
-  afc_pack_a_block(m, k, a, rs, cs, ap);
+  afc_pack_a_spans(m, k, a, rs, cs, ap, 0);
 }
 
 static void afc_pack_b(int64_t k, int64_t n, const float *b, int64_t rs, int64_t cs, float *bp) {
@@ -509,9 +544,10 @@ static inline __attribute__((always_inline)) void afc_ukernel(int64_t kc, const 
     afc_ukernel_r(1, kc, ap, arow, bp, offs, c, ldc, mr, nr, alpha, acc, pf, pfs);
   else if (AFC_MR == 6 && mr == 4)
     /* AVX2's 6-row panels: 4 rows are 8 accumulator chains, enough for both FMA pipes, where 3 + 1
-     * ran 6 chains and then 2, each waiting on the FMA latency (ResNet-50's 14x14 convs end every
+     * ran 6 chains and then 2, each waiting on the FMA latency (ResNet-50's 14x14 convs ended every
      * 100-pixel tile in a panel of 4; one thread, process CPU time, AMD EPYC: 0.980-0.989 of the
-     * time for its 3x3 and 1x1s, benchmarks/anchor_ab.py); 5 rows likewise, not 6 */
+     * time for its 3x3 and 1x1s, benchmarks/anchor_ab.py); 5 rows likewise, not 6. The rows paths
+     * now balance their panels to 5 or 6 rows where they can (afc_panel_span). */
     afc_ukernel_r(4, kc, ap, arow, bp, offs, c, ldc, mr, nr, alpha, acc, pf, pfs);
   else if (AFC_MR == 6 && mr == 5)
     afc_ukernel_r(5, kc, ap, arow, bp, offs, c, ldc, mr, nr, alpha, acc, pf, pfs);
@@ -919,11 +955,13 @@ static inline void afc_bp_block(int64_t mc, int64_t n, int64_t k, int64_t k0, in
     const int fetch = next && first;
     const int64_t calls = (mc + AFC_MR - 1) / AFC_MR, lines = kc * AFC_NR / 16;
     const int64_t per = (lines + calls - 1) / calls;
-    for (int64_t ii = 0; ii < mc; ii += AFC_MR) {
-      const int mr = (int)(mc - ii < AFC_MR ? mc - ii : AFC_MR);
-      const int64_t at = ii / AFC_MR * per;
+    for (int64_t panel = 0; panel < calls; ++panel) {
+      int64_t ii;
+      int mr;
+      afc_panel_span(mc, panel, &ii, &mr);
+      const int64_t at = panel * per;
       const int go = fetch && at < lines;
-      afc_ukernel(kc, buf + ii * kc, 0, b_panel, 0, c + ii * ldc + j0, ldc, mr, nr, alpha, k0 > 0,
+      afc_ukernel(kc, buf + panel * AFC_MR * kc, 0, b_panel, 0, c + ii * ldc + j0, ldc, mr, nr, alpha, k0 > 0,
                   go ? next + at * 16 : b_panel, go ? (per * 16 + kc - 1) / kc : 0);
     }
   }
@@ -942,7 +980,7 @@ static void afc_gemm_bp_blocks(int64_t m, int64_t n, int64_t k, float alpha, con
     for (int64_t i0 = 0; i0 < m; i0 += mb) {
       const int64_t mc = m - i0 < mb ? m - i0 : mb;
       float *block = kept ? kept + k0 * mpad + i0 * kc : buf;
-      if (pack || !kept) afc_pack_a_block(mc, kc, a + i0 * a_rs + k0 * a_cs, a_rs, a_cs, block);
+      if (pack || !kept) afc_pack_a_spans(mc, kc, a + i0 * a_rs + k0 * a_cs, a_rs, a_cs, block, 1);
       afc_bp_block(mc, n, k, k0, kc, i0 == 0, block, bp, c + i0 * ldc, ldc, alpha);
     }
   }
@@ -1209,8 +1247,10 @@ static void afc_conv_bp(int64_t m, int64_t n, int64_t k, int64_t p0, int64_t ow,
         for (int64_t j0 = 0; j0 < n; j0 += AFC_NR) {
           const int nr = (int)(n - j0 < AFC_NR ? n - j0 : AFC_NR);
           const float *b_panel = bp + j0 * k + k0 * AFC_NR;
-          for (int64_t ii = 0; ii < mc; ii += AFC_MR) {
-            const int rows = (int)(mc - ii < AFC_MR ? mc - ii : AFC_MR);
+          for (int64_t panel = 0; panel * AFC_MR < mc; ++panel) {
+            int64_t ii;
+            int rows;
+            afc_panel_span(mc, panel, &ii, &rows);
             const float *arow[AFC_MR];
             for (int i = 0; i < AFC_MR; ++i) { /* rows past the tile repeat its first pixel */
               const int64_t p = p0 + i0 + ii + (i < rows ? i : 0);
@@ -1222,14 +1262,16 @@ static void afc_conv_bp(int64_t m, int64_t n, int64_t k, int64_t p0, int64_t ow,
         }
         continue;
       }
-      for (int64_t ii = 0; ii < mc; ii += AFC_MR) {
-        const int rows = (int)(mc - ii < AFC_MR ? mc - ii : AFC_MR);
+      for (int64_t panel = 0; panel * AFC_MR < mc; ++panel) {
+        int64_t ii;
+        int rows;
+        afc_panel_span(mc, panel, &ii, &rows);
         int64_t poff[AFC_MR];
         for (int i = 0; i < AFC_MR; ++i) {
           const int64_t p = p0 + i0 + ii + (i < rows ? i : 0);
           poff[i] = (p / ow - r0) * sh * wp + p % ow * sw;
         }
-        float *dst = buf + ii * kc;
+        float *dst = buf + panel * AFC_MR * kc;
         if (rows == AFC_MR && poff[AFC_MR - 1] - poff[0] == AFC_MR - 1) {
           const float *src = band + poff[0];
           for (int64_t kk = 0; kk < kc; ++kk) memcpy(dst + kk * AFC_MR, src + offs[kk], sizeof(float) * AFC_MR);

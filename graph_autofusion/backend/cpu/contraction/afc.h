@@ -28,7 +28,8 @@
  * A tile's last panel of at most NR/2 valid columns runs on one vector per row (half the FMAs);
  * in afc_gemm_bp and afc_conv_bp (rows: pixels or tokens) a last panel of one row, at most MR/2
  * rows or MR/2 + 1 rows runs only those rows' FMAs (49 pixels: 6 x 8 + 1); on AVX2 a panel of 4
- * or 5 rows runs exactly its rows, and so does a last A-panel of 4 rows in the packed-A paths.
+ * or 5 rows runs exactly its rows, and so does a last A-panel of 4 rows in the packed-A paths,
+ * and the rows paths balance a block's panels (49 pixels: 4 x 6 + 5 x 5; afc_panel_span).
  * Generated code never hard-codes these figures: packed sizes are C expressions of AFC_MR and
  * AFC_NR, and column tiles are multiples of 32 (a whole number of panels on every ISA).
  *

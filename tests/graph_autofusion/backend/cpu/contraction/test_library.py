@@ -168,13 +168,14 @@ def test_gemv_path_with_strided_rows_and_alpha(lib: Library) -> None:
 
 @pytest.mark.parametrize("n", [32, 13])  # whole panels; a tail of at most NR/2 columns
 def test_panel_path_computes_every_tail_of_rows(lib: Library, n: int) -> None:
-    # the last row panel of 1, up to MR/2 or MR/2 + 1 rows runs a kernel of fewer rows (afc.h);
-    # over two M blocks (afc_mc) as well, and through a second K block
+    # the last row panel of 1, up to MR/2 or MR/2 + 1 rows runs a kernel of fewer rows, and AVX2
+    # balances a block's panels to 5 or 6 rows (afc.h: 32 rows as 2 x 6 + 4 x 5, 49 as 4 x 6 +
+    # 5 x 5); over two M blocks (afc_mc) as well, and through a second K block
     rng = np.random.default_rng(n)
     k = 300
     b = rng.standard_normal((k, n)).astype(np.float32)
     bp = lib.pack_b(b)
-    for m in [*range(lib.mr, 3 * lib.mr + 1), 197]:
+    for m in [*range(lib.mr, 3 * lib.mr + 1), 32, 49, 128, 197]:
         a = rng.standard_normal((m, k)).astype(np.float32)
         _check(lib.gemm_bp(a, bp, n, path="panels"), a, b)
 
