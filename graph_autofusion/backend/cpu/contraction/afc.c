@@ -87,26 +87,27 @@ static int64_t afc_pack_a_panel_rows(int64_t kc, const float *a, int64_t rs, flo
 #endif
 
 /* The rows of A-panel `p` of an m-row block of the rows paths (afc_gemm_bp, afc_conv_bp: pixels or
- * tokens as rows): `*start` and `*rows`. A block keeps ceil(m / MR) panels, but on AVX2 their rows
- * are balanced (49 pixels: 4 panels of 6 and 5 of 5, not 8 of 6 and one of 1; 32 tokens: 2 of 6 and
- * 4 of 5, not 5 of 6 and one of 2): the kernels run a panel of 4 or 5 rows at full speed
- * (afc_ukernel: 8 or 10 accumulator chains keep both FMA pipes busy), while a last panel of 1-3
- * rows waits on the FMA latency (2-6 chains): the 49th row of a 49-row product cost 0.62 of a 6-row
- * panel. The same products, bit for bit. Measured in C, one thread, B from L2/L3, best of 100 (AMD
- * EPYC Zen 3), fixed -> balanced panels: ResNet-50's 7x7 1x1s (49 pixels; 2048 -> 512, 512 -> 2048)
- * 1.102 -> 1.058 and 1.091 -> 1.039 ms, MobileNetV2's 960 -> 160 0.170 -> 0.163; a matmul chain's
- * 32-row blocks (BERT's FFN, 768 -> 3072 and 3072 -> 768) 1.636 -> 1.544 and 1.634 -> 1.556, 128
- * tokens x 768 x 768 1.540 -> 1.522. The kernels in one process (benchmarks/anchor_ab.py, two
- * threads): ResNet-50's 7x7 convs 0.94-0.97 of their time, BERT's FFN chain 0.96; whole BERT-base
- * 0.99 (both library texts compiled into one process). AVX-512 panels of 8 rows have no 7-row
- * kernel (a 7-row panel computes 8), so its blocks keep whole panels. */
+ * tokens as rows; `balance` 0: the weights' panels of the columns paths, p * MR on): `*start` and
+ * `*rows`. A block keeps ceil(m / MR) panels, but on AVX2 their rows are balanced (49 pixels: 4
+ * panels of 6 and 5 of 5, not 8 of 6 and one of 1; 32 tokens: 2 of 6 and 4 of 5, not 5 of 6 and one
+ * of 2): the kernels run a panel of 4 or 5 rows at full speed (afc_ukernel: 8 or 10 accumulator
+ * chains keep both FMA pipes busy), while a last panel of 1-3 rows waits on the FMA latency (2-6
+ * chains): the 49th row of a 49-row product cost 0.62 of a 6-row panel. The same products, bit for
+ * bit. Measured in C, one thread, B from L2/L3, best of 100 (AMD EPYC Zen 3), fixed -> balanced
+ * panels: ResNet-50's 7x7 1x1s (49 pixels; 2048 -> 512, 512 -> 2048) 1.102 -> 1.058 and 1.091 ->
+ * 1.039 ms, MobileNetV2's 960 -> 160 0.170 -> 0.163; a matmul chain's 32-row blocks (BERT's FFN,
+ * 768 -> 3072 and 3072 -> 768) 1.636 -> 1.544 and 1.634 -> 1.556, 128 tokens x 768 x 768 1.540 ->
+ * 1.522. The kernels in one process (benchmarks/anchor_ab.py, two threads): ResNet-50's 7x7 convs
+ * 0.94-0.97 of their time, BERT's FFN chain 0.96; whole BERT-base 0.99 (both library texts compiled
+ * into one process). AVX-512 panels of 8 rows have no 7-row kernel (a 7-row panel computes 8), so
+ * its blocks keep whole panels. */
 #if AFC_MR == 6
 #define AFC_BALANCED_PANELS 1
 #else
 #define AFC_BALANCED_PANELS 0
 #endif
-static inline void afc_panel_span(int64_t m, int64_t p, int64_t *start, int *rows) {
-  if (AFC_BALANCED_PANELS) {
+static inline void afc_panel_span(int64_t m, int64_t p, int balance, int64_t *start, int *rows) {
+  if (balance && AFC_BALANCED_PANELS) {
     const int64_t panels = (m + AFC_MR - 1) / AFC_MR, q = m / panels, extra = m % panels;
     *start = p * q + (p < extra ? p : extra);
     *rows = (int)(q + (p < extra));
@@ -116,15 +117,13 @@ static inline void afc_panel_span(int64_t m, int64_t p, int64_t *start, int *row
   }
 }
 
-/* Rows [0, m) x depth [0, kc) of a strided A into A-panels of depth `kc` (panel stride kc*MR):
- * panel p holds rows p * MR on (`spans` 0: the weights' panels of the columns paths) or the rows
- * afc_panel_span gives it (the rows paths). */
-static void afc_pack_a_spans(int64_t m, int64_t kc, const float *a, int64_t rs, int64_t cs, float *ap, int spans) {
+/* Rows [0, m) x depth [0, kc) of a strided A into A-panels of depth `kc` (panel stride kc*MR),
+ * panel p holding the rows afc_panel_span(m, p, balance) gives it. */
+static void afc_pack_a_spans(int64_t m, int64_t kc, const float *a, int64_t rs, int64_t cs, float *ap, int balance) {
   for (int64_t panel = 0; panel * AFC_MR < m; ++panel) {
-    int64_t p = panel * AFC_MR;
-    int span = (int)(m - p < AFC_MR ? m - p : AFC_MR);
-    if (spans) afc_panel_span(m, panel, &p, &span);
-    const int64_t rows = span;
+    int64_t p;
+    int rows;
+    afc_panel_span(m, panel, balance, &p, &rows);
     float *dst = ap + panel * AFC_MR * kc;
     if (rows < AFC_MR) memset(dst, 0, sizeof(float) * (size_t)(kc * AFC_MR));
 #if defined(__AVX2__) && AFC_MR <= 8
@@ -958,11 +957,11 @@ static inline void afc_bp_block(int64_t mc, int64_t n, int64_t k, int64_t k0, in
     for (int64_t panel = 0; panel < calls; ++panel) {
       int64_t ii;
       int mr;
-      afc_panel_span(mc, panel, &ii, &mr);
+      afc_panel_span(mc, panel, 1, &ii, &mr);
       const int64_t at = panel * per;
       const int go = fetch && at < lines;
-      afc_ukernel(kc, buf + panel * AFC_MR * kc, 0, b_panel, 0, c + ii * ldc + j0, ldc, mr, nr, alpha, k0 > 0,
-                  go ? next + at * 16 : b_panel, go ? (per * 16 + kc - 1) / kc : 0);
+      afc_ukernel(kc, buf + panel * AFC_MR * kc, 0, b_panel, 0, c + ii * ldc + j0, ldc, mr, nr, alpha,
+                  k0 > 0, go ? next + at * 16 : b_panel, go ? (per * 16 + kc - 1) / kc : 0);
     }
   }
 }
@@ -1250,7 +1249,7 @@ static void afc_conv_bp(int64_t m, int64_t n, int64_t k, int64_t p0, int64_t ow,
           for (int64_t panel = 0; panel * AFC_MR < mc; ++panel) {
             int64_t ii;
             int rows;
-            afc_panel_span(mc, panel, &ii, &rows);
+            afc_panel_span(mc, panel, 1, &ii, &rows);
             const float *arow[AFC_MR];
             for (int i = 0; i < AFC_MR; ++i) { /* rows past the tile repeat its first pixel */
               const int64_t p = p0 + i0 + ii + (i < rows ? i : 0);
@@ -1265,7 +1264,7 @@ static void afc_conv_bp(int64_t m, int64_t n, int64_t k, int64_t p0, int64_t ow,
       for (int64_t panel = 0; panel * AFC_MR < mc; ++panel) {
         int64_t ii;
         int rows;
-        afc_panel_span(mc, panel, &ii, &rows);
+        afc_panel_span(mc, panel, 1, &ii, &rows);
         int64_t poff[AFC_MR];
         for (int i = 0; i < AFC_MR; ++i) {
           const int64_t p = p0 + i0 + ii + (i < rows ? i : 0);
