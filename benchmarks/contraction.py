@@ -537,6 +537,8 @@ def compare_layers(
         # a chain's row pairs with onnxruntime's nodes of both its products, their times summed
         peers = [peer_of(k) for k in keys]
         peer = peers[0] if all(peers) else None
+        if peer is None:  # a chain half found alone stays free for another row
+            taken.difference_update(str(p["node"]) for p in peers if p)
         ms = ns / 1e6
         ort_ms = sum(float(p["ms"]) for p in peers if p) if peer else math.nan  # type: ignore[arg-type]
         out.append({
