@@ -19,6 +19,23 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import contraction  # noqa: E402
 
 
+def _model(
+    nodes: list[onnx.NodeProto], x: list[int], weights: dict[str, np.ndarray], rng: np.random.Generator
+) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A model of `nodes` from input x (of shape `x`) to y, its constants `weights`; and a feed."""
+    graph = helper.make_graph(
+        nodes,
+        "layers",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(v, n) for n, v in weights.items()],
+    )
+    model = onnx.shape_inference.infer_shapes(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    )
+    return model, {"x": rng.standard_normal(x).astype(np.float32)}
+
+
 def _two_convs() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     rng = np.random.default_rng(0)
     w1 = rng.standard_normal((32, 16, 3, 3)).astype(np.float32)
@@ -28,17 +45,7 @@ def _two_convs() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
         helper.make_node("Relu", ["a"], ["b"]),
         helper.make_node("Conv", ["b", "w2"], ["y"]),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "two_convs",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 20, 20])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
-    )
-    model = onnx.shape_inference.infer_shapes(
-        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    )
-    return model, {"x": rng.standard_normal((1, 16, 20, 20)).astype(np.float32)}
+    return _model(nodes, [1, 16, 20, 20], {"w1": w1, "w2": w2}, rng)
 
 
 def test_onnxruntime_nodes_come_back_keyed_by_input_and_weight_shape() -> None:
@@ -132,17 +139,7 @@ def _two_matmuls() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
         helper.make_node("Relu", ["a"], ["b"]),
         helper.make_node("MatMul", ["b", "w2"], ["y"]),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "two_matmuls",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 32])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(v, n) for n, v in (("w1", w1), ("b1", b1), ("w2", w2))],
-    )
-    model = onnx.shape_inference.infer_shapes(
-        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    )
-    return model, {"x": rng.standard_normal((8, 32)).astype(np.float32)}
+    return _model(nodes, [8, 32], {"w1": w1, "b1": b1, "w2": w2}, rng)
 
 
 def test_matmul_anchors_pair_by_output_shape_where_the_profile_leaves_their_weight_out() -> None:
@@ -170,17 +167,7 @@ def test_a_chain_s_row_pairs_with_both_of_its_products(monkeypatch: pytest.Monke
         helper.make_node("Relu", ["a"], ["b"]),
         helper.make_node("MatMul", ["b", "w2"], ["y"]),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "mlp_block",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 128])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
-    )
-    model = onnx.shape_inference.infer_shapes(
-        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    )
-    feeds = {"x": rng.standard_normal((64, 128)).astype(np.float32)}
+    model, feeds = _model(nodes, [64, 128], {"w1": w1, "w2": w2}, rng)
     theirs = contraction.ort_node_times(model, feeds, nthreads=1, reps=2)
     assert len(theirs) == 2
     fixed = [{**row, "ms": ms} for row, ms in zip(theirs, (0.5, 0.25), strict=True)]
