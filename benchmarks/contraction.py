@@ -34,8 +34,9 @@ after a run): on a host whose speed drifts for minutes, one block each had put a
 one column only (ResNet-50's anchors read 1.20x onnxruntime in one such run, 1.04x in the next,
 same code, Zen 4). With OpenVINO installed, its contraction nodes
 (`PERF_COUNT`, fastest of `--reps`, configured as runtime_speed.py does) fill an `ov ms` column,
-paired in execution order where it runs as many as we do and all are convs (the conv nets; empty
-otherwise: a transformer's node count can agree with ours while their orders differ).
+paired in execution order in a conv net where it runs as many as we do, of the same kinds (conv or
+matrix product) in the same order (empty otherwise: a transformer's node count can agree with ours
+while their orders differ).
 
 With `--scaling` (and `--layers`), the per-layer profile is taken on one thread and on `--threads`
 and the table gives each paired layer's speedup from one thread to `--threads`, ours and
@@ -416,16 +417,21 @@ def ort_node_times(
     return rows
 
 
-# OpenVINO's contraction nodes in its per-node profile (`PERF_COUNT`)
-OV_CONTRACTIONS = ("Convolution", "GroupConvolution", "FullyConnected", "MatMul")
+# OpenVINO's contraction nodes in its per-node profile (`PERF_COUNT`), by the ONNX op kind they run
+OV_CONTRACTIONS = {
+    "Convolution": "Conv",
+    "GroupConvolution": "Conv",
+    "FullyConnected": "Gemm",
+    "MatMul": "Gemm",
+}
 
 
 def ov_node_times(
     model: onnx.ModelProto, feeds: dict[str, np.ndarray], nthreads: int, reps: int
-) -> list[float] | None:
-    """OpenVINO's contraction nodes (OV_CONTRACTIONS) in execution order, the fastest per-node
-    time (ms) of each over `reps` profiled runs, configured as runtime_speed.py runs it; None when
-    OpenVINO is not installed."""
+) -> list[tuple[str, float]] | None:
+    """OpenVINO's contraction nodes (OV_CONTRACTIONS) in execution order, each as the ONNX op kind
+    it runs (`Conv` or `Gemm`) and its fastest time (ms) over `reps` profiled runs, configured as
+    runtime_speed.py runs it; None when OpenVINO is not installed."""
     import tempfile
 
     try:
@@ -441,13 +447,14 @@ def ov_node_times(
     config = {**OPENVINO_CONFIG, "INFERENCE_NUM_THREADS": nthreads, "PERF_COUNT": True}
     request = core.compile_model(core.read_model(path), "CPU", config).create_infer_request()
     request.infer(dict(feeds))  # warm-up, not kept
-    best: dict[str, float] = {}
+    best: dict[str, tuple[str, float]] = {}
     for _ in range(reps):
         request.infer(dict(feeds))
         for info in request.get_profiling_info():
             if info.node_type in OV_CONTRACTIONS:
                 ms = info.real_time.total_seconds() * 1e3
-                best[info.node_name] = min(best.get(info.node_name, math.inf), ms)
+                kept = best.get(info.node_name, ("", math.inf))[1]
+                best[info.node_name] = (OV_CONTRACTIONS[info.node_type], min(kept, ms))
     return list(best.values())  # dicts keep the first run's order: execution order
 
 
@@ -485,7 +492,7 @@ def compare_layers(
     clock = time.process_time_ns if nthreads == 1 else time.perf_counter_ns
     best = [math.inf] * len(cm._per_kernel)
     theirs: list[dict[str, object]] = []
-    ov_times: list[float] | None = None
+    ov_times: list[tuple[str, float]] | None = None
     for share in _rounds(reps):
         # each round profiles onnxruntime, OpenVINO and ours in turn: a slow stretch of the host
         # then lands in every column's minimum alike instead of in one column's whole block
@@ -494,7 +501,7 @@ def compare_layers(
         if ov_times is None or ov_round is None:
             ov_times = ov_round
         else:
-            ov_times = [min(a, b) for a, b in zip(ov_times, ov_round, strict=True)]
+            ov_times = [(a[0], min(a[1], b[1])) for a, b in zip(ov_times, ov_round, strict=True)]
         threads.set_omp_threads(nthreads)
         for _ in range(share + 1):
             for i, (fn, argv) in enumerate(cm._per_kernel):
@@ -548,12 +555,18 @@ def compare_layers(
             "ort_gflops": round(2 * macs / (ort_ms * 1e6), 1) if peer else math.nan,
             "peak_pct": round(100 * 2 * macs / ns / (peak / 1e9), 1),
         })  # fmt: skip
-    # OpenVINO's nodes pair with our anchors in execution order where it runs as many and all are
-    # convs (a conv net: both fuse each conv with its epilogue); otherwise the column stays empty
-    # (a transformer's counts can agree while the orders do not: GPT-2's read 0.17x and 1.97x)
-    convs = all(op == "Conv" for op in ops)
-    in_order = ov_times is not None and len(ov_times) == len(ops) == len(out) and convs
-    ov_ms = ov_times if in_order else [math.nan] * len(out)
+    # OpenVINO's nodes pair with our anchors in execution order in a conv net (both fuse each conv
+    # with its epilogue) where it runs as many, of the same kinds in the same order (ResNet-50's
+    # classifier Gemm is its FullyConnected); otherwise the column stays empty (a transformer's
+    # counts can agree while the orders do not: GPT-2's read 0.17x and 1.97x)
+    kinds = ["Conv" if op == "Conv" else "Gemm" for op in ops]
+    in_order = (
+        ov_times is not None
+        and "Conv" in kinds
+        and len(ops) == len(out)
+        and [kind for kind, _ in ov_times] == kinds
+    )
+    ov_ms = [ms for _, ms in ov_times] if in_order and ov_times else [math.nan] * len(out)
     for row, ms in zip(out, ov_ms, strict=True):
         row["ov_ms"] = round(ms, 4)
     return out

@@ -76,15 +76,33 @@ def test_every_anchor_is_paired_and_the_table_puts_the_biggest_loser_first() -> 
     assert totals[-1].startswith("all anchors vs OpenVINO") == with_ov
 
 
+def _convs_and_classifier() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """Two convs, global pooling and a Gemm classifier: a conv net as ResNet-50 ends."""
+    model, _ = _two_convs()
+    rng = np.random.default_rng(2)
+    nodes = [
+        *model.graph.node[:-1],
+        helper.make_node("Conv", ["b", "w2"], ["c"]),
+        helper.make_node("GlobalAveragePool", ["c"], ["p"]),
+        helper.make_node("Flatten", ["p"], ["f"]),
+        helper.make_node("Gemm", ["f", "w3", "b3"], ["y"], transB=1),
+    ]
+    weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    weights["w3"] = rng.standard_normal((10, 64)).astype(np.float32)
+    weights["b3"] = rng.standard_normal(10).astype(np.float32)
+    return _model(nodes, [1, 16, 20, 20], weights, rng)
+
+
 def test_openvino_nodes_pair_with_the_anchors_in_execution_order() -> None:
-    """Both convs come back from OpenVINO's profile, in order, each with a time; the layer rows
-    carry them."""
+    """A conv net's convs and its classifier come back from OpenVINO's profile in order, each as
+    the kind it runs and with a time; every layer row carries its node's time."""
     pytest.importorskip("openvino", reason="OpenVINO comes with the bench extra: pip install -e '.[bench]'")
-    model, feeds = _two_convs()
+    model, feeds = _convs_and_classifier()
     times = contraction.ov_node_times(model, feeds, nthreads=1, reps=2)
-    assert times is not None and len(times) == 2 and all(t > 0 for t in times)
+    assert times is not None and [kind for kind, _ in times] == ["Conv", "Conv", "Gemm"]
+    assert all(ms > 0 for _, ms in times)
     rows = contraction.compare_layers(model, feeds, nthreads=1, reps=2)
-    assert all(float(r["ov_ms"]) > 0 for r in rows)  # type: ignore[arg-type]
+    assert len(rows) == 3 and all(float(r["ov_ms"]) > 0 for r in rows)  # type: ignore[arg-type]
 
 
 def test_the_runs_split_into_alternating_rounds_and_keep_each_node_s_fastest() -> None:
