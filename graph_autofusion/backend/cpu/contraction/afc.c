@@ -52,17 +52,19 @@ static int64_t afc_packed_b_floats(int64_t k, int64_t n) {
 }
 
 #if defined(__AVX2__) && AFC_MR <= 8
-/* One whole panel of row-major A (unit depth stride) at depths [0, kc): 8 depths at a time, the
- * panel's MR rows (padded to 8 with zeros) transposed in eight ymm registers, MR lanes of each
+/* One panel of `rows` rows (at most MR) of row-major A (unit depth stride) at depths [0, kc): 8
+ * depths at a time, the panel's rows (padded to 8 with zeros) transposed in eight ymm registers, MR
+ * lanes of each
  * stored. A matmul's activation is packed like this once per tile and depth block; the scalar
  * loop did a strided store per float, about a cycle each: 6-8% of a 128 x 192 tile's time at
  * K = 768 on Zen 4, a tenth of that transposed. Returns the depths done (a multiple of 8). */
-static int64_t afc_pack_a_panel_rows(int64_t kc, const float *a, int64_t rs, float *dst) {
+static inline __attribute__((always_inline)) int64_t afc_pack_a_panel_rows(const int rows, int64_t kc,
+                                                                          const float *a, int64_t rs, float *dst) {
   int64_t kk = 0;
   for (; kk + 8 <= kc; kk += 8) {
     __m256 r[8];
 #pragma GCC unroll 8
-    for (int i = 0; i < 8; ++i) r[i] = i < AFC_MR ? _mm256_loadu_ps(a + i * rs + kk) : _mm256_setzero_ps();
+    for (int i = 0; i < 8; ++i) r[i] = i < rows ? _mm256_loadu_ps(a + i * rs + kk) : _mm256_setzero_ps();
     afv_transpose8x8(r); /* r[j]: the panel's rows at depth kk + j */
 #pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) {
@@ -99,15 +101,22 @@ static int64_t afc_pack_a_panel_rows(int64_t kc, const float *a, int64_t rs, flo
  * 768 -> 3072 and 3072 -> 768) 1.636 -> 1.544 and 1.634 -> 1.556, 128 tokens x 768 x 768 1.540 ->
  * 1.522. The kernels in one process (benchmarks/anchor_ab.py, two threads): ResNet-50's 7x7 convs
  * 0.94-0.97 of their time, BERT's FFN chain 0.96; whole BERT-base 0.99 (both library texts compiled
- * into one process). AVX-512 panels of 8 rows have no 7-row kernel (a 7-row panel computes 8), so
- * its blocks keep whole panels. */
-#if AFC_MR == 6
+ * into one process).
+ * AVX-512 (8-row panels, one 512-bit FMA a cycle on Zen 4, latency 4): a panel of r rows costs about
+ * 2r cycles a depth step where afc_ukernel runs exactly its rows (7 and 6 rows, 14 and 12
+ * accumulators) but a tail of 1 row 4 cycles, of 2-4 rows 8 (the half kernel) and of 5 rows 12 (4 +
+ * 1); balanced panels cost 2m, so they win when m % 8 is 1, 2, 3 or 5 (49 pixels: 7 panels of 7,
+ * not 6 of 8 and one of 1), tie at 6 or 7 and at 4, where they measured 1.5% slower (ResNet-50's
+ * 14x14 3x3 in tiles of 100 pixels: 4 panels of 7 rows against a half panel), so that one stays
+ * fixed. Two threads, Zen 4, both library texts in one process (benchmarks/anchor_ab.py): ResNet-50's
+ * 7x7 3x3 0.96-0.97 of its time, its 7x7 1x1s 0.96-0.99. */
+#if AFC_MR == 6 || AFC_MR == 8
 #define AFC_BALANCED_PANELS 1
 #else
 #define AFC_BALANCED_PANELS 0
 #endif
 static inline void afc_panel_span(int64_t m, int64_t p, int balance, int64_t *start, int *rows) {
-  if (balance && AFC_BALANCED_PANELS) {
+  if (balance && AFC_BALANCED_PANELS && (AFC_MR != 8 || m % 8 != 4)) {
     const int64_t panels = (m + AFC_MR - 1) / AFC_MR, q = m / panels, extra = m % panels;
     *start = p * q + (p < extra ? p : extra);
     *rows = (int)(q + (p < extra));
@@ -125,15 +134,31 @@ static void afc_pack_a_spans(int64_t m, int64_t kc, const float *a, int64_t rs, 
     int rows;
     afc_panel_span(m, panel, balance, &p, &rows);
     float *dst = ap + panel * AFC_MR * kc;
-    if (rows < AFC_MR) memset(dst, 0, sizeof(float) * (size_t)(kc * AFC_MR));
 #if defined(__AVX2__) && AFC_MR <= 8
-    if (cs == 1 && rows == AFC_MR) {
+    /* whole panels and the short ones the rows paths balance to (7 rows of 8 on AVX-512, 5 of 6
+     * on AVX2) by register transposes, zeros in the lanes past `rows` */
+    if (cs == 1) {
       const float *src = a + p * rs;
-      for (int64_t kk = afc_pack_a_panel_rows(kc, src, rs, dst); kk < kc; ++kk)
-        for (int64_t i = 0; i < AFC_MR; ++i) dst[kk * AFC_MR + i] = src[i * rs + kk];
+      int64_t kk = rows == AFC_MR ? afc_pack_a_panel_rows(AFC_MR, kc, src, rs, dst)
+                                  : afc_pack_a_panel_rows(rows, kc, src, rs, dst);
+      for (; kk < kc; ++kk)
+        for (int64_t i = 0; i < AFC_MR; ++i) dst[kk * AFC_MR + i] = i < rows ? src[i * rs + kk] : 0.0f;
       continue;
     }
 #endif
+#if defined(__AVX512VL__) && AFC_MR == 8
+    if (rs == 1 && cs != 1) {
+      /* A read transposed (below), a panel's rows by one masked load per depth: the lanes past
+       * `rows` read as zeros (and no memory past the rows), so a 7-row panel costs what a whole
+       * one does, where a float at a time it had cost ResNet-50's 7x7 1x1 of 2048 channels 7%. */
+      const float *src = a + p;
+      const __mmask8 lanes = (__mmask8)((1u << rows) - 1u);
+      for (int64_t kk = 0; kk < kc; ++kk)
+        _mm256_storeu_ps(dst + kk * AFC_MR, _mm256_maskz_loadu_ps(lanes, src + kk * cs));
+      continue;
+    }
+#endif
+    if (rows < AFC_MR) memset(dst, 0, sizeof(float) * (size_t)(kc * AFC_MR));
     if (rs == 1 && cs != 1) {
       /* A read transposed (a conv's pixels as rows: A[pixel][channel] = x[channel * ld + pixel]):
        * a panel's MR rows at one depth are contiguous, one short copy per depth. */
@@ -550,6 +575,10 @@ static inline __attribute__((always_inline)) void afc_ukernel(int64_t kc, const 
     afc_ukernel_r(4, kc, ap, arow, bp, offs, c, ldc, mr, nr, alpha, acc, pf, pfs);
   else if (AFC_MR == 6 && mr == 5)
     afc_ukernel_r(5, kc, ap, arow, bp, offs, c, ldc, mr, nr, alpha, acc, pf, pfs);
+  else if (AFC_MR == 8 && mr == 7)
+    afc_ukernel_r(7, kc, ap, arow, bp, offs, c, ldc, mr, nr, alpha, acc, pf, pfs);
+  else if (AFC_MR == 8 && mr == 6)
+    afc_ukernel_r(6, kc, ap, arow, bp, offs, c, ldc, mr, nr, alpha, acc, pf, pfs);
   else if (mr <= AFC_MR / 2)
     afc_ukernel_r(AFC_MR / 2, kc, ap, arow, bp, offs, c, ldc, mr, nr, alpha, acc, pf, pfs);
   else if (AFC_MR >= 6 && mr == AFC_MR / 2 + 1) {

@@ -168,16 +168,20 @@ def test_gemv_path_with_strided_rows_and_alpha(lib: Library) -> None:
 
 @pytest.mark.parametrize("n", [32, 13])  # whole panels; a tail of at most NR/2 columns
 def test_panel_path_computes_every_tail_of_rows(lib: Library, n: int) -> None:
-    # the last row panel of 1, up to MR/2 or MR/2 + 1 rows runs a kernel of fewer rows, and AVX2
-    # balances a block's panels to 5 or 6 rows (afc.h: 32 rows as 2 x 6 + 4 x 5, 49 as 4 x 6 +
-    # 5 x 5); over two M blocks (afc_mc) as well, and through a second K block
+    # the last row panel of 1, up to MR/2 or MR/2 + 1 rows runs a kernel of fewer rows, and the
+    # block's panels are balanced (afc.c afc_panel_span: AVX2 to 5 or 6 rows, 49 as 4 x 6 + 5 x 5;
+    # AVX-512 to 7 or 8 unless m % 8 is 4, 49 as 7 x 7); over two M blocks (afc_mc) as well, and
+    # through a second K block of 150 (a depth tail past the transposing packer's steps of 8); A
+    # row-major (a matmul's tokens) and transposed (a conv's pixels, read by masked loads on AVX-512)
     rng = np.random.default_rng(n)
     k = 300
     b = rng.standard_normal((k, n)).astype(np.float32)
     bp = lib.pack_b(b)
-    for m in [*range(lib.mr, 3 * lib.mr + 1), 32, 49, 128, 197]:
+    for m in [*range(lib.mr, 3 * lib.mr + 1), 32, 49, 100, 128, 197]:
         a = rng.standard_normal((m, k)).astype(np.float32)
         _check(lib.gemm_bp(a, bp, n, path="panels"), a, b)
+        at = np.asfortranarray(a)
+        _check(lib.gemm_bp(at, bp, n, path="panels"), at, b)
 
 
 def test_gemm_bp_takes_the_gemv_path_up_to_its_documented_rows(lib: Library) -> None:
