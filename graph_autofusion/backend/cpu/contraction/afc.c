@@ -1300,6 +1300,24 @@ static void afc_conv_bp(int64_t m, int64_t n, int64_t k, int64_t p0, int64_t ow,
           poff[i] = (p / ow - r0) * sh * wp + p % ow * sw;
         }
         float *dst = buf + panel * AFC_MR * kc;
+#if defined(__AVX512VL__) && AFC_MR == 8
+        /* A panel's pixels lie in one run of the band or in two where an output row ends in it
+         * (ow >= 7): per depth one masked load per run, merged in a register, where eight loads
+         * and stores each had cost ResNet-50's 3x3s at 14x14 and 7x7 a few percent. Lanes past
+         * `rows` are zeros. */
+        int s1 = 1, s2;
+        while (s1 < rows && poff[s1] - poff[0] == s1) ++s1;
+        for (s2 = s1; s2 < rows && poff[s2] - poff[s1] == s2 - s1;) ++s2;
+        if (s2 == rows) {
+          const __mmask8 run0 = (__mmask8)((1u << s1) - 1u), run1 = (__mmask8)(((1u << rows) - 1u) & ~run0);
+          const float *a0 = band + poff[0], *a1 = band + poff[s1 < rows ? s1 : 0] - s1;
+          for (int64_t kk = 0; kk < kc; ++kk) {
+            const __m256 v = _mm256_maskz_loadu_ps(run0, a0 + offs[kk]);
+            _mm256_storeu_ps(dst + kk * AFC_MR, _mm256_mask_loadu_ps(v, run1, a1 + offs[kk]));
+          }
+          continue;
+        }
+#endif
         if (rows == AFC_MR && poff[AFC_MR - 1] - poff[0] == AFC_MR - 1) {
           const float *src = band + poff[0];
           for (int64_t kk = 0; kk < kc; ++kk) memcpy(dst + kk * AFC_MR, src + offs[kk], sizeof(float) * AFC_MR);
