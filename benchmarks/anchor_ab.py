@@ -10,14 +10,14 @@ Problems (batch 1, sequence 128): BERT's FFN (MatMul + bias + exact GELU; MatMul
 residual), its fused QKV projection, attention scores with K^T as a Transpose prologue and the
 scale as an epilogue, the attention context stored through Transpose(0,2,1,3) -> Reshape; GPT-2's
 Conv1D (Gemm with C, Reshape, residual); a small MLP layer; two-GEMM chains (an MLP block with
-ReLU, BERT's whole FFN with GELU between); ResNet-50's convs (the 7x7 stride-2
-stem, its 3x3s on 56x56, 28x28, 14x14 and 7x7 pixels and with stride 2, its 1x1 expansions with
-the residual add at 56x56, 14x14 and 7x7, the projection shortcut and the 1x1 reductions at
-56x56, 14x14 and 7x7, the stride-2 1x1
-downsample) and MobileNetV2's (3x3 depthwise, stride 1 and 2, on 112x112 down to 7x7 planes, with
-ReLU6 as Clip; 1x1 expansions and projections at 56x56 and 14x14; its expansions at 112x112 and
-56x56 with the depthwise conv after them, as conv chains), each with its folded-BatchNorm bias and
-activation; and a ConvTranspose 2x upsampling.
+ReLU, BERT's whole FFN with GELU between); ResNet-50's convs (the 7x7 stride-2 stem, its 3x3s on
+56x56, 28x28, 14x14 and 7x7 pixels and with stride 2 into each of the last three, its 1x1
+expansions with the residual add at 56x56, 14x14 and 7x7, the projection shortcut and the 1x1
+reductions at 56x56, 14x14 and 7x7, the stride-2 1x1 downsample) and MobileNetV2's (3x3
+depthwise, stride 1 and 2, on 112x112 down to 7x7 planes, with ReLU6 as Clip; 1x1 expansions and
+projections at 56x56 and 14x14; its expansions at 112x112 and 56x56 with the depthwise conv after
+them, as conv chains), each with its folded-BatchNorm bias and activation; and a ConvTranspose 2x
+upsampling.
 
 The float constants the kernels take as parameters are the spec's `weights` (where the checkout's
 KernelSpec has that field), so with `AUTOFUSION_CONTRACTION=library` (the default) each side
@@ -220,6 +220,8 @@ def _conv_problems(r: Callable[..., np.ndarray]) -> dict[str, Problem]:
         "conv_r50_1x1_project_56": conv((1, 64, 56, 56), (256, 64, 1, 1), act="none"),
         "conv_r50_3x3_28": conv((1, 128, 28, 28), (128, 128, 3, 3), pads=p1),
         "conv_r50_3x3_s2_28": conv((1, 128, 56, 56), (128, 128, 3, 3), strides=s2, pads=p1),
+        "conv_r50_3x3_s2_14": conv((1, 256, 28, 28), (256, 256, 3, 3), strides=s2, pads=p1),
+        "conv_r50_3x3_s2_7": conv((1, 512, 14, 14), (512, 512, 3, 3), strides=s2, pads=p1),
         "conv_r50_1x1_s2_down": conv((1, 256, 56, 56), (512, 256, 1, 1), act="none", strides=s2),
         "conv_r50_1x1_reduce_14": conv((1, 1024, 14, 14), (256, 1024, 1, 1)),
         "conv_r50_1x1_expand_14_res": conv((1, 256, 14, 14), (1024, 256, 1, 1), res=(1, 1024, 14, 14)),
