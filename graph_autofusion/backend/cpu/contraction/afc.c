@@ -1245,10 +1245,11 @@ static void afc_conv_ap(int64_t m, int64_t rows, int64_t ow, int64_t k, const fl
  *   (one thread, Intel Xeon AVX-512, best of 15): ResNet-50's 64-channel 3x3 at 56x56 159 -> 172-180
  *   GFLOP/s, its 128-channel 3x3 at 28x28 164 -> 171-178, the stride-2 one into 28x28 147 -> 162-165
  *   (the peak is 213, the micro-kernel alone on L1-resident panels 183);
- * - with more channels, each (MC x KC) block of A-panels is gathered from the band once (8 pixels
- *   at one depth: one 8-float copy where they are consecutive, else eight loads) and serves all
- *   the B panels (`afc_bp_block`): at 256 channels the in-place reads of a block's band rows for
- *   each of eight B panels measured 3-8% slower (14x14 and 7x7 pixels).
+ * - with more channels, each (MC x KC) block of A-panels is gathered from the band once (a panel's
+ *   pixels at one depth: on AVX-512 one masked load per run of the band they lie in, at stride 1
+ *   or 2; else one 8-float copy where they are consecutive, or a load each) and serves all the B
+ *   panels (`afc_bp_block`): at 256 channels the in-place reads of a block's band rows for each of
+ *   eight B panels measured 3-8% slower (14x14 and 7x7 pixels).
  * Either replaces an im2col tile of pixels x K floats (at ResNet-50's 14x14 3x3, 104 x 2304:
  * 0.9 MiB, more than a Zen 4 core's L2) and its packing. */
 static void afc_conv_bp(int64_t m, int64_t n, int64_t k, int64_t p0, int64_t ow, int64_t sh, int64_t sw,
