@@ -54,10 +54,9 @@ static int64_t afc_packed_b_floats(int64_t k, int64_t n) {
 #if defined(__AVX2__) && AFC_MR <= 8
 /* One panel of `rows` rows (at most MR) of row-major A (unit depth stride) at depths [0, kc): 8
  * depths at a time, the panel's rows (padded to 8 with zeros) transposed in eight ymm registers, MR
- * lanes of each
- * stored. A matmul's activation is packed like this once per tile and depth block; the scalar
- * loop did a strided store per float, about a cycle each: 6-8% of a 128 x 192 tile's time at
- * K = 768 on Zen 4, a tenth of that transposed. Returns the depths done (a multiple of 8). */
+ * lanes of each stored. A matmul's activation is packed like this once per tile and depth block;
+ * the scalar loop did a strided store per float, about a cycle each: 6-8% of a 128 x 192 tile's
+ * time at K = 768 on Zen 4, a tenth of that transposed. Returns the depths done (a multiple of 8). */
 static inline __attribute__((always_inline)) int64_t afc_pack_a_panel_rows(const int rows, int64_t kc,
                                                                           const float *a, int64_t rs, float *dst) {
   int64_t kk = 0;
@@ -109,7 +108,7 @@ static inline __attribute__((always_inline)) int64_t afc_pack_a_panel_rows(const
  * not 6 of 8 and one of 1), tie at 6 or 7 and at 4, where they measured 1.5% slower (ResNet-50's
  * 14x14 3x3 in tiles of 100 pixels: 4 panels of 7 rows against a half panel), so that one stays
  * fixed. Two threads, Zen 4, both library texts in one process (benchmarks/anchor_ab.py): ResNet-50's
- * 7x7 3x3 0.96-0.97 of its time, its 7x7 1x1s 0.96-0.99. */
+ * 7x7 3x3 0.96-0.98 of its time, its 7x7 1x1s 0.95-0.99, MobileNetV2's 960 -> 320 0.96. */
 #if AFC_MR == 6 || AFC_MR == 8
 #define AFC_BALANCED_PANELS 1
 #else
@@ -1312,7 +1311,8 @@ static void afc_conv_bp(int64_t m, int64_t n, int64_t k, int64_t p0, int64_t ow,
         for (s2 = s1; s2 < rows && poff[s2] - poff[s1] == sw * (s2 - s1);) ++s2;
         if (sw <= 2 && s2 == rows) {
           const unsigned run0 = (1u << s1) - 1u, run1 = ((1u << rows) - 1u) & ~run0;
-          const float *a0 = band + poff[0], *a1 = band + poff[s1 < rows ? s1 : 0] - sw * s1;
+          /* a1: where lane 0 of the second run would be read (lane i at a1 + sw * i) */
+          const float *a0 = band + poff[0], *a1 = s1 < rows ? band + poff[s1] - sw * s1 : a0;
           if (sw == 1) {
             for (int64_t kk = 0; kk < kc; ++kk) {
               const __m256 v = _mm256_maskz_loadu_ps((__mmask8)run0, a0 + offs[kk]);
