@@ -552,12 +552,13 @@ static inline __attribute__((always_inline)) void afc_ukernel_rp(const int R, in
 #endif
 
 /* The micro-kernel on `mr` valid rows of a panel whose rows are the M side of a pixels- or
- * tokens-as-rows product (afc_gemm_bp, afc_conv_bp), where a tile can end in a panel of few rows:
- * ResNet-50's 7x7 stage has 49 pixels, 6 panels of 8 and one of 1, and the full kernel computes
- * the 7 rows past the end too (49 of 56 rows useful, 87.5%). A panel of one row runs a one-row
- * kernel and one of at most MR / 2 rows a half-height one (the row loops are compile-time
- * constants in each), and one of MR / 2 + 1 rows runs both (AVX-512) or, on AVX2, a panel of 4
- * or 5 rows runs exactly its rows: the FMAs follow the valid rows. */
+ * tokens-as-rows product (afc_gemm_bp, afc_conv_bp), where a panel can have fewer than MR rows
+ * (a tile's last, or all of them where afc_panel_span balances a block: ResNet-50's 49 pixels of
+ * a 7x7 plane as 7 panels of 7 on AVX-512), and the full kernel would compute the rows past them
+ * too. A panel of one row runs a one-row kernel and one of at most MR / 2 rows a half-height one
+ * (the row loops are compile-time constants in each), one of MR / 2 + 1 rows runs both (AVX-512),
+ * and a panel of 4 or 5 rows (AVX2) or 6 or 7 (AVX-512) runs exactly its rows: the FMAs follow the
+ * valid rows. */
 static inline __attribute__((always_inline)) void afc_ukernel(int64_t kc, const float *restrict ap,
                                                               const float *const *arow,
                                                               const float *restrict bp, const int32_t *offs,

@@ -26,10 +26,10 @@
  *   AVX2 + FMA (v3):     6 x 16  (12 ymm accumulators)
  *   portable C:          4 x 16  (whatever the compiler vectorizes)
  * A tile's last panel of at most NR/2 valid columns runs on one vector per row (half the FMAs);
- * in afc_gemm_bp and afc_conv_bp (rows: pixels or tokens) a last panel of one row, at most MR/2
- * rows or MR/2 + 1 rows runs only those rows' FMAs (49 pixels: 6 x 8 + 1); on AVX2 a panel of 4
- * or 5 rows runs exactly its rows, and so does a last A-panel of 4 rows in the packed-A paths,
- * and the rows paths balance a block's panels (49 pixels: 4 x 6 + 5 x 5; afc_panel_span).
+ * in afc_gemm_bp and afc_conv_bp (rows: pixels or tokens) a panel of one row, at most MR/2 rows
+ * or MR/2 + 1 rows runs only those rows' FMAs, and so does one of 4 or 5 rows on AVX2 and of 6 or
+ * 7 on AVX-512; those paths balance a block's panels (afc_panel_span; 49 pixels: 4 x 6 + 5 x 5 on
+ * AVX2, 7 x 7 on AVX-512); a last A-panel of 4 rows in the packed-A paths runs its rows on AVX2.
  * Generated code never hard-codes these figures: packed sizes are C expressions of AFC_MR and
  * AFC_NR, and column tiles are multiples of 32 (a whole number of panels on every ISA).
  *
