@@ -60,8 +60,12 @@ Usage (what the code generators and the runtime call)::
 Flags, and why: `-O3 -fPIC -shared -std=c11 -ffp-contract=off -fno-math-errno -fno-trapping-math
 -fno-semantic-interposition -fopenmp`, plus the ISA (`isa.target_isa()`, the host's own by default;
 isa.py says why). Results must match onnxruntime to about 1e-5 relative, so there is no
-`-ffast-math` (it reorders sums and assumes no NaN/Inf); contraction into FMA is off so builds of a
-kernel for v2, v3 and v4 give bit-identical arithmetic (libm calls aside). `-fno-math-errno` lets
+`-ffast-math` (it reorders sums and assumes no NaN/Inf); contraction into FMA is off so builds of the
+generated code for v2, v3 and v4 give bit-identical arithmetic (libm calls aside). The contraction
+library's sums are not identical across builds: its micro-kernels use FMA on v3 and v4 and
+multiply-add in the portable build, and some of its depth blocks differ by ISA (AFC_INPLACE_KC), so
+a conv or GEMM differs in the last bits (`benchmarks/anchor_ab.py --baseline-isa v3`: up to 1e-5
+on ResNet-50's 1x1 convs, outputs of order 10). `-fno-math-errno` lets
 `sqrtf` etc. inline and vectorize and `-fno-trapping-math` allows if-conversion; neither changes a
 value. Reductions are vectorized where the generated code says it is safe, with `#pragma omp simd
 reduction(+:acc)` (honoured under `-fopenmp`, or `-fopenmp-simd` for `uses_openmp=False` kernels).
