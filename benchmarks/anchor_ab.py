@@ -375,9 +375,9 @@ def main() -> None:
     load_blas()
     cache = KernelCache(tmp / "cache")
 
-    def load(entry: dict, tag: str):  # type: ignore[no-untyped-def]
-        source = KernelSource(entry["symbol"] + tag, entry["source"], uses_blas=True)
-        (art,) = compile_kernels([source], cache=cache, isa=isas[tag.lstrip("_")])
+    def load(entry: dict, side: str):  # type: ignore[no-untyped-def]
+        source = KernelSource(f"{entry['symbol']}_{side}", entry["source"], uses_blas=True)
+        (art,) = compile_kernels([source], cache=cache, isa=isas[side])
         lib = art.load()
         fn = getattr(lib, entry["symbol"])
         fn.restype, fn.argtypes = None, [ctypes.c_void_p]
@@ -409,8 +409,8 @@ def main() -> None:
     clock = time.process_time if args.cpu_time else time.perf_counter
     for name in (n for n in sides["this"] if args.only in n):
         a, b = sides["base"][name], sides["this"][name]
-        fa, pa, _ia, oa = load(a, "_base")
-        fb, pb, _ib, ob = load(b, "_this")
+        fa, pa, _ia, oa = load(a, "base")
+        fb, pb, _ib, ob = load(b, "this")
         fa(pa)
         fb(pb)
         diff = max(float(np.max(np.abs(x - y))) for x, y in zip(oa, ob, strict=True))

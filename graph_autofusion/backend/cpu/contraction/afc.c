@@ -134,8 +134,9 @@ static void afc_pack_a_spans(int64_t m, int64_t kc, const float *a, int64_t rs, 
     afc_panel_span(m, panel, balance, &p, &rows);
     float *dst = ap + panel * AFC_MR * kc;
 #if defined(__AVX2__) && AFC_MR <= 8
-    /* whole panels and the short ones the rows paths balance to (7 rows of 8 on AVX-512, 5 of 6
-     * on AVX2) by register transposes, zeros in the lanes past `rows` */
+    /* whole panels by register transposes (MR rows, a compile-time count), and so the short ones
+     * the rows paths balance to (any count: 49 rows as 7 x 7 on AVX-512, 10 as 5 x 5), zeros in the
+     * lanes past `rows` */
     if (cs == 1) {
       const float *src = a + p * rs;
       int64_t kk = rows == AFC_MR ? afc_pack_a_panel_rows(AFC_MR, kc, src, rs, dst)
