@@ -17,7 +17,8 @@ loop is handed out from both ends, thread 0 from the front and thread 1 from the
 core keeps about the same half of the image from kernel to kernel (pool.c says what it
 measured). Workers spin `spin_ns` after their last task
 (the kernels of a run are microseconds apart), then sleep on a futex that the next region's
-caller rings without waiting for anyone to wake.
+caller rings without waiting for anyone to wake; a worker sleeps with its caller's CPU out of its
+affinity, so that the wake cannot put it beside its caller (pool.c: afp_sleep_away, with figures).
 
 Team size stays where it was: a `num_threads` clause, else the calling thread's OpenMP setting
 (`threads.set_omp_threads`, the team policy in team.py). `AUTOFUSION_THREAD_POOL=openmp` leaves
@@ -43,6 +44,7 @@ _HERE = Path(__file__).resolve().parent
 POOL_ENV = "AUTOFUSION_THREAD_POOL"
 API_SYMBOL = "af_pool_api"
 SYMBOL = "afp_pool"  # the pool's unit, among a model's artifacts
+WORKER_NAME = "afp-worker"  # the workers' thread name (pool.c: AFP_WORKER_NAME)
 # Every libgomp entry point the entry shim routes (gcc's outlined regions, nonmonotonic dynamic
 # schedules, static schedules' thread queries, atomics for reductions it cannot do lock-free).
 WRAPPED = (
@@ -108,6 +110,7 @@ def load(path: Path) -> ctypes.CDLL:
             ("afp_workers", ctypes.c_int, []),
             ("afp_regions", ctypes.c_long, []),
             ("afp_tasks_by_workers", ctypes.c_long, []),
+            ("afp_step_asides", ctypes.c_long, []),
             ("afp_hold_workers", None, [ctypes.c_int]),
             ("afp_set_two_ended", None, [ctypes.c_int]),
         ):
@@ -157,11 +160,13 @@ def workers_held() -> Iterator[None]:
 
 
 def stats() -> dict[str, int]:
-    """Workers started, regions run on the pool, tasks the workers (not the callers) ran."""
+    """Workers started, regions run on the pool, tasks the workers (not the callers) ran, and
+    how often a worker found itself on its caller's CPU and moved off it (pool.c: afp_step_aside)."""
     lib = library()
     return {
         "workers": int(lib.afp_workers()),
         "regions": int(lib.afp_regions()),
         "tasks_by_workers": int(lib.afp_tasks_by_workers()),
+        "step_asides": int(lib.afp_step_asides()),
         "spin_ns": int(lib.afp_spin_ns()),
     }

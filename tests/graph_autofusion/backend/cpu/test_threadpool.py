@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -283,3 +284,46 @@ def test_a_model_gives_the_same_answer_on_the_pool_and_on_libgomp(kernel_cache: 
     expected = np.load(target)
     for key, value in got.items():
         np.testing.assert_array_equal(value, expected[key])
+
+
+def _worker_tids() -> list[int]:
+    """The pool's worker threads, by their name."""
+    tids = []
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        try:
+            if (task / "comm").read_text().strip() == threadpool.WORKER_NAME:
+                tids.append(int(task.name))
+        except FileNotFoundError:  # a thread of another library that has just ended
+            continue
+    return tids
+
+
+def _allowed_while_asleep(tid: int, timeout: float = 5.0) -> set[int]:
+    """The CPUs a worker may run on, read once it sleeps (its spin is 100 us; a loaded host may
+    keep it runnable for longer)."""
+    status = Path(f"/proc/{os.getpid()}/task/{tid}/status")
+    deadline = time.monotonic() + timeout
+    while True:
+        fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+        if fields["State"].strip().startswith("S") or time.monotonic() > deadline:
+            return os.sched_getaffinity(tid)
+        time.sleep(0.01)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to keep apart")
+def test_a_sleeping_worker_keeps_off_its_callers_cpu(regions: ctypes.CDLL) -> None:
+    """A worker sleeps with the last caller's CPU out of its affinity (a wake in a virtual machine
+    put it beside its caller: pool.c), and takes back its whole mask when it wakes: after the
+    caller moves to another CPU, the sleeping worker avoids that one instead."""
+    allowed = os.sched_getaffinity(0)
+    first, second = sorted(allowed)[:2]
+    who, teams = np.zeros(64, np.int32), np.zeros(64, np.int32)
+    try:
+        with threads.omp_threads(2):
+            for caller in (first, second):
+                os.sched_setaffinity(0, {caller})  # this thread, the regions' caller
+                regions.static_owner(ptr(who), ptr(teams), ctypes.c_long(who.size))
+                (tid,) = _worker_tids()
+                assert _allowed_while_asleep(tid) == allowed - {caller}
+    finally:
+        os.sched_setaffinity(0, allowed)
