@@ -12,8 +12,14 @@ measured in the same child is what survives the drift.
 shape of a shared host, where a worker thread's core is sometimes taken, and where a team that
 waits for every thread pays for it in every kernel.
 
+`--pace-ms P` times each call after a pause of P ms instead of back to back (`paced_medians`): a
+service's requests, where the pool's workers have gone to sleep before every run and each run
+starts by waking them. Back-to-back blocks never see that start: on a 2-vCPU AMD EPYC Zen 3 host
+the wake put the worker on its caller's vCPU (pool.c: afp_sleep_away), MobileNetV2 paced at 5 ms
+ran 1.7-1.8x onnxruntime while its back-to-back runs read 1.2x.
+
 Run: `.venv/bin/python benchmarks/thread_pool.py [--models resnet50,mobilenet_v2,mlp] [--pairs 3]
-[--reps 20] [--threads 2] [--busy-neighbour] [--small]`.
+[--reps 20] [--threads 2] [--busy-neighbour] [--pace-ms 5] [--small]`.
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ import os
 import statistics
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -32,8 +39,36 @@ MODES = ("pool", "openmp")
 HERE = Path(__file__).resolve().parent
 
 
-def child(name: str, threads: int, reps: int, small: bool) -> dict[str, float | str]:
-    """One measurement in this process: our fused model and onnxruntime, alternating blocks."""
+def paced_medians(
+    runners: dict[str, Callable[[], object]],
+    reps: int,
+    pace: float,
+    rounds: int = 3,
+    settle: float | None = None,
+) -> dict[str, float]:
+    """Median wall time (ms) of each runner's calls, each call `pace` seconds after the one
+    before, in `rounds` rounds of `reps // rounds` calls per runner; each block starts after
+    `settle` seconds (runtime_speed.SETTLE_SECONDS: the other runtime's spinning threads stop) and
+    with an untimed call, as runtime_speed.block_times does."""
+    sys.path.insert(0, str(HERE))
+    from runtime_speed import SETTLE_SECONDS
+
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    for _ in range(rounds):
+        for name, run in runners.items():
+            time.sleep(SETTLE_SECONDS if settle is None else settle)
+            run()
+            for _ in range(max(1, reps // rounds)):
+                time.sleep(pace)
+                t0 = time.perf_counter()
+                run()
+                times[name].append((time.perf_counter() - t0) * 1e3)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def child(name: str, threads: int, reps: int, small: bool, pace_ms: float) -> dict[str, float | str]:
+    """One measurement in this process: our fused model and onnxruntime, alternating blocks (of
+    calls `pace_ms` apart, if it is set)."""
     import onnxruntime as ort
 
     import graph_autofusion as gaf
@@ -48,7 +83,8 @@ def child(name: str, threads: int, reps: int, small: bool) -> dict[str, float | 
     fused = gaf.fuse(source)
     ours = compile_model(fused.model, threads=threads)
     peer = ort_session(fused.canonical_reference, ort.GraphOptimizationLevel.ORT_ENABLE_ALL, threads)
-    medians = block_medians({"fused": lambda: ours(feeds), "ort": lambda: peer.run(None, feeds)}, reps)
+    runners = {"fused": lambda: ours(feeds), "ort": lambda: peer.run(None, feeds)}
+    medians = paced_medians(runners, reps, pace_ms / 1e3) if pace_ms > 0 else block_medians(runners, reps)
     return {**medians, "thread_pool": ours.stats["thread_pool"]}
 
 
@@ -76,11 +112,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--busy-neighbour", action="store_true")
+    parser.add_argument("--pace-ms", type=float, default=0.0, help="a pause before every timed call")
     parser.add_argument("--small", action="store_true", help="small variants (a smoke run of the script)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.child, args.threads, args.reps, args.small)))
+        print(json.dumps(child(args.child, args.threads, args.reps, args.small, args.pace_ms)))
         return
 
     from graph_autofusion.hardware import describe_host
@@ -88,7 +125,9 @@ def main(argv: list[str] | None = None) -> None:
     print(describe_host())
     print(
         f"{args.threads} threads, {args.pairs} pairs of child processes per model, median of at least "
-        f"{args.reps} runs each" + (", a nice-19 busy loop on the last CPU" if args.busy_neighbour else "")
+        f"{args.reps} runs each"
+        + (f", each call {args.pace_ms:g} ms after the last" if args.pace_ms > 0 else ", back to back")
+        + (", a nice-19 busy loop on the last CPU" if args.busy_neighbour else "")
     )
     print(f"{'model':<13} {'mode':<7} {'fused ms':>9} {'ort ms':>9} {'f/ort':>6} {'worst f/ort':>11}")
     with busy_neighbour(args.busy_neighbour):
@@ -97,7 +136,8 @@ def main(argv: list[str] | None = None) -> None:
             for pair in range(args.pairs):
                 for mode in MODES if pair % 2 == 0 else MODES[::-1]:
                     command = [sys.executable, __file__, "--child", name, "--threads", str(args.threads)]
-                    command += ["--reps", str(args.reps)] + (["--small"] if args.small else [])
+                    command += ["--reps", str(args.reps), "--pace-ms", str(args.pace_ms)]
+                    command += ["--small"] if args.small else []
                     env = {**os.environ, "AUTOFUSION_THREAD_POOL": mode}
                     out = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
                     row = json.loads(out.stdout.strip().splitlines()[-1])
