@@ -15,8 +15,8 @@ claims the others from one atomic word as the workers do and then waits only for
 started, so a late worker costs nothing but its share of the work. With two threads a dynamic
 loop is handed out from both ends, thread 0 from the front and thread 1 from the back, so each
 core keeps about the same half of the image from kernel to kernel (pool.c says what it
-measured). Workers spin `spin_ns` after their last task
-(the kernels of a run are microseconds apart), then sleep on a futex that the next region's
+measured). Workers spin while a region runs and `spin_ns` after the last
+one (the kernels of a run are microseconds apart), then sleep on a futex that the next region's
 caller rings without waiting for anyone to wake; a worker sleeps with its caller's CPU out of its
 affinity, so that the wake cannot put it beside its caller (pool.c: afp_sleep_away, with figures).
 
@@ -60,7 +60,7 @@ WRAPPED = (
     "omp_get_thread_num",
     "omp_get_num_threads",
 )
-# How long a worker spins after its last task, by threads.omp_wait_policy(): long enough to
+# How long a worker spins after the last region, by threads.omp_wait_policy(): long enough to
 # bridge the gaps between a run's kernels (a few microseconds, up to tens where the host runs a
 # small operator between them), short enough that an idle process gives its cores back at once.
 SPIN_NS = {"BRIEF": 100_000, "PASSIVE": 0, "ACTIVE": -1, "DEFAULT": 2_000_000}
