@@ -186,7 +186,6 @@ static void afp_sleep_away(void) {
 
 static void *afp_worker(void *arg) {
   (void)arg;
-  pthread_setname_np(pthread_self(), AFP_WORKER_NAME); /* what `top -H` and /proc show */
   long idle_since = afp_now_ns();
   unsigned spins = 0;
   for (;;) {
@@ -223,6 +222,7 @@ static int afp_grow(int wanted) {
   while (afp.workers < wanted) {
     pthread_t t;
     if (pthread_create(&t, NULL, afp_worker, NULL) != 0) break;
+    pthread_setname_np(t, AFP_WORKER_NAME); /* what `top -H` and /proc show */
     pthread_detach(t);
     ++afp.workers;
   }

@@ -31,6 +31,7 @@ SMALL = {
 REGIONS = r"""
 #include <omp.h>
 #include <stdint.h>
+#include <time.h>
 /* who[i] = 1 + the OpenMP thread that ran iteration i (static schedule), teams[i] its team size */
 void static_owner(int32_t *who, int32_t *teams, long n) {
 #pragma omp parallel for schedule(static)
@@ -73,6 +74,18 @@ double sum_reduce(const float *x, long n) {
 #pragma omp parallel for reduction(+ : s)
   for (long i = 0; i < n; ++i) s += x[i];
   return s;
+}
+/* a region whose thread 0 works for `ns` nanoseconds and whose other threads return at once */
+void uneven_region(long ns) {
+#pragma omp parallel
+  {
+    if (omp_get_thread_num() == 0) {
+      struct timespec t0, t;
+      clock_gettime(CLOCK_MONOTONIC, &t0);
+      do clock_gettime(CLOCK_MONOTONIC, &t);
+      while ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) < ns);
+    }
+  }
 }
 int serial_if(long n) {
   int team = 0;
@@ -298,15 +311,16 @@ def _worker_tids() -> list[int]:
     return tids
 
 
-def _allowed_while_asleep(tid: int, timeout: float = 5.0) -> set[int]:
-    """The CPUs a worker may run on, read once it sleeps (its spin is 100 us; a loaded host may
-    keep it runnable for longer)."""
-    status = Path(f"/proc/{os.getpid()}/task/{tid}/status")
+def _asleep_with(tid: int, cpus: set[int], timeout: float = 5.0) -> set[int]:
+    """The CPUs a worker may run on once it sleeps with `cpus` (or the last seen at the timeout):
+    the region's wake reaches it asynchronously, and it sleeps again 100 us after the region."""
+    task = Path(f"/proc/{os.getpid()}/task/{tid}")
     deadline = time.monotonic() + timeout
     while True:
-        fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
-        if fields["State"].strip().startswith("S") or time.monotonic() > deadline:
-            return os.sched_getaffinity(tid)
+        state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        allowed = os.sched_getaffinity(tid)
+        if (state == "S" and allowed == cpus) or time.monotonic() > deadline:
+            return allowed
         time.sleep(0.01)
 
 
@@ -320,10 +334,41 @@ def test_a_sleeping_worker_keeps_off_its_callers_cpu(regions: ctypes.CDLL) -> No
     who, teams = np.zeros(64, np.int32), np.zeros(64, np.int32)
     try:
         with threads.omp_threads(2):
+            # the worker starts unpinned (a thread inherits its creator's affinity)
+            regions.static_owner(ptr(who), ptr(teams), ctypes.c_long(who.size))
             for caller in (first, second):
                 os.sched_setaffinity(0, {caller})  # this thread, the regions' caller
                 regions.static_owner(ptr(who), ptr(teams), ctypes.c_long(who.size))
                 (tid,) = _worker_tids()
-                assert _allowed_while_asleep(tid) == allowed - {caller}
+                assert _asleep_with(tid, allowed - {caller}) == allowed - {caller}
     finally:
         os.sched_setaffinity(0, allowed)
+
+
+def test_a_worker_done_early_spins_while_its_region_runs(regions: ctypes.CDLL) -> None:
+    """The spin counts from the pool's last busy moment: a worker whose share ended early keeps
+    spinning while the caller finishes the region (the next one follows within microseconds),
+    instead of sleeping 100 us after its own task and making the next region wake it."""
+    with threads.omp_threads(2):
+        regions.uneven_region(ctypes.c_long(0))  # the worker exists and is awake
+        (tid,) = _worker_tids()
+        stat = Path(f"/proc/{os.getpid()}/task/{tid}/stat")
+        states: list[str] = []
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.is_set():
+                states.append(stat.read_text().rsplit(")", 1)[1].split()[0])
+                time.sleep(0.002)
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        try:
+            regions.uneven_region(ctypes.c_long(300_000_000))  # 0.3 s, the worker's task empty
+        finally:
+            done.set()
+            sampler.join()
+    assert len(states) > 20 and "R" in states
+    # from its wake (a few ms on a virtual machine) to the region's end: spinning, never asleep
+    awake = states[states.index("R") : -1]
+    assert len(awake) > 20 and "S" not in awake, states
