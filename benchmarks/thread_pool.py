@@ -14,9 +14,10 @@ waits for every thread pays for it in every kernel.
 
 `--pace-ms P` times each call after a pause of P ms instead of back to back (`paced_medians`): a
 service's requests, where the pool's workers have gone to sleep before every run and each run
-starts by waking them. Back-to-back blocks never see that start: on a 2-vCPU AMD EPYC Zen 3 host
-the wake put the worker on its caller's vCPU (pool.c: afp_sleep_away), MobileNetV2 paced at 5 ms
-ran 1.7-1.8x onnxruntime while its back-to-back runs read 1.2x.
+starts by waking them. Back-to-back blocks never see that start: on a 2-vCPU AMD EPYC Zen 3 host,
+before the workers slept away from their caller's CPU (pool.c: afp_sleep_away), the wake put the
+worker on its caller's vCPU and MobileNetV2 paced at 5 ms ran 1.6-1.8x onnxruntime where its
+back-to-back runs read 1.2x; after, 1.13-1.14x paced.
 
 Run: `.venv/bin/python benchmarks/thread_pool.py [--models resnet50,mobilenet_v2,mlp] [--pairs 3]
 [--reps 20] [--threads 2] [--busy-neighbour] [--pace-ms 5] [--small]`.

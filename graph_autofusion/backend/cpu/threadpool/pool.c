@@ -201,8 +201,8 @@ static void *afp_worker(void *arg) {
     /* A region still running (its caller finishing the larger share) means more regions follow:
      * the spin counts from when the pool was last busy, not from this worker's last task. Counted
      * from its last task, a worker done early in ResNet-50's longer regions slept a dozen times a
-     * run and each region after paid a wake (Zen 3, back to back: 7 futex sleeps a run in blocks of
-     * 7 against one, median run 52-64 ms against 49-50). */
+     * run, each region after it paying a wake (2-vCPU Zen 3 host, runs back to back: 12 sleeps a
+     * run against one, between runs; median run 52-64 ms against 49-50). */
     if (atomic_load_explicit(&afp.busy, memory_order_relaxed)) idle_since = afp_now_ns();
     if (afp_now_ns() - idle_since < atomic_load_explicit(&afp.spin_ns, memory_order_relaxed)) continue;
     afp_sleep_away();
