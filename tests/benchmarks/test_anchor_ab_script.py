@@ -31,6 +31,9 @@ def test_baseline_isa_builds_the_baseline_for_that_isa_and_both_agree() -> None:
     assert f"base: this checkout, kernels for x86-64-v2; this: {target_isa().name}" in out, out
     (row,) = [line for line in out.splitlines() if line.startswith("mlp_small ")]
     base_ms, this_ms, ratio, diff = (float(v) for v in row.split()[1:5])
-    assert base_ms > 0 and this_ms > 0 and ratio == pytest.approx(this_ms / base_ms, abs=2e-3)
+    # the times are printed to 0.001 ms and the ratio is of the unrounded times: at a 0.016 ms
+    # kernel the rounding alone moves this_ms / base_ms by 3%
+    rounding = this_ms / base_ms * (0.0005 / this_ms + 0.0005 / base_ms) + 0.0005
+    assert base_ms > 0 and this_ms > 0 and ratio == pytest.approx(this_ms / base_ms, abs=rounding)
     assert diff < 1e-4, row  # outputs of order 1: the two builds differ by rounding at most
     assert re.search(r"^geometric mean this/base: \d", out, re.M), out

