@@ -150,16 +150,23 @@ SETTLE_SECONDS = 0.3
 
 
 def block_medians(
-    runners: dict[str, Callable[[], Any]], reps: int, rounds: int = 3, settle: float = SETTLE_SECONDS
+    runners: dict[str, Callable[[], Any]],
+    reps: int,
+    rounds: int = 3,
+    settle: float = SETTLE_SECONDS,
+    pace: float = 0.0,
 ) -> dict[str, float]:
-    """Median wall time (ms) of each runner over `rounds` rounds of consecutive calls
-    (`block_times`)."""
-    times = block_times(runners, reps, rounds, settle)
+    """Median wall time (ms) of each runner over `rounds` rounds of calls (`block_times`)."""
+    times = block_times(runners, reps, rounds, settle, pace)
     return {name: statistics.median(values) for name, values in times.items()}
 
 
 def block_times(
-    runners: dict[str, Callable[[], Any]], reps: int, rounds: int = 3, settle: float = SETTLE_SECONDS
+    runners: dict[str, Callable[[], Any]],
+    reps: int,
+    rounds: int = 3,
+    settle: float = SETTLE_SECONDS,
+    pace: float = 0.0,
 ) -> dict[str, list[float]]:
     """Wall times (ms) of each runner's timed calls over `rounds` rounds of consecutive calls.
 
@@ -168,7 +175,8 @@ def block_times(
     noisy neighbour over all of them, while the pause and the blocks keep one runtime's idle
     thread pool (onnxruntime's workers spin for 50-100 ms after a run, SETTLE_SECONDS) from
     stealing the cores of the next contender's timed calls. A block holds `reps // rounds`
-    calls, and more while it has lasted under `MIN_BLOCK_SECONDS`.
+    calls, and more while it has lasted under `MIN_BLOCK_SECONDS`. With `pace`, each call comes
+    `pace` seconds after the one before (a service's requests: benchmarks/thread_pool.py).
     """
     times: dict[str, list[float]] = {name: [] for name in runners}
     per_round = max(1, reps // rounds)
@@ -178,6 +186,8 @@ def block_times(
             run()
             calls, began = 0, time.perf_counter()
             while calls < per_round or time.perf_counter() - began < MIN_BLOCK_SECONDS:
+                if pace > 0:
+                    time.sleep(pace)
                 t0 = time.perf_counter()
                 run()
                 times[name].append((time.perf_counter() - t0) * 1e3)

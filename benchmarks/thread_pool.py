@@ -12,7 +12,7 @@ measured in the same child is what survives the drift.
 shape of a shared host, where a worker thread's core is sometimes taken, and where a team that
 waits for every thread pays for it in every kernel.
 
-`--pace-ms P` times each call after a pause of P ms instead of back to back (`paced_medians`): a
+`--pace-ms P` times each call after a pause of P ms instead of back to back (`block_times`' pace): a
 service's requests, where the pool's workers have gone to sleep before every run and each run
 starts by waking them. Back-to-back blocks never see that start: on a 2-vCPU AMD EPYC Zen 3 host,
 before the workers slept away from their caller's CPU (pool.c: afp_sleep_away), the wake put the
@@ -31,40 +31,12 @@ import os
 import statistics
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 MODES = ("pool", "openmp")
 HERE = Path(__file__).resolve().parent
-
-
-def paced_medians(
-    runners: dict[str, Callable[[], object]],
-    reps: int,
-    pace: float,
-    rounds: int = 3,
-    settle: float | None = None,
-) -> dict[str, float]:
-    """Median wall time (ms) of each runner's calls, each call `pace` seconds after the one
-    before, in `rounds` rounds of `reps // rounds` calls per runner; each block starts after
-    `settle` seconds (runtime_speed.SETTLE_SECONDS: the other runtime's spinning threads stop) and
-    with an untimed call, as runtime_speed.block_times does."""
-    sys.path.insert(0, str(HERE))
-    from runtime_speed import SETTLE_SECONDS
-
-    times: dict[str, list[float]] = {name: [] for name in runners}
-    for _ in range(rounds):
-        for name, run in runners.items():
-            time.sleep(SETTLE_SECONDS if settle is None else settle)
-            run()
-            for _ in range(max(1, reps // rounds)):
-                time.sleep(pace)
-                t0 = time.perf_counter()
-                run()
-                times[name].append((time.perf_counter() - t0) * 1e3)
-    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def child(name: str, threads: int, reps: int, small: bool, pace_ms: float) -> dict[str, float | str]:
@@ -85,7 +57,7 @@ def child(name: str, threads: int, reps: int, small: bool, pace_ms: float) -> di
     ours = compile_model(fused.model, threads=threads)
     peer = ort_session(fused.canonical_reference, ort.GraphOptimizationLevel.ORT_ENABLE_ALL, threads)
     runners = {"fused": lambda: ours(feeds), "ort": lambda: peer.run(None, feeds)}
-    medians = paced_medians(runners, reps, pace_ms / 1e3) if pace_ms > 0 else block_medians(runners, reps)
+    medians = block_medians(runners, reps, pace=pace_ms / 1e3)
     return {**medians, "thread_pool": ours.stats["thread_pool"]}
 
 

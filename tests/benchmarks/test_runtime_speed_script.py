@@ -3,6 +3,7 @@ carries the ratios of the medians and of the fastest runs, each computed from it
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import time
@@ -54,3 +55,18 @@ def test_the_mlp_row_has_the_fastest_runs_ratios(capsys: pytest.CaptureFixture[s
     # the columns after the five latencies: f/unf, f/ort, f/ov, min f/ort, min f/ov
     assert float(cells[7]) == pytest.approx(row["fused_vs_ort_enable_all"], abs=0.006)
     assert float(cells[9]) == pytest.approx(row["fastest_fused_vs_ort_enable_all"], abs=0.006)
+
+
+def test_paced_blocks_wait_before_each_call() -> None:
+    """`pace`: every call of a block (its untimed first one aside) comes after the pause, and the
+    times are the calls' own, not the pause's."""
+    calls: list[float] = []
+
+    def run() -> None:
+        calls.append(time.perf_counter())
+
+    times = runtime_speed.block_times({"a": run, "b": run}, reps=6, rounds=2, settle=0.02, pace=0.02)
+    assert len(calls) == 2 * 2 * (1 + 3)  # rounds x runners x (untimed first + timed calls)
+    assert all(b - a >= 0.02 for a, b in itertools.pairwise(calls))
+    assert {k: len(v) for k, v in times.items()} == {"a": 6, "b": 6}
+    assert all(0 <= t < 20 for v in times.values() for t in v)
