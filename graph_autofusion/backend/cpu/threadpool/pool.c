@@ -202,9 +202,12 @@ static void *afp_worker(void *arg) {
      * the spin counts from when the pool was last busy, not from this worker's last task. Counted
      * from its last task, a worker done early in ResNet-50's longer regions slept a dozen times a
      * run, each region after it paying a wake (2-vCPU Zen 3 host, runs back to back: 12 sleeps a
-     * run against one, between runs; median run 52-64 ms against 49-50). */
-    if (atomic_load_explicit(&afp.busy, memory_order_relaxed)) idle_since = afp_now_ns();
-    if (afp_now_ns() - idle_since < atomic_load_explicit(&afp.spin_ns, memory_order_relaxed)) continue;
+     * run against one, between runs; median run 52-64 ms against 49-50). One clock reading for
+     * both: with two, a worker preempted between them (for longer than its spin) went to sleep
+     * in the middle of a busy region. */
+    const long now = afp_now_ns();
+    if (atomic_load_explicit(&afp.busy, memory_order_relaxed)) idle_since = now;
+    if (now - idle_since < atomic_load_explicit(&afp.spin_ns, memory_order_relaxed)) continue;
     afp_sleep_away();
     idle_since = afp_now_ns();
     spins = 0;
