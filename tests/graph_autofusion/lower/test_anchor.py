@@ -64,6 +64,8 @@ def test_transformer_gemms_split_into_an_even_count_of_whole_panel_tiles() -> No
             tiles = -(-m // mb) * -(-n // nb)
             assert nb % PANEL_QUANTUM == 0 and n % nb == 0, (m, k, n, nb)
             assert tiles >= MIN_TILES and tiles % 2 == 0, (m, k, n, mb, nb)
+            # row tiles differ by at most one row (197 tokens: 99 + 98, not 104 + 93)
+            assert -(-m // mb) * mb - m < -(-m // mb), (m, mb)
             if (m, n) == (128, 2304):
                 assert (mb, nb) == (128, 192)
 
