@@ -127,6 +127,8 @@ DIRECT_CONV_ROUTINE = "afc_conv_ap"  # lower/conv.py's `conv_direct`: taps read 
 DIRECT_ROWS_CONV_ROUTINE = "afc_conv_bp"  # its pixels-as-rows tiles over a padded band
 STORE_T_ROUTINE = "afc_store_t"  # a pixels-as-rows tile stored transposed into NCHW
 STORE_T_POST_ROUTINE = "afc_store_t_post"  # ... with the post-ops of PACKED_A_POST_ROUTINE
+WINOGRAD_ROUTINE = "afc_wino3x3"  # lower/conv.py's `conv_winograd`: F(2x2, 3x3) of 3x3 convs
+WINOGRAD_PACK_ROUTINE = "afc_wino3x3_pack"  # ... its weight's 16 transforms as B-panels, at load
 DEPTHWISE_3X3_ROUTINE = "afc_dw3x3"  # lower/conv.py: stride-1 depthwise 3x3s
 DEPTHWISE_3X3_S2_ROUTINE = "afc_dw3x3_s2"  # ... and stride-2 ones
 

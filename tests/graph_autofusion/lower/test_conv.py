@@ -35,6 +35,7 @@ from graph_autofusion.lower.anchor import (
     PARALLEL_MIN_MACS,
     STORE_T_POST_ROUTINE,
     STORE_T_ROUTINE,
+    WINOGRAD_ROUTINE,
     method_of,
 )
 from graph_autofusion.lower.conv import (
@@ -56,6 +57,8 @@ DIRECT = "conv_direct"  # with the library; OpenBLAS has no band to read, so im2
 # im2col with OpenBLAS; with the library, pixels as rows in tiles of whole output rows whose taps
 # afc_conv_bp reads from the band in place (the method is still named im2col)
 BAND_ROWS = "band_rows"
+# 3x3s of stride 1 with channels in whole vectors, with the library: Winograd F(2x2, 3x3)
+WINOGRAD = "conv_winograd"
 
 
 def _model(
@@ -182,7 +185,10 @@ CASES = {
     ),
     "conv1d": ((2, 6, 30), (8, 6, 3), {"strides": [2], "pads": [1, 2]}, IM2COL),
     "conv3d": ((1, 3, 6, 7, 8), (5, 3, 3, 3, 3), {"pads": [1, 0, 1, 1, 2, 1]}, IM2COL),
-    "big_parallel": ((1, 32, 40, 40), (64, 32, 3, 3), {"pads": [1, 1, 1, 1]}, BAND_ROWS),
+    "big_parallel": ((1, 32, 40, 40), (72, 32, 3, 3), {"pads": [1, 1, 1, 1]}, BAND_ROWS),
+    # two images in bands of tile rows, 14-pixel rows; rows of 30 (15 tiles), 96 output channels
+    "winograd": ((2, 32, 20, 14), (64, 32, 3, 3), {"pads": [1, 1, 1, 1]}, WINOGRAD),
+    "winograd_wide_rows": ((1, 16, 6, 30), (96, 16, 3, 3), {"pads": [1, 1, 1, 1]}, WINOGRAD),
     # the taps read from the input band in place: dilated, asymmetric padding, rows of unequal
     # tiles, 28-pixel rows, one row
     "rows_dilated_asym": (
@@ -217,7 +223,7 @@ def test_conv_matches_onnxruntime(
 ) -> None:
     monkeypatch.setenv(CONTRACTION_ENV, mode)
     x_shape, w_shape, attrs, method = CASES[name]
-    if method == DIRECT and mode == "blas":
+    if method in (DIRECT, WINOGRAD) and mode == "blas":
         method = IM2COL
     band_rows = method == BAND_ROWS
     method = IM2COL if band_rows else method
@@ -233,6 +239,8 @@ def test_conv_matches_onnxruntime(
         assert routines == ({routine} if depthwise_in_library(g) else set()) and not kernel.packed
     elif method == DIRECT:
         assert routines == {DIRECT_CONV_ROUTINE} and len(kernel.packed) == 1
+    elif method == WINOGRAD:
+        assert routines == {WINOGRAD_ROUTINE} and len(kernel.packed) == 1
     elif mode == "library":
         # pixels as rows (B-panels of W^T) for one group of fewer than 64 pixels, not 32 (up to
         # 256 when im2col builds the operand or the conv is a 1x1)
@@ -748,3 +756,26 @@ def test_direct_tiles_are_whole_rows_the_threads_finish_together() -> None:
     g1 = ConvGeometry(n=1, cin=8, cout=40, group=1, h=1, w=300, oh=1, ow=300,
                       kh=1, kw=5, sh=1, sw=1, dh=1, dw=1, pt=0, pl=2)  # fmt: skip
     assert direct_tiles(g1) == (1, 1, 24, 2)
+
+
+@pytest.mark.parametrize(("channels", "size"), [(64, 56), (128, 28), (256, 14), (128, 4)])
+def test_winograd_tasks_are_balanced_bands_of_whole_panel_channel_tiles(channels: int, size: int) -> None:
+    """ResNet-50's stride-1 3x3s (and a 4x4 image, two tile rows): an even count of at least
+    ROBUST_TASKS tasks that two threads share equally, channel tiles of whole B panels, and a
+    block's transformed input within its budget."""
+    g = ConvGeometry(n=1, cin=channels, cout=channels, group=1, h=size, w=size, oh=size, ow=size,
+                     kh=3, kw=3, sh=1, sw=1, dh=1, dw=1, pt=1, pl=1)  # fmt: skip
+    assert conv_module.winograd_shape(g)
+    rt, bands, kt, kblocks, tr = conv_module.winograd_tiles(g)
+    th = size // 2
+    assert bands == -(-th // rt) and kt * kblocks == channels and (kblocks == 1 or kt % 32 == 0)
+    tasks = bands * kblocks
+    assert tasks >= ROBUST_TASKS and tasks % 2 == 0, (rt, bands, kt, kblocks)
+    loads = [0, 0]  # tile rows per thread, the tasks handed out in order (dynamic schedule)
+    for rows in [min(rt, th - b * rt) for b in range(bands)] * kblocks:
+        loads[loads.index(min(loads))] += rows
+    assert loads[0] == loads[1] == th * kblocks // 2, (rt, bands, kblocks)
+    assert 16 * tr * (size // 2) * channels <= conv_module.WINO_BLOCK_FLOATS or tr == 1
+    odd = ConvGeometry(n=1, cin=channels, cout=channels, group=1, h=7, w=7, oh=7, ow=7,
+                       kh=3, kw=3, sh=1, sw=1, dh=1, dw=1, pt=1, pl=1)  # fmt: skip
+    assert not conv_module.winograd_shape(odd)

@@ -74,7 +74,8 @@ class AnchorKernel:
 
     `source` is a complete C translation unit defining `void <spec.symbol>(void *const *args)`;
     `method` names how the contraction is computed ("gemm", "batched_gemm", "conv1x1_gemm",
-    "conv_im2col_tiled", "conv_direct", "conv_depthwise", "conv_transpose_col2im", "matmul_chain",
+    "conv_im2col_tiled", "conv_direct", "conv_winograd", "conv_depthwise", "conv_transpose_col2im",
+    "matmul_chain",
     "conv_depthwise_chain", or "matmul_chain_staged" / "conv_chain_staged" when a chain runs as two
     stages (its layout rules out row blocks, or the library is not there); a "_packed" suffix means an
     operand view needed a per-tile copy); `uses_blas` says whether the unit must be linked with

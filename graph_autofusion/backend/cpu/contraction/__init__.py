@@ -45,7 +45,9 @@ the ISA is part of the cache key like every other kernel):
   common epilogue (bias, residual, Relu/Clip) to each tile's accumulators before their store
   (AVX-512, AVX2; right after it in the portable build); `afc_dw3x3` / `afc_dw3x3_s2`,
   depthwise 3x3s of stride 1 and 2, each padded input row read once and its column shifts kept
-  in registers (all of MobileNetV2's depthwise convs).
+  in registers (all of MobileNetV2's depthwise convs); `afc_wino3x3_pack` / `afc_wino3x3`, a
+  stride-1 3x3 conv as Winograd F(2x2, 3x3) (the weight's 16 transforms as B-panels, then per
+  band of tile rows the input transform, 16 products and the output transform).
 * `afc.c`: micro-kernels (AVX-512 8x32 with 16 zmm accumulators, AVX2+FMA 6x16, portable 4x16),
   the packing routines and the single-threaded tile drivers with K blocking (at most KC=256,
   split evenly), the Goto loop order and a software prefetch of the next weight panel (afc.h);

@@ -1787,4 +1787,143 @@ static void afc_dw3x3_pw(int64_t c, const float *x, int64_t h, int64_t w, const 
   }
   afc_gemm_ap(cout, n, c, 1.0f, ap, buf, n, 1, y + oy0 * ow, oh * ow);
 }
+/* ---- Winograd F(2x2, 3x3): afc_wino3x3_pack, afc_wino3x3 (afc.h) ----
+ * A 3x3 conv of stride 1 and padding 1 as 16 products of a quarter of the pixels: every 2x2
+ * output tile is Y = A^T [U . V] A over its 4x4 input tile d, with V = B^T d B (per input
+ * channel), U = G g G^T (per filter, packed once) and the products U . V, one per position of
+ * the 4x4 transform, summing over the input channels: 36 multiply-adds of the direct conv per
+ * output tile and channel pair against 16. The transforms' coefficients are 0, +-1 and 1/2, exact
+ * in binary: the result differs from the direct sum by rounding only (the order of the sums).
+ * Per block of `tr` tile rows: the input rows copied channels-last (each tile's 16 channels one
+ * vector), the input transform into v[16][tiles][c], the 16 products with the tiles as rows
+ * read in place (afc_conv_bp's micro-kernel mode) against U's B-panels into m[16][tiles][k],
+ * the output transform into a pixels-as-rows tile and its store into NCHW with the post-ops
+ * (afc_store_t_post). */
+#define AFC_WINO_LANES 16
+
+static void afc_wino3x3_pack(int64_t c, int64_t k, const float *w, float *up, int64_t ldu) {
+  float *u = (float *)malloc(sizeof(float) * (size_t)(16 * c * k));
+  if (!u) return;
+  for (int64_t o = 0; o < k; ++o)
+    for (int64_t ci = 0; ci < c; ++ci) {
+      const float *g = w + (o * c + ci) * 9;
+      float t[4][3];
+      for (int j = 0; j < 3; ++j) {
+        t[0][j] = g[j];
+        t[1][j] = 0.5f * (g[j] + g[3 + j] + g[6 + j]);
+        t[2][j] = 0.5f * (g[j] - g[3 + j] + g[6 + j]);
+        t[3][j] = g[6 + j];
+      }
+      for (int i = 0; i < 4; ++i) {
+        float *r = u + (i * 4) * c * k + ci * k + o;
+        r[0] = t[i][0];
+        r[c * k] = 0.5f * (t[i][0] + t[i][1] + t[i][2]);
+        r[2 * c * k] = 0.5f * (t[i][0] - t[i][1] + t[i][2]);
+        r[3 * c * k] = t[i][2];
+      }
+    }
+  for (int x = 0; x < 16; ++x) afc_pack_b(c, k, u + x * c * k, k, 1, up + x * ldu);
+  free(u);
+}
+
+static void afc_wino3x3(int64_t c, int64_t k, int64_t h, int64_t w, const float *in, int64_t ty0, int64_t ty1,
+                        const float *up, int64_t ldu, float *out, int64_t ldo, const float *bias, const float *res,
+                        int64_t res_ld, int act, float lo, float hi, int64_t tr, float *ws) {
+  const int64_t tw = w / 2, wp = w + 2, nt_most = tr * tw;
+  float *hwc = ws, *v = hwc + (2 * tr + 2) * wp * c, *m = v + 16 * nt_most * c, *tile = m + 16 * nt_most * k;
+  int32_t offs[AFC_KC];
+  for (int64_t b0 = ty0; b0 < ty1; b0 += tr) {
+    const int64_t rows_t = ty1 - b0 < tr ? ty1 - b0 : tr, nt = rows_t * tw, y0 = 2 * b0 - 1;
+    /* input rows y0 .. y0 + 2 rows_t + 1, channels last, a zero column each side */
+    for (int64_t r = 0; r < 2 * rows_t + 2; ++r) {
+      const int64_t y = y0 + r;
+      float *dst = hwc + r * wp * c;
+      if (y < 0 || y >= h) {
+        memset(dst, 0, sizeof(float) * (size_t)(wp * c));
+        continue;
+      }
+      memset(dst, 0, sizeof(float) * (size_t)c);
+      memset(dst + (w + 1) * c, 0, sizeof(float) * (size_t)c);
+      for (int64_t ci = 0; ci < c; ++ci) {
+        const float *src = in + ci * h * w + y * w;
+        for (int64_t x = 0; x < w; ++x) dst[(x + 1) * c + ci] = src[x];
+      }
+    }
+    /* V[xi][t][c] = B^T d B */
+    for (int64_t t = 0; t < nt; ++t) {
+      const float *d0 = hwc + (2 * (t / tw) * wp + 2 * (t % tw)) * c;
+      for (int64_t ci = 0; ci < c; ci += AFC_WINO_LANES) {
+        float q[4][4][AFC_WINO_LANES];
+        for (int j = 0; j < 4; ++j) {
+          const float *a = d0 + j * c + ci, *b = a + wp * c, *e = b + wp * c, *f = e + wp * c;
+#pragma omp simd
+          for (int l = 0; l < AFC_WINO_LANES; ++l) {
+            q[0][j][l] = a[l] - e[l];
+            q[1][j][l] = b[l] + e[l];
+            q[2][j][l] = e[l] - b[l];
+            q[3][j][l] = b[l] - f[l];
+          }
+        }
+        for (int i = 0; i < 4; ++i) {
+          float *o = v + ((i * 4) * nt + t) * c + ci;
+          const int64_t s = nt * c;
+#pragma omp simd
+          for (int l = 0; l < AFC_WINO_LANES; ++l) {
+            o[l] = q[i][0][l] - q[i][2][l];
+            o[s + l] = q[i][1][l] + q[i][2][l];
+            o[2 * s + l] = q[i][2][l] - q[i][1][l];
+            o[3 * s + l] = q[i][1][l] - q[i][3][l];
+          }
+        }
+      }
+    }
+    /* M[xi] = V[xi] . U[xi]: the tiles as rows, read in place */
+    const int64_t kb = afc_depth_block(c, AFC_INPLACE_KC);
+    for (int x = 0; x < 16; ++x) {
+      const float *vx = v + x * nt * c, *bx = up + x * ldu;
+      float *mx = m + x * nt * k;
+      for (int64_t k0 = 0; k0 < c; k0 += kb) {
+        const int64_t kc = c - k0 < kb ? c - k0 : kb;
+        for (int64_t kk = 0; kk < kc; ++kk) offs[kk] = (int32_t)(k0 + kk);
+        for (int64_t j0 = 0; j0 < k; j0 += AFC_NR) {
+          const int nr = (int)(k - j0 < AFC_NR ? k - j0 : AFC_NR);
+          for (int64_t panel = 0; panel * AFC_MR < nt; ++panel) {
+            int64_t ii;
+            int rows;
+            afc_panel_span(nt, panel, 1, &ii, &rows);
+            const float *arow[AFC_MR];
+            for (int i = 0; i < AFC_MR; ++i) arow[i] = vx + (ii + (i < rows ? i : 0)) * c;
+            afc_ukernel(kc, 0, arow, bx + j0 * c + k0 * AFC_NR, offs, mx + ii * k + j0, k, rows, nr, 1.0f, k0 > 0,
+                        0, 0);
+          }
+        }
+      }
+    }
+    /* Y = A^T M A into tile[pixel][k], pixel (2 ty + a) * w + 2 tx + b of the block */
+    for (int64_t t = 0; t < nt; ++t) {
+      const int64_t ty = t / tw, tx = t % tw;
+      for (int64_t j = 0; j < k; j += AFC_WINO_LANES) {
+        const float *q = m + t * k + j;
+        const int64_t s = nt * k;
+        float *o0 = tile + ((2 * ty) * w + 2 * tx) * k + j, *o1 = o0 + w * k;
+#pragma omp simd
+        for (int l = 0; l < AFC_WINO_LANES; ++l) {
+          float r0[4], r1[4];
+          for (int jj = 0; jj < 4; ++jj) {
+            const float m0 = q[jj * s + l], m1 = q[(4 + jj) * s + l], m2 = q[(8 + jj) * s + l],
+                        m3 = q[(12 + jj) * s + l];
+            r0[jj] = m0 + m1 + m2;
+            r1[jj] = m1 - m2 - m3;
+          }
+          o0[l] = r0[0] + r0[1] + r0[2];
+          o0[k + l] = r0[1] - r0[2] - r0[3];
+          o1[l] = r1[0] + r1[1] + r1[2];
+          o1[k + l] = r1[1] - r1[2] - r1[3];
+        }
+      }
+    }
+    const int64_t p = 2 * (b0 - ty0) * w;
+    afc_store_t_post(2 * rows_t * w, k, tile, k, out + p, ldo, bias, res ? res + p : 0, res_ld, act, lo, hi);
+  }
+}
 #endif /* AFC_IMPL */

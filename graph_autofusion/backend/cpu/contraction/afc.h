@@ -107,6 +107,17 @@
  *       afc_gemm_ap_post's post-ops (bias, act, lo, hi; no residual) on D:
  *       y[o * oh * ow + oy * ow + ox] for o < cout. D's band is computed into `buf`, c * (oy1 - oy0)
  *       * ow floats of the calling thread.
+ *   void afc_wino3x3_pack(c, k, w, up, ldu)
+ *       a 3x3 conv's weight w[k][c][3][3] as Winograd F(2x2, 3x3)'s 16 transformed matrices
+ *       U[xi][c][k] (G g G^T), each as B-panels (afc_pack_b's layout) at up + xi * ldu.
+ *   void afc_wino3x3(c, k, h, w, in, ty0, ty1, up, ldu, out, ldo, bias, res, res_ld, act, lo,
+ *                    hi, tr, ws)
+ *       output rows [2 ty0, 2 ty1) and channels [0, k) of the 3x3 conv of stride 1 and padding 1
+ *       of in[c][h][w] (h, w even; c, k multiples of 16) whose weight up (ldu floats per
+ *       transform) afc_wino3x3_pack packed (a column block of it: up + j0 * c, j0 a multiple of
+ *       32), by Winograd F(2x2, 3x3) in blocks of `tr` tile rows, stored at out[j * ldo + p]
+ *       (p from output row 2 ty0 on) with afc_store_t_post's post-ops. `ws`: the calling
+ *       thread's (2 tr + 2)(w + 2) c + 8 tr w (c + k) + 2 tr w k floats.
  * Sizes are int64_t, strides in elements. Buffers from the caller need no particular alignment;
  * packed buffers of 64-byte alignment are faster.
  */
@@ -199,6 +210,10 @@ static void afc_conv_bp(int64_t m, int64_t n, int64_t k, int64_t p0, int64_t ow,
                         const float *band, int64_t plane, int64_t wp, int64_t kh, int64_t kw, int64_t dh,
                         int64_t dw, const float *bp, float *c, int64_t ldc);
 static void afc_store_t(int64_t m, int64_t n, const float *tile, int64_t ldt, float *out, int64_t ldo);
+static void afc_wino3x3_pack(int64_t c, int64_t k, const float *w, float *up, int64_t ldu);
+static void afc_wino3x3(int64_t c, int64_t k, int64_t h, int64_t w, const float *in, int64_t ty0, int64_t ty1,
+                        const float *up, int64_t ldu, float *out, int64_t ldo, const float *bias, const float *res,
+                        int64_t res_ld, int act, float lo, float hi, int64_t tr, float *ws);
 static void afc_dw3x3_s2(int64_t p0, int64_t p1, int64_t cout, const float *x, const float *w, float *y,
                          int64_t h, int64_t wd, int64_t oh, int64_t ow, int64_t pt, int64_t pl);
 static void afc_dw3x3(int64_t p0, int64_t p1, int64_t cout, const float *x, const float *w, float *y, int64_t h,

@@ -119,6 +119,50 @@ def test_conv3x3_stride2_direct_reads_phase_planes(rng: np.random.Generator) -> 
     assert "2x2 phases" in kernel.source
 
 
+def test_conv3x3_winograd_with_batchnorm_affine_and_residual(rng: np.random.Generator) -> None:
+    # a 3x3 of stride 1 with channels in whole vectors runs as Winograd F(2x2, 3x3); the folded
+    # BatchNorm is no post-op, so the epilogue runs after the transformed tiles are stored
+    case = _bn_residual_case(rng, (2, 16, 40, 40), 32, 40)
+    kernel = check(case, "conv3x3_wino_bn_res", k=_k((32, 16, 3, 3)), method="conv_winograd", weights=True)
+    assert "afc_wino3x3(" in kernel.source and "afc_wino3x3_pack(" in kernel.source
+
+
+def test_conv3x3_winograd_post_ops_on_a_wide_image(rng: np.random.Generator) -> None:
+    # bias, residual and Relu as the library's post-ops on the store; rows of 14 (7 tiles), 6 rows
+    case = _conv_case(
+        rng,
+        (1, 32, 6, 14),
+        (48, 32, 3, 3),
+        relu=False,
+        pads=[1, 1, 1, 1],
+        extra=[helper.make_node("Add", ["y", "res"], ["ya"]), helper.make_node("Relu", ["ya"], ["o"])],
+        extra_inputs={"res": rand(rng, 1, 48, 6, 14)},
+    )
+    kernel = check(case, "conv3x3_wino_post", k=_k((48, 32, 3, 3)), method="conv_winograd", weights=True)
+    assert "afc_wino3x3(" in kernel.source and "NULL" not in kernel.source.split("afc_wino3x3(")[-1]
+
+
+def test_conv3x3_winograd_splits_output_channels_of_a_small_image(rng: np.random.Generator) -> None:
+    # 4x4 pixels are two tile rows: the tasks split the 128 output channels too, each task
+    # transforming the input again
+    case = _conv_case(rng, (1, 64, 4, 4), (128, 64, 3, 3), pads=[1, 1, 1, 1])
+    kernel = check(case, "conv3x3_wino_split", k=_k((128, 64, 3, 3)), method="conv_winograd", weights=True)
+    assert "channel tiles of 64" in kernel.source or "channel tiles of 32" in kernel.source
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "attrs"),
+    [((1, 16, 7, 7), {"pads": [1, 1, 1, 1]}), ((1, 16, 8, 8), {"pads": [1, 1, 1, 1], "strides": [2, 2]})],
+    ids=["odd_size", "stride2"],
+)
+def test_conv3x3_outside_winograd_keeps_the_direct_sum(
+    rng: np.random.Generator, x_shape: tuple[int, ...], attrs: dict
+) -> None:
+    case = _conv_case(rng, x_shape, (16, 16, 3, 3), **attrs)
+    kernel = check(case, "conv3x3_not_wino", k=_k((16, 16, 3, 3)), weights=True)
+    assert kernel.method != "conv_winograd"
+
+
 def test_conv_many_pixel_tiles_stem(rng: np.random.Generator) -> None:
     # ResNet stem in miniature: 7x7 stride 2 pad 3, 3 input channels, many pixel tiles.
     case = _conv_case(rng, (1, 3, 96, 96), (16, 3, 7, 7), strides=[2, 2], pads=[3, 3, 3, 3])
