@@ -1428,17 +1428,18 @@ def _direct(
 # output channels must be multiples of it.
 WINO_LANES = 16
 # Floats of a block's transformed input (16 x its tiles x the input channels) the tile rows of a
-# block are chosen to fit: with the products' output as large, both stay in a 1 MiB L2 with the
-# transformed weight of a 64-channel conv.
-WINO_BLOCK_FLOATS = 1 << 16
+# block are chosen to fit, 1 MiB: a block streams its channel tile's transformed weight (16 x
+# input x output channels) once, so larger blocks read it less often. ResNet-50's 256-channel
+# 3x3 at 14x14 on two threads (Zen 4, in C): blocks of 2 tile rows 0.548 ms, of 7 0.491.
+WINO_BLOCK_FLOATS = 1 << 18
 # The input copy and transform of a tile per input channel, in the products' multiply-adds per
-# output channel (16): measured on ResNet-50's 64-channel 3x3 at 56x56 (one thread, Zen 4) the
-# copy and transform took 0.23 ms and the products 0.91, 16 x 64 x 64 multiply-adds a tile. A
-# task repeats them for its own output channels and for the tile row above and below its band
-# (`winograd_tiles`).
-WINO_INPUT_MACS = 16
+# output channel (16): on ResNet-50's 64-channel 3x3 at 56x56 (one thread, Zen 4) the call took
+# 1.14 ms, its products 0.91 (16 x 64 x 64 multiply-adds a tile), the output transform and store
+# 0.07, the copy and transform the remaining 0.17. A task repeats them for its own output
+# channels and for the tile row above and below its band (`winograd_tiles`).
+WINO_INPUT_MACS = 12
 # A task's fixed cost in tiles' products (its calls, the partial panels of its blocks).
-WINO_TASK_TILES = 4
+WINO_TASK_TILES = 1
 
 
 def winograd_shape(g: ConvGeometry) -> bool:
