@@ -771,9 +771,15 @@ def test_winograd_tasks_are_balanced_bands_of_whole_panel_channel_tiles(channels
     assert bands == -(-th // rt) and kt * kblocks == channels and (kblocks == 1 or kt % 32 == 0)
     tasks = bands * kblocks
     assert tasks >= ROBUST_TASKS and tasks % 2 == 0, (rt, bands, kt, kblocks)
-    loads = [0, 0]  # tile rows per thread, the tasks handed out in order (dynamic schedule)
-    for rows in [min(rt, th - b * rt) for b in range(bands)] * kblocks:
-        loads[loads.index(min(loads))] += rows
+    # tile rows per thread, the tasks (bands outer, channel tiles inner) handed out from both
+    # ends as the pool's two-thread dynamic loops do
+    rows = [min(rt, th - b * rt) for b in range(bands) for _ in range(kblocks)]
+    loads, i, j = [0, 0], 0, len(rows) - 1
+    while i <= j:
+        if loads[0] <= loads[1]:
+            loads[0], i = loads[0] + rows[i], i + 1
+        else:
+            loads[1], j = loads[1] + rows[j], j - 1
     assert loads[0] == loads[1] == th * kblocks // 2, (rt, bands, kblocks)
     assert 16 * tr * (size // 2) * channels <= conv_module.WINO_BLOCK_FLOATS or tr == 1
     odd = ConvGeometry(n=1, cin=channels, cout=channels, group=1, h=7, w=7, oh=7, ow=7,
