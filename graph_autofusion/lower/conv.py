@@ -52,7 +52,8 @@ convention (`Kernel.packed` / `prepack`) and the epilogue loop nest (`epilogue_n
   copies the band's input rows channels-last, transforms them, runs the 16 products of 16
   multiply-adds per 2x2 output tile where the direct sum needs 36, and stores the output
   transform's tile into NCHW with the post-ops; another epilogue runs after it. Whole ResNet-50,
-  two threads, Zen 4: 40.8 -> 37.2 ms (onnxruntime 39.6).
+  two threads, Zen 4, both plans compiled into one process and run in alternating rounds
+  (medians): 39.7 -> 34.7 ms (onnxruntime 39.3).
 
 * pixels as rows over whole output rows (`_band_rows_shape`, library only): a stride-1 (or, with
   enough input channels, stride-2) conv of at most CONV_BP_INPLACE_CHANNELS output channels with
@@ -1448,9 +1449,9 @@ def winograd_shape(g: ConvGeometry) -> bool:
     height and width, channels in whole transform vectors (ResNet's 3x3s but those at 7x7 and the
     strided ones). Its products do 16 multiply-adds per 2x2 output tile and channel pair where the
     direct sum does 36; the transforms' coefficients (0, +-1, 1/2) are exact, so the results
-    differ from the direct sum's by rounding only. Measured in C, one thread, AMD EPYC Zen 4
-    (AVX-512), against this library's direct conv (afc_conv_bp) on ResNet-50's 3x3s: 64 channels
-    at 56x56 2.04 -> 1.21 ms, 128 at 28x28 about 2.05 -> 1.05, 256 at 14x14 about 2.09 -> 0.97."""
+    differ from the direct sum's by rounding only (ResNet-50's logits within 6.6e-6 of
+    onnxruntime's, 5.7e-6 with the direct sum). ResNet-50's 64-channel 3x3 at 56x56, one thread,
+    AMD EPYC Zen 4 (AVX-512), in C: 2.04 ms by the direct sum (afc_conv_bp), 1.14 by this."""
     return (
         g.d == g.od == g.kd == 1
         and (g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.pt, g.pl) == (3, 3, 1, 1, 1, 1, 1, 1)

@@ -1802,8 +1802,9 @@ static void afc_dw3x3_pw(int64_t c, const float *x, int64_t h, int64_t w, const 
 #define AFC_WINO_LANES 16
 
 static void afc_wino3x3_pack(int64_t c, int64_t k, const float *w, float *up, int64_t ldu) {
-  float *u = (float *)malloc(sizeof(float) * (size_t)(16 * c * k));
-  if (!u) return;
+  /* written in place in afc_pack_b's layout: U[xi] element (ci, o) in the panel of column o */
+  const int64_t kp = (k + AFC_NR - 1) / AFC_NR * AFC_NR;
+  for (int x = 0; x < 16; ++x) memset(up + x * ldu, 0, sizeof(float) * (size_t)(kp * c));
   for (int64_t o = 0; o < k; ++o)
     for (int64_t ci = 0; ci < c; ++ci) {
       const float *g = w + (o * c + ci) * 9;
@@ -1814,16 +1815,14 @@ static void afc_wino3x3_pack(int64_t c, int64_t k, const float *w, float *up, in
         t[2][j] = 0.5f * (g[j] - g[3 + j] + g[6 + j]);
         t[3][j] = g[6 + j];
       }
+      float *at = up + o / AFC_NR * AFC_NR * c + ci * AFC_NR + o % AFC_NR;
       for (int i = 0; i < 4; ++i) {
-        float *r = u + (i * 4) * c * k + ci * k + o;
-        r[0] = t[i][0];
-        r[c * k] = 0.5f * (t[i][0] + t[i][1] + t[i][2]);
-        r[2 * c * k] = 0.5f * (t[i][0] - t[i][1] + t[i][2]);
-        r[3 * c * k] = t[i][2];
+        at[(i * 4) * ldu] = t[i][0];
+        at[(i * 4 + 1) * ldu] = 0.5f * (t[i][0] + t[i][1] + t[i][2]);
+        at[(i * 4 + 2) * ldu] = 0.5f * (t[i][0] - t[i][1] + t[i][2]);
+        at[(i * 4 + 3) * ldu] = t[i][2];
       }
     }
-  for (int x = 0; x < 16; ++x) afc_pack_b(c, k, u + x * c * k, k, 1, up + x * ldu);
-  free(u);
 }
 
 /* One input row of c channels (plane stride hw) copied channels-last: dst[x * c + ch]. By 8 x 8
