@@ -1787,6 +1787,7 @@ static void afc_dw3x3_pw(int64_t c, const float *x, int64_t h, int64_t w, const 
   }
   afc_gemm_ap(cout, n, c, 1.0f, ap, buf, n, 1, y + oy0 * ow, oh * ow);
 }
+
 /* ---- Winograd F(2x2, 3x3): afc_wino3x3_pack, afc_wino3x3 (afc.h) ----
  * A 3x3 conv of stride 1 and padding 1 as 16 products of a quarter of the pixels: every 2x2
  * output tile is Y = A^T [U . V] A over its 4x4 input tile d, with V = B^T d B (per input
