@@ -765,7 +765,7 @@ class _Post:
         the output's layout, so it is read at the same index."""
         m, n, a_at, b_at, ldb, channel, at = tile
         operands = (m, n, ir.index(g.kdim), a_at, b_at, ldb, ir.addr(dest, at), ir.index(g.pixels))
-        return Call(PACKED_A_POST_ROUTINE, (*operands, *self._ops(g, channel, at)))
+        return Call(PACKED_A_POST_ROUTINE, (*operands, *self.ops(g, channel, at)))
 
     def store(
         self, g: ConvGeometry, tile: tuple[Expr, Expr, Expr, Expr], dest: Buffer, at: tuple[Expr, Expr]
@@ -774,9 +774,9 @@ class _Post:
         row stride) stored at (the first row's output channel, the linear index in the output)."""
         channel, index = at
         operands = (*tile, ir.addr(dest, index), ir.index(g.pixels))
-        return Call(STORE_T_POST_ROUTINE, (*operands, *self._ops(g, channel, index)))
+        return Call(STORE_T_POST_ROUTINE, (*operands, *self.ops(g, channel, index)))
 
-    def _ops(self, g: ConvGeometry, channel: Expr, at: Expr) -> tuple[Expr, ...]:
+    def ops(self, g: ConvGeometry, channel: Expr, at: Expr) -> tuple[Expr, ...]:
         """The post-op arguments of a tile whose first row is output `channel` and whose first
         value is at `at` in the output (where the residual, of the output's layout, is read)."""
         null = ir.raw("NULL", DType.I64)
@@ -1559,10 +1559,8 @@ def _winograd(
     task, kb, bi, ni, ty0, ty1, k0, row0, p0 = (
         ir.var(v) for v in ("task", "kb", "bi", "ni", "ty0", "ty1", "k0", "row0", "p0")
     )
-    null, zero = ir.raw("NULL", DType.I64), ir.const(0.0, DType.F32)
-    at = row0 * g.pixels + p0
-    none = (null, null, ir.index(g.pixels), ir.index(POST_NONE), zero, zero)
-    ops = post._ops(g, k0, at) if post is not None else none
+    # without post-ops the call's are none (NULL bias and residual, no activation)
+    ops = (post or _Post(None, None, POST_NONE)).ops(g, k0, row0 * g.pixels + p0)
     body: list[Stmt] = [
         Let(kb, task % kblocks),
         Let(bi, (task // kblocks) % bands),
@@ -1584,7 +1582,7 @@ def _winograd(
                 ty1,
                 ir.addr(packed, k0 * g.cin),
                 ir.index(ldu),
-                ir.addr(dest, at),
+                ir.addr(dest, row0 * g.pixels + p0),
                 ir.index(g.pixels),
                 *ops,
                 ir.index(tr),

@@ -312,6 +312,11 @@ def _worker_tids() -> list[int]:
     return tids
 
 
+def _state(tid: int) -> str:
+    """A thread's scheduler state letter (R running or runnable, S asleep, ...)."""
+    return Path(f"/proc/{os.getpid()}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
 def _asleep_with(region: Callable[[], None], tid: int, cpus: set[int], tries: int = 20) -> set[int]:
     """The CPUs a worker may run on once it sleeps with `cpus` after `region` (or the last seen).
 
@@ -319,13 +324,12 @@ def _asleep_with(region: Callable[[], None], tid: int, cpus: set[int], tries: in
     worker that was about to sleep when the region began, and found its tasks already taken, sleeps
     through it with the mask of the caller before (the next region wakes it): so run the region
     again until the mask shows, a few times."""
-    task = Path(f"/proc/{os.getpid()}/task/{tid}")
     allowed: set[int] = set()
     for _ in range(tries):
         region()
         deadline = time.monotonic() + 0.2
         while time.monotonic() < deadline:
-            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            state = _state(tid)
             allowed = os.sched_getaffinity(tid)
             if state == "S" and allowed == cpus:
                 return allowed
@@ -364,13 +368,12 @@ def test_a_worker_done_early_spins_while_its_region_runs(regions: ctypes.CDLL) -
     with threads.omp_threads(2):
         regions.uneven_region(ctypes.c_long(0))  # the worker exists and is awake
         (tid,) = _worker_tids()
-        stat = Path(f"/proc/{os.getpid()}/task/{tid}/stat")
         states: list[str] = []
         done = threading.Event()
 
         def sample() -> None:
             while not done.is_set():
-                states.append(stat.read_text().rsplit(")", 1)[1].split()[0])
+                states.append(_state(tid))
                 time.sleep(0.002)
 
         sampler = threading.Thread(target=sample)
