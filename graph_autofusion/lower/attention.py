@@ -5,7 +5,8 @@ What the kernel computes is its `AttentionMatch` (plan/attention_match.py). Two 
 * **tiles** (Q, K and V fp32 parameters, any strides): per task, one head's K^T and V packed
   into the thread's workspace by the attention tiles of the contraction library
   (backend/cpu/contraction/afa.c), then per block of TILE_ROWS query rows S = scale * Q K^T into
-  a workspace slice (the kernel never allocates), the masks and the row softmax in place, and
+  a workspace slice (the kernel never allocates), the masks and the row softmax in place (the
+  library's afa_softmax_row: max, an inline exponential and sum in two passes), and
   O = P V written straight through the output view, each row scaled by 1/sum as it is stored.
   A causal match multiplies only the keys up to each row tile's diagonal.
 * **loops** (Q, K or V a 16-bit float or a constant): per task of ROW_BLOCK rows, per row: the
@@ -13,7 +14,7 @@ What the kernel computes is its `AttentionMatch` (plan/attention_match.py). Two 
   P V accumulated in a second workspace row of Dv floats, stored normalized through the output
   view. Measured 12x slower than the tiles at BERT's shapes (and than the unfused path).
 
-Either way the exponentials are the row kernel's (exp of values <= 0, flushed below -87), the
+Either way the exponentials flush values below -87 to 0, as the row kernel does, the
 head split, K^T and the head merge cost no copy beyond the per-head packing, and the inner loops
 carry vector marks so gcc vectorizes them.
 
@@ -43,8 +44,7 @@ TILE_ROWS = 64
 # into chunks (each packs its head's K and V again), so every thread of a pool gets work.
 MIN_TASKS = 8
 # Score rows are padded to a multiple of this many floats (a 512-bit vector's 16 lanes, two of
-# AVX2's 8): the exponential loop then runs whole vectors only. Its scalar remainder called
-# glibc's scalar expf, which took half of ViT's softmax time (Sk = 197 = 12 x 16 + 5).
+# AVX2's 8), so every row starts on a whole vector.
 SCORE_QUANTUM = 16
 _EXP_FLOOR = -87.0  # as the row kernel: exp below this is flushed to 0 (keeps expf vectorized)
 
@@ -171,8 +171,9 @@ def _ptr(buf: Buffer, offset: Expr) -> Expr:
 def _tiled_body(m: AttentionMatch, buffers: dict[str, Buffer]) -> tuple[Stmt, ...]:
     """Per task (one head, or a chunk of its query row blocks when there are few heads): K^T and
     V packed once into the thread's workspace (afa_pack_kt, afa_pack_v), then per block of
-    TILE_ROWS query rows S = scale * Q K^T (afa_qk) into the workspace, the masks and the
-    exponentials row by row (keys past a causal diagonal zeroed, 1/sum kept per row), and
+    TILE_ROWS query rows S = scale * Q K^T (afa_qk) into the workspace, the masks (a pass of
+    their own where there are any) and the softmax row by row (afa_softmax_row: keys past a
+    causal diagonal zeroed, 1/sum kept per row), and
     O = diag(1/sum) P V (afa_pv) stored through the output view. A causal match packs and
     multiplies only the keys up to its block's diagonal."""
     sq, sk, d, dv, heads = m.seq_q, m.seq_k, m.head_dim, m.value_dim, m.heads
@@ -189,10 +190,9 @@ def _tiled_body(m: AttentionMatch, buffers: dict[str, Buffer]) -> tuple[Stmt, ..
     kt = Buffer("af_kt", f32, d * _panels(sk), "scratch")
     vp = Buffer("af_vp", f32, sk * _panels(dv), "scratch")
     t, r, j, g = ir.var("t"), ir.var("r"), ir.var("j"), ir.var("g")
-    b, h, c, i0, i, n, cols, end, span, keys = (
-        ir.var(x) for x in ("b", "h", "c", "i0", "i", "n", "cols", "end", "span", "keys")
+    b, h, c, i0, i, n, cols, end, keys = (
+        ir.var(x) for x in ("b", "h", "c", "i0", "i", "n", "cols", "end", "keys")
     )
-    mx, total, p = (ir.var(x, f32) for x in ("mx", "total", "p"))
     fill = ir.const(m.fill, f32)
     at = r * lds + j
     s: Expr = ir.load(scores, at)
@@ -205,13 +205,6 @@ def _tiled_body(m: AttentionMatch, buffers: dict[str, Buffer]) -> tuple[Stmt, ..
         s = ir.select(cond, s, fill) if m.keep_if else ir.select(cond, fill, s)
     if m.mask is not None and m.where_first:
         s = s + _at(m.mask, buffers, b, h, i, j)
-    # keys past the row's end (to the next multiple of SCORE_QUANTUM) hold -inf (stored before
-    # this loop): they come out as 0
-    x = ir.load(scores, at) - mx
-    floor = ir.const(_EXP_FLOOR, f32)
-    keep = ir.select(ir.lt(x, floor), ir.const(0.0, f32), ir.const(1.0, f32))
-    ex = ir.unary("exp", ir.select(ir.lt(x, floor), floor, x)) * keep
-    zero = ir.const(0.0, f32)
 
     def base(view: View, row: Expr) -> Expr:
         sb, sh, sr, _ = view.strides
@@ -230,28 +223,15 @@ def _tiled_body(m: AttentionMatch, buffers: dict[str, Buffer]) -> tuple[Stmt, ..
     # row strides (a single row's stride is arbitrary) and column strides
     sr_q, sr_k, sr_v, sr_o = (v.strides[2] if v.shape[2] > 1 else v.shape[3] for v in (m.q, m.k, m.v, m.out))
     cs_q, cs_k, cs_v, cs_o = (v.strides[3] if v.shape[3] > 1 else 1 for v in (m.q, m.k, m.v, m.out))
+    # the masks in a pass of their own, where there are any: keys past a causal row's diagonal
+    # need none (the row ends there); the softmax itself is the library's (afa_softmax_row)
+    masked = m.mask is not None or m.cond is not None or (m.causal is not None and not m.skips_blocks)
     row: tuple[Stmt, ...] = (
         Let(i, i0 + r),
         Let(end, end_of_row),
-        Let(span, (end + (SCORE_QUANTUM - 1)) // SCORE_QUANTUM * SCORE_QUANTUM),
-        Declare(mx, ir.const(float("-inf"), f32)),
-        # the max as a compare and select: gcc keeps fmaxf's NaN rule as a call per element
-        Loop(j, end, (Let(p, s), Store(scores, at, p), Assign(mx, ir.select(ir.gt(mx, p), mx, p))),
-             vector=True, reductions=(("max", mx),)),
-        # a row of -inf scores only: keep 0 as its max so exp never sees inf - inf
-        Assign(mx, ir.select(ir.eq(mx, ir.const(float("-inf"), f32)), zero, mx)),
-        Declare(total, zero),
-        # -inf past the row's end rather than a `j < end` select in the loop below: the select
-        # took 64-bit lane indices and spills around each vector expf call, 14% of the softmax
-        # time (ViT-B/16, AMD EPYC Zen 1, 1 thread: 1.10 -> 0.95 ms per layer)
-        Loop(j, span, (Store(scores, at, ir.const(float("-inf"), f32)),), vector=True, start=end),
-        # whole vectors only (span): a scalar remainder would call the scalar expf
-        Loop(j, span, (Let(p, ex), Store(scores, at, p), Assign(total, total + p)), vector=True,
-             reductions=(("sum", total),)),
-        Store(norms, r, ir.const(1.0, f32) / total),
-        # keys past this row's diagonal but inside the block's columns weigh nothing in P V
-        Loop(j, cols, (Store(scores, at, zero),), vector=True, start=span),
-    )  # fmt: skip
+        *((Loop(j, end, (Store(scores, at, s),), vector=True),) if masked else ()),
+        Call("afa_softmax_row", (_ptr(scores, r * lds), end, cols, _ptr(norms, r))),
+    )
     scratch0 = ir.index(0)
     # tiles of rows skip the keys past their last row's diagonal (afa.c afa_keys); sk: none skipped
     lead: Expr = i0 + m.causal if m.skips_blocks else ir.index(sk)  # type: ignore[operator]

@@ -72,9 +72,9 @@ def _calls(body) -> list[str]:  # type: ignore[no-untyped-def]
         # score rows padded to 32 floats; K^T (16 x 20 keys) and V (20 keys x 16) packed in
         # 32-column panels, once per task
         (False, {"af_scores": TILE_ROWS * 32, "af_norms": TILE_ROWS, "af_kt": 16 * 32, "af_vp": 20 * 32},
-         ["afa_pack_kt", "afa_pack_v", "afa_qk", "afa_pv"]),
+         ["afa_pack_kt", "afa_pack_v", "afa_qk", "afa_softmax_row", "afa_pv"]),
         (True, {"af_scores": TILE_ROWS * 32, "af_norms": TILE_ROWS, "af_kt": 16 * 32, "af_vp": 20 * 32},
-         ["afa_pack_kt", "afa_pack_v", "afa_qk", "afa_pv"]),
+         ["afa_pack_kt", "afa_pack_v", "afa_qk", "afa_softmax_row", "afa_pv"]),
     ],
 )  # fmt: skip
 def test_kernel_takes_a_workspace_slice_and_a_parallel_loop(heads_inner: bool, scratch, calls) -> None:  # type: ignore[no-untyped-def]

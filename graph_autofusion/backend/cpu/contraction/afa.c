@@ -33,10 +33,18 @@
  * from 23.4 to 15.6-15.8 ms on one thread (12.8 -> 8.9 ms on two), BERT-base's from 9.6 to 6.3
  * (5.3 -> 3.9), GPT-2's from 4.1 to 3.3 on two; row tiles outer and half tiles measured no
  * better there (16.5-17.1 and 15.6-15.8 ms for ViT-B/16 on one thread).
+ * The row softmax between the two products (afa_softmax_row) is the library's too: max, exp,
+ * sum and the zeros past a row's last key in two passes over the row, with an inline
+ * exponential (afa_exp) instead of the vector math library's call per vector. With it, the
+ * transposing K^T packing and the half tiles on AVX-512 as well, ViT-B/16's attention per layer
+ * went from 0.86-0.89 to 0.68-0.71 ms (one thread, the 12 heads in a C harness; softmax 0.22 ->
+ * 0.09 ms) and from 1.32x onnxruntime's nodes to 1.06-1.13x in the model (AMD EPYC Zen 5,
+ * `contraction.py --layers vit_b16`; BERT-base's 0.95-1.0x on one thread, 0.8-0.87x on two).
  * All functions are `static` and single-threaded: the kernel owns the parallel loop.
  */
 #ifndef AFA_IMPL
 #define AFA_IMPL
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -81,11 +89,12 @@ typedef float afa_vf __attribute__((vector_size(AFA_VL * sizeof(float)), aligned
 #define AFA_SPLAT(p) ((afa_vf){0} + *(p))
 #endif
 
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#if defined(__AVX2__) && defined(__FMA__)
 /* afa_tile for a panel of at most AFA_VL valid columns: one vector per row, half the FMAs. The
  * last K^T panel of ViT-B/16's 197 keys holds 5 (13 panels of 16: the FMAs of 8 of 208 columns
- * saved, QK^T 3-7% faster on AMD EPYC Zen 1, 1 thread); the same arithmetic per element as
- * afa_tile. AVX-512 keeps its one tile shape. */
+ * saved, QK^T 3-7% faster on AMD EPYC Zen 1, 1 thread; on AVX-512, 7 panels of 32 of which the
+ * last runs 16 columns: 0.306-0.315 -> 0.294-0.300 ms per layer on AMD EPYC Zen 5, where an
+ * Intel Xeon had measured no difference); the same arithmetic per element as afa_tile. */
 static inline __attribute__((always_inline)) void afa_tile_half(int64_t depth, const float *const *rows,
                                                                 int64_t acs, const float *restrict panel,
                                                                 float *restrict c, int64_t ldc, int64_t ccs,
@@ -177,10 +186,10 @@ static void afa_pack_kt(int64_t keys, int64_t d, const float *k, int64_t rs, int
     float *dst = kt + p * d;
     if (cols < AFA_NR) memset(dst, 0, sizeof(float) * (size_t)(d * AFA_NR));
     int64_t j = 0;
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
-    /* AVX2: 8 keys x 8 depth steps at a time through an 8 x 8 register transpose rather than
-     * one strided scalar store per element (ViT-B/16's K^T packing per layer 0.10-0.15 ms, 2-3%
-     * of the kernel, on AMD EPYC Zen 1). */
+#if defined(__AVX2__) && defined(__FMA__)
+    /* 8 keys x 8 depth steps at a time through an 8 x 8 register transpose rather than one
+     * strided scalar store per element (ViT-B/16's K^T packing per layer 0.10-0.15 ms, 2-3% of
+     * the kernel, on AMD EPYC Zen 1; K^T and V of its 12 heads 0.055 -> 0.024 ms on Zen 5). */
     if (cs == 1)
       for (; j + 8 <= cols; j += 8) {
         const float *src = k + (p + j) * rs;
@@ -218,6 +227,145 @@ static void afa_pack_v(int64_t keys, int64_t dv, const float *v, int64_t rs, int
       }
     }
   }
+}
+
+/* exp(x) for x <= 0 (a score minus its row's maximum), 0 below -87 (as the row kernels flush
+ * it); NaN stays NaN. Cephes' expf: x = n ln2 + r with ln2 in two parts, |r| <= ln2 / 2, a
+ * degree-7 polynomial for e^r, then 2^n. Within 1 ulp of the correctly rounded exp on every
+ * float in [-87, 0] (checked exhaustively on AVX-512; test_attention_tiles.py samples it on
+ * every ISA). Inline rather than the vector math library's call: glibc's 16-lane expf costs
+ * about 14 cycles a vector on AMD EPYC Zen 5, most of ViT-B/16's softmax time. */
+#if defined(__AVX512F__)
+static inline __attribute__((always_inline)) __m512 afa_exp(__m512 x) {
+  const __m512 lo = _mm512_set1_ps(-87.0f);
+  const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+  x = _mm512_max_ps(lo, x); /* the second operand where either is NaN: NaN stays */
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_maskz_scalef_ps((__mmask16)~under, p, n);
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+static inline __attribute__((always_inline)) __m256 afa_exp(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.0f);
+  const __m256 keep = _mm256_cmp_ps(x, lo, _CMP_NLT_UQ); /* x >= -87 or NaN */
+  x = _mm256_max_ps(lo, x);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  /* 2^n for n in [-126, 0] (x >= -87): a normal float's exponent field */
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
+}
+#endif
+
+/* One row of scores s[0, end) into its softmax numerators in place, s[j] = exp(s[j] - max),
+ * zeros in s[end, cols) (keys past a causal row's diagonal that its block's P V still reads),
+ * and *norm = 1 / sum: the kernel's scores are already scaled and masked. A row with no finite
+ * score keeps 0 as its max, as the row kernels do, so exp never sees inf - inf. */
+static void afa_softmax_row(float *s, int64_t end, int64_t cols, float *norm) {
+  int64_t j = 0;
+  float mx, total;
+#if defined(__AVX512F__)
+  __m512 m0 = _mm512_set1_ps(-INFINITY), m1 = m0;
+  for (; j + 32 <= end; j += 32) {
+    m0 = _mm512_max_ps(_mm512_loadu_ps(s + j), m0);
+    m1 = _mm512_max_ps(_mm512_loadu_ps(s + j + 16), m1);
+  }
+  for (; j < end; j += 16) {
+    const __mmask16 k = end - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (end - j)) - 1u);
+    m0 = _mm512_max_ps(_mm512_mask_loadu_ps(m0, k, s + j), m0);
+  }
+  mx = _mm512_reduce_max_ps(_mm512_max_ps(m0, m1));
+#elif defined(__AVX2__) && defined(__FMA__)
+  __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0;
+  for (; j + 16 <= end; j += 16) {
+    m0 = _mm256_max_ps(_mm256_loadu_ps(s + j), m0);
+    m1 = _mm256_max_ps(_mm256_loadu_ps(s + j + 8), m1);
+  }
+  m0 = _mm256_max_ps(m0, m1);
+  float lanes[8];
+  _mm256_storeu_ps(lanes, m0);
+  mx = lanes[0];
+  for (int l = 1; l < 8; ++l) mx = lanes[l] > mx ? lanes[l] : mx;
+  for (; j < end; ++j) mx = s[j] > mx ? s[j] : mx;
+#else
+  mx = -INFINITY;
+  for (; j < end; ++j) mx = s[j] > mx ? s[j] : mx;
+#endif
+  if (mx == -INFINITY) mx = 0.0f;
+  j = 0;
+#if defined(__AVX512F__)
+  const __m512 vm = _mm512_set1_ps(mx);
+  __m512 t0 = _mm512_setzero_ps(), t1 = t0;
+  for (; j + 32 <= end; j += 32) {
+    const __m512 e0 = afa_exp(_mm512_sub_ps(_mm512_loadu_ps(s + j), vm));
+    const __m512 e1 = afa_exp(_mm512_sub_ps(_mm512_loadu_ps(s + j + 16), vm));
+    _mm512_storeu_ps(s + j, e0);
+    _mm512_storeu_ps(s + j + 16, e1);
+    t0 = _mm512_add_ps(t0, e0);
+    t1 = _mm512_add_ps(t1, e1);
+  }
+  for (; j < end; j += 16) {
+    const __mmask16 k = end - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (end - j)) - 1u);
+    const __m512 e = _mm512_maskz_mov_ps(k, afa_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), vm)));
+    _mm512_mask_storeu_ps(s + j, k, e);
+    t0 = _mm512_add_ps(t0, e);
+  }
+  total = _mm512_reduce_add_ps(_mm512_add_ps(t0, t1));
+#elif defined(__AVX2__) && defined(__FMA__)
+  const __m256 vm = _mm256_set1_ps(mx);
+  __m256 t0 = _mm256_setzero_ps(), t1 = t0;
+  for (; j + 16 <= end; j += 16) {
+    const __m256 e0 = afa_exp(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
+    const __m256 e1 = afa_exp(_mm256_sub_ps(_mm256_loadu_ps(s + j + 8), vm));
+    _mm256_storeu_ps(s + j, e0);
+    _mm256_storeu_ps(s + j + 8, e1);
+    t0 = _mm256_add_ps(t0, e0);
+    t1 = _mm256_add_ps(t1, e1);
+  }
+  if (j < end) { /* the last 1-15 keys as whole vectors of a copy padded with -inf (exp: 0) */
+    float tail[16];
+    const int64_t left = end - j;
+    for (int x = 0; x < 16; ++x) tail[x] = x < left ? s[j + x] : -INFINITY;
+    const __m256 e0 = afa_exp(_mm256_sub_ps(_mm256_loadu_ps(tail), vm));
+    const __m256 e1 = afa_exp(_mm256_sub_ps(_mm256_loadu_ps(tail + 8), vm));
+    _mm256_storeu_ps(tail, e0);
+    _mm256_storeu_ps(tail + 8, e1);
+    t0 = _mm256_add_ps(t0, e0);
+    t1 = _mm256_add_ps(t1, e1);
+    for (int64_t x = 0; x < left; ++x) s[j + x] = tail[x];
+  }
+  float sums[8];
+  _mm256_storeu_ps(sums, _mm256_add_ps(t0, t1));
+  total = 0.0f;
+  for (int l = 0; l < 8; ++l) total += sums[l];
+#else
+  total = 0.0f;
+  for (; j < end; ++j) {
+    const float x = s[j] - mx;
+    s[j] = x < -87.0f ? 0.0f : expf(x);
+    total += s[j];
+  }
+#endif
+  for (j = end; j < cols; ++j) s[j] = 0.0f;
+  *norm = 1.0f / total;
 }
 
 /* The keys a tile of rows [i0, i0 + mr) of a block needs: all `cols`, or for a causal block

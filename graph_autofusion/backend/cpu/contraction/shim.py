@@ -1,5 +1,6 @@
-"""The contraction library as a loadable shared object with exported entry points, for tests and
-benchmarks that call it directly through ctypes (kernels include the library instead)."""
+"""The contraction library (and the attention tiles of afa.c) as a loadable shared object with
+exported entry points, for tests and benchmarks that call it directly through ctypes (kernels
+include the library instead)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy as np
 from ..cache import KernelCache
 from ..compiler import KernelSource, compile_kernels
 from ..isa import IsaTarget, target_isa
-from . import PANEL_QUANTUM, library_source
+from . import PANEL_QUANTUM, attention_source, library_source
 
 EXPORTS = r"""
 #include <omp.h>
@@ -120,6 +121,11 @@ void afcx_gemm_bp_panels(int64_t m, int64_t n, int64_t k, float alpha, const flo
   afc_gemm_bp_panels(m, n, k, alpha, a, a_rs, a_cs, bp, c, ldc);
 }
 int64_t afcx_gemv_rows(void) { return AFC_GEMV_ROWS; }
+float afcx_softmax_row(float *s, int64_t end, int64_t cols) {
+  float norm;
+  afa_softmax_row(s, end, cols, &norm);
+  return norm;
+}
 void afcx_conv_ap(int64_t m, int64_t rows, int64_t ow, int64_t k, const float *ap, const float *band,
                   int64_t plane, int64_t phase, int64_t wp, int64_t sh, int64_t sw, int64_t kh, int64_t kw,
                   int64_t dh, int64_t dw, float *c, int64_t ldc) {
@@ -215,6 +221,7 @@ _SIGNATURES: dict[str, tuple[list[type], type | None]] = {
     "afcx_gemv_bp": ([_I64, _I64, _I64, ctypes.c_float, _PTR, _I64, _I64, _PTR, _PTR, _I64], None),
     "afcx_gemm_bp_panels": ([_I64, _I64, _I64, ctypes.c_float, _PTR, _I64, _I64, _PTR, _PTR, _I64], None),
     "afcx_gemv_rows": ([], _I64),
+    "afcx_softmax_row": ([_PTR, _I64, _I64], _F32),
     "afcx_conv_ap": ([_I64, _I64, _I64, _I64, _PTR, _PTR, *[_I64] * 9, _PTR, _I64], None),
     "afcx_conv_bp": ([*[_I64] * 7, _PTR, *[_I64] * 6, _PTR, _PTR, _I64], None),
     "afcx_gemm_bp_in": ([_I64, _I64, _I64, ctypes.c_float, _PTR, _I64, _I64, _PTR, _PTR, _I64], None),
@@ -458,6 +465,14 @@ class Library:
         del keep
         return y
 
+    def softmax_row(self, row: np.ndarray, end: int, cols: int | None = None) -> float:
+        """afa_softmax_row on a contiguous float32 `row` in place: exp(s - max) over [0, end),
+        zeros over [end, cols) (`cols`: the whole row by default); returns 1 / sum."""
+        assert row.dtype == np.float32 and row.flags.c_contiguous
+        cols = row.size if cols is None else cols
+        assert end <= cols <= row.size
+        return float(self.lib.afcx_softmax_row(row.ctypes.data, end, cols))
+
     def _chain_operands(
         self,
         x: np.ndarray,
@@ -546,7 +561,7 @@ def team_wake_ns(
 def build_library(isa: IsaTarget | None = None, cache: KernelCache | None = None) -> Library:
     """Compile (through the kernel cache) and load the library with exported entry points."""
     isa = isa or target_isa()
-    src = KernelSource("afc_shim", EXPORTS, prelude=library_source())
+    src = KernelSource("afc_shim", EXPORTS, prelude=library_source() + "\n" + attention_source())
     art = compile_kernels([src], cache=cache, isa=isa)[0]
     lib = art.load()
     for name, (argtypes, restype) in _SIGNATURES.items():

@@ -17,20 +17,12 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from graph_autofusion.backend.cpu.cache import KernelCache
 from graph_autofusion.backend.cpu.contraction import PANEL_QUANTUM
-from graph_autofusion.backend.cpu.contraction.shim import Library, build_library, team_wake_ns
-from graph_autofusion.backend.cpu.isa import host_isa, parse_isa
+from graph_autofusion.backend.cpu.contraction.shim import Library, team_wake_ns
 
 EPS = float(np.finfo(np.float32).eps)
 # ISA spelling -> the micro-kernel afc.h says it compiles to.
 KERNELS = {"v4": ("avx512_8x32", 8, 32), "v3": ("avx2_6x16", 6, 16), "generic": ("portable_4x16", 4, 16)}
-RUNNABLE = [name for name in KERNELS if parse_isa(name).runs_on(host_isa())]
-
-
-@pytest.fixture(scope="module", params=RUNNABLE)
-def lib(request: pytest.FixtureRequest, kernel_cache: KernelCache) -> Library:
-    return build_library(parse_isa(request.param), cache=kernel_cache)
 
 
 def _expected_kernel(lib: Library) -> tuple[str, int, int]:
