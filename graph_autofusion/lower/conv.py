@@ -1441,6 +1441,15 @@ WINO_BLOCK_FLOATS = 1 << 18
 WINO_INPUT_MACS = 12
 # A task's fixed cost in tiles' products (its calls, the partial panels of its blocks).
 WINO_TASK_TILES = 1
+# Floats of a conv's transformed weight (16 x input x output channels) above which it is
+# "weight-bound": a channel tile's transforms no longer stay in a core's L2 between tasks, so
+# every task streams its tile's (16 x input channels x its output channels) from L3 again, and
+# fewer, larger tasks beat the ROBUST_TASKS preference. ResNet-50's 256-channel 3x3 at 14x14
+# (4 MiB of transforms) in the model, AMD EPYC Zen 5, two threads, all its Winograd convs
+# together: 14 tasks of one tile row 5.25 ms, 2 tasks (the whole image, two channel tiles) 4.24;
+# the AVX2 build 9.34 -> 8.12; one thread 8.70 -> 7.62. At 28x28 (1 MiB) and 56x56 the
+# 14-task splits stay as good or better (2 tasks at 56x56: 5.80 -> 7.07 ms).
+WINO_L2_FLOATS = 1 << 18
 
 
 def winograd_shape(g: ConvGeometry) -> bool:
@@ -1470,8 +1479,11 @@ def winograd_tiles(g: ConvGeometry) -> tuple[int, int, int, int, int]:
     B panels, the one BALANCE_THREADS threads finish soonest (each task's tiles costed as their
     products plus the input copy and transform, which a channel tile repeats, plus the input of
     the band's halo and WINO_TASK_TILES tiles a task), preferring at least ROBUST_TASKS tasks,
-    then fewer tasks. A block's tile rows keep its transformed input within WINO_BLOCK_FLOATS."""
+    then fewer tasks (weight-bound convs, over WINO_L2_FLOATS of transforms: the soonest
+    finished, then fewer tasks). A block's tile rows keep its transformed input within
+    WINO_BLOCK_FLOATS."""
     th, tw = g.oh // 2, g.ow // 2
+    robust = 16 * g.cin * g.cout <= WINO_L2_FLOATS
     splits = [1] + [b for b in (2, 4) if g.cout % (b * PANEL_QUANTUM) == 0]
     best: tuple[tuple[bool, float, int], tuple[int, int, int, int]] | None = None
     for kblocks in splits:
@@ -1485,7 +1497,7 @@ def winograd_tiles(g: ConvGeometry) -> tuple[int, int, int, int, int]:
                 size * tw * (kt + WINO_INPUT_MACS) + tw * WINO_INPUT_MACS + WINO_TASK_TILES * kt
                 for size in sizes
             ]
-            key = (len(sizes) < ROBUST_TASKS, _two_ended_makespan(costs), len(sizes))
+            key = (robust and len(sizes) < ROBUST_TASKS, _two_ended_makespan(costs), len(sizes))
             if best is None or key < best[0]:
                 best = (key, (rt, real, kt, kblocks))
     assert best is not None

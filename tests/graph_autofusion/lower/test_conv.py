@@ -760,9 +760,10 @@ def test_direct_tiles_are_whole_rows_the_threads_finish_together() -> None:
 
 @pytest.mark.parametrize(("channels", "size"), [(64, 56), (128, 28), (256, 14), (128, 4)])
 def test_winograd_tasks_are_balanced_bands_of_whole_panel_channel_tiles(channels: int, size: int) -> None:
-    """ResNet-50's stride-1 3x3s (and a 4x4 image, two tile rows): an even count of at least
-    ROBUST_TASKS tasks that two threads share equally, channel tiles of whole B panels, and a
-    block's transformed input within its budget."""
+    """ResNet-50's stride-1 3x3s (and a 4x4 image, two tile rows): an even count of tasks that
+    two threads share equally, at least ROBUST_TASKS of them but for a weight-bound conv (256
+    channels at 14x14: 4 MiB of transforms), which takes the whole image per channel tile,
+    channel tiles of whole B panels, and a block's transformed input within its budget."""
     g = ConvGeometry(n=1, cin=channels, cout=channels, group=1, h=size, w=size, oh=size, ow=size,
                      kh=3, kw=3, sh=1, sw=1, dh=1, dw=1, pt=1, pl=1)  # fmt: skip
     assert conv_module.winograd_shape(g)
@@ -770,7 +771,10 @@ def test_winograd_tasks_are_balanced_bands_of_whole_panel_channel_tiles(channels
     th = size // 2
     assert bands == -(-th // rt) and kt * kblocks == channels and (kblocks == 1 or kt % 32 == 0)
     tasks = bands * kblocks
-    assert tasks >= ROBUST_TASKS and tasks % 2 == 0, (rt, bands, kt, kblocks)
+    if 16 * channels * channels <= conv_module.WINO_L2_FLOATS:
+        assert tasks >= ROBUST_TASKS and tasks % 2 == 0, (rt, bands, kt, kblocks)
+    else:
+        assert (bands, kblocks) == (1, 2), (rt, bands, kt, kblocks)
     # tile rows per thread, the tasks (bands outer, channel tiles inner) handed out from both
     # ends as the pool's two-thread dynamic loops do
     rows = [min(rt, th - b * rt) for b in range(bands) for _ in range(kblocks)]
