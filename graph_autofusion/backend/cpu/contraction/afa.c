@@ -235,21 +235,25 @@ static void afa_pack_v(int64_t keys, int64_t dv, const float *v, int64_t rs, int
  * float in [-87, 0] (checked exhaustively on AVX-512; test_attention_tiles.py samples it on
  * every ISA). Inline rather than the vector math library's call: glibc's 16-lane expf costs
  * about 14 cycles a vector on AMD EPYC Zen 5, most of ViT-B/16's softmax time. */
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#define AFA_LOG2E 1.44269504088896341f
+#define AFA_LN2_HI 0.693359375f /* ln 2 = AFA_LN2_HI + AFA_LN2_LO, the first exact in 9 bits */
+#define AFA_LN2_LO -2.12194440e-4f
+/* e^r = 1 + r + r^2 P(r), P's coefficients highest power first */
+static const float afa_exp_poly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                                      4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+#endif
 #if defined(__AVX512F__)
 static inline __attribute__((always_inline)) __m512 afa_exp(__m512 x) {
   const __m512 lo = _mm512_set1_ps(-87.0f);
   const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
   x = _mm512_max_ps(lo, x); /* the second operand where either is NaN: NaN stays */
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(AFA_LOG2E)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(AFA_LN2_HI), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(AFA_LN2_LO), r);
+  __m512 p = _mm512_set1_ps(afa_exp_poly[0]);
+  for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(afa_exp_poly[i]));
   p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
   return _mm512_maskz_scalef_ps((__mmask16)~under, p, n);
 }
@@ -258,16 +262,12 @@ static inline __attribute__((always_inline)) __m256 afa_exp(__m256 x) {
   const __m256 lo = _mm256_set1_ps(-87.0f);
   const __m256 keep = _mm256_cmp_ps(x, lo, _CMP_NLT_UQ); /* x >= -87 or NaN */
   x = _mm256_max_ps(lo, x);
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(AFA_LOG2E)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(AFA_LN2_HI), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(AFA_LN2_LO), r);
+  __m256 p = _mm256_set1_ps(afa_exp_poly[0]);
+  for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(afa_exp_poly[i]));
   p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
   /* 2^n for n in [-126, 0] (x >= -87): a normal float's exponent field */
   const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
