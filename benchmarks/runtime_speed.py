@@ -33,15 +33,28 @@ such runs move its median). All
 contenders run in one process, in alternating rounds of consecutive calls (see `block_medians`),
 so a noisy neighbour hurts all of them alike and every ratio comes from the same run.
 
+`--avx2` makes an AVX-512 host stand in for an AVX2 one as far as it can: our kernels are built
+for x86-64-v3 (`AUTOFUSION_ISA=v3`) and OpenVINO is capped by oneDNN's `ONEDNN_MAX_CPU_ISA=AVX2`
+(ResNet-50 20.0 -> 36.5 ms on an AMD EPYC Zen 5, every convolution then `brgconv_avx2`). The cap
+does not reach everything: OpenVINO's fully connected layers may run MLAS, which picks its ISA by
+CPUID, and some of its own JIT kernels (MVN) stay AVX-512, so each row gives the share of
+OpenVINO's profiled time in such kernels (`ov>avx2`, `openvino_isa_times`): `f/ov` compares AVX2
+with AVX2 only where that share is small (the conv nets, not BERT-base, whose MLAS GEMMs are 37%
+of it). onnxruntime has no switch at all (MLAS again), so its columns stay AVX-512. The header
+probes a convolution and stops the run if even oneDNN ignores the cap. The silicon stays the
+AVX-512 host's (its caches, its clock, its FMA units used at half width): these figures add to an
+AVX2 host's, they do not replace them.
+
 Run: `.venv/bin/python benchmarks/runtime_speed.py [--models resnet50,bert_base] [--threads 2]
-[--reps 20] [--small] [--json]` (with `--json` the header goes to stderr and every row carries
-the host line).
+[--reps 20] [--small] [--avx2] [--json]` (with `--json` the header goes to stderr and every row
+carries the host line).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -94,6 +107,65 @@ OPENVINO_CONFIG = {
     "ENABLE_CPU_PINNING": False,
 }
 OV_AGREEMENT = 1e-3  # OpenVINO vs onnxruntime, relative to the output's largest magnitude
+
+# `--avx2`: the environment that builds our kernels for x86-64-v3 and caps OpenVINO's oneDNN at
+# AVX2. Both are read when first used, so `cap_at_avx2` runs before any kernel or OpenVINO model.
+AVX2_ENVIRONMENT = {"AUTOFUSION_ISA": "v3", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+
+def cap_at_avx2() -> None:
+    """Build our kernels for x86-64-v3 and cap OpenVINO at AVX2 in this process (see `--avx2`)."""
+    os.environ.update(AVX2_ENVIRONMENT)
+
+
+# What a kernel name of OpenVINO's profile says of the code it runs: oneDNN's and OpenVINO's own
+# kernels name their ISA (`brgconv_avx2_f32`, `jit_avx512_f32`); its fully connected layers may
+# run MLAS (`gemm_mlas_f32`), which picks its ISA by CPUID as onnxruntime's does: no cap reaches it.
+OV_KERNEL_ISAS = ("avx512", "amx", "avx2", "sse41", "mlas")
+OV_UNCAPPED = ("avx512", "amx", "mlas")  # on an AVX-512 host under `--avx2`: not AVX2 code
+
+
+def openvino_isa_times(model: onnx.ModelProto, feeds: Mapping, threads: int) -> dict[str, float]:
+    """Milliseconds of one profiled OpenVINO run (`PERF_COUNT`, after a warm-up) by the ISA its
+    nodes' kernel names give (`OV_KERNEL_ISAS`, else `other`: reorders, reference kernels). What
+    `--avx2` checks its cap by: OpenVINO's reported capabilities do not change under the cap,
+    and some of its kernels ignore it (on a Zen 5 host, BERT-base's MLAS GEMMs, 37% of its time,
+    and its MVN nodes stayed AVX-512 while every convolution and brgemm went AVX2)."""
+    import openvino as ov
+
+    core = ov.Core()
+    compiled = core.compile_model(
+        core.read_model(model.SerializeToString(), b""),
+        "CPU",
+        {**OPENVINO_CONFIG, "INFERENCE_NUM_THREADS": threads, "PERF_COUNT": True},
+    )
+    request = compiled.create_infer_request()
+    request.infer(dict(feeds))
+    request.infer(dict(feeds))
+    times: dict[str, float] = {}
+    for info in request.get_profiling_info():
+        isa = next((name for name in OV_KERNEL_ISAS if name in info.exec_type), "other")
+        times[isa] = times.get(isa, 0.0) + info.real_time.total_seconds() * 1e3
+    return times
+
+
+def isa_probe_model() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A one-convolution model (16 -> 32 channels, 3x3, 16x16) and its input: enough for
+    OpenVINO to pick a oneDNN kernel that names its ISA."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(0)
+    values = rng.standard_normal(32 * 16 * 3 * 3).astype(np.float32).tobytes()
+    weight = helper.make_tensor("w", TensorProto.FLOAT, [32, 16, 3, 3], values, raw=True)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])],
+        "isa_probe",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 16, 16])],
+        [weight],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return model, {"x": np.ones((1, 16, 16, 16), np.float32)}
 
 
 def openvino_version() -> str | None:
@@ -195,7 +267,9 @@ def block_times(
     return times
 
 
-def measure(name: str, *, threads: int, reps: int, small: bool, openvino: bool) -> dict[str, Any]:
+def measure(
+    name: str, *, threads: int, reps: int, small: bool, openvino: bool, avx2: bool = False
+) -> dict[str, Any]:
     source = zoo.build(name, **(SMALL[name] if small else {}))
     feeds = zoo.example_inputs(source)
     unfused = gaf.fuse(source, config=FusionConfig(max_fusion_size=0))
@@ -221,8 +295,11 @@ def measure(name: str, *, threads: int, reps: int, small: bool, openvino: bool) 
             "ort_disable_all": lambda: disable_all.run(None, feeds),
             "ort_enable_all": lambda: enable_all.run(None, feeds),
         }
-        ov_err = None
+        ov_err, uncapped = None, None
         if openvino:
+            if avx2:
+                isa_ms = openvino_isa_times(reference, feeds, threads)
+                uncapped = sum(isa_ms.get(isa, 0.0) for isa in OV_UNCAPPED) / sum(isa_ms.values())
             ov_run = openvino_runner(reference, threads, Path(tmp))
             ov_err = relative_error(ov_run(feeds), expected)
             contenders["openvino"] = lambda: ov_run(feeds)
@@ -250,6 +327,8 @@ def measure(name: str, *, threads: int, reps: int, small: bool, openvino: bool) 
         "fastest_fused_vs_ort_enable_all": round(fastest["fused"] / fastest["ort_enable_all"], 3),
         "fastest_fused_vs_openvino": round(fastest["fused"] / fastest["openvino"], 3) if openvino else None,
         "openvino_rel_err_vs_ort": ov_err,
+        # `--avx2`: the share of OpenVINO's profiled time in kernels no cap reaches (OV_UNCAPPED)
+        "openvino_uncapped_share": None if uncapped is None else round(uncapped, 3),
         "unfused_anchor_share": round(anchor_share, 3),
         "arena_unfused_bytes": ours_unfused.stats["arena_bytes"],
         "arena_fused_bytes": ours_fused.stats["arena_bytes"],
@@ -268,11 +347,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--small", action="store_true", help="small variants (a smoke run of the script)")
+    parser.add_argument("--avx2", action="store_true", help="our kernels and OpenVINO's at AVX2 (see above)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if args.avx2:
+        cap_at_avx2()
     ov_version = openvino_version()
     out = sys.stderr if args.json else sys.stdout
     print(describe_host(), file=out)
+    if args.avx2:
+        print(avx2_line(bool(ov_version)), file=out)
     print(
         f"onnxruntime {ort.__version__}, "
         + (f"OpenVINO {ov_version}" if ov_version else "OpenVINO not installed (pip install -e '.[bench]')")
@@ -287,15 +371,43 @@ def main(argv: list[str] | None = None) -> None:
         f"{'f/unf':>6} {'f/ort':>6} {'f/ov':>6} {'min f/ort':>9} {'min f/ov':>8} {'ov err':>8} "
         f"{'anchor%':>7} {'arena unf→fused MB':>19} {'cold s':>7} {'warm s':>7} {'f 1thr':>7}"
     )
+    if args.avx2:
+        header += f" {'ov>avx2':>7}"
     if not args.json:
         print(header)
     for name in args.models.split(","):
-        row = measure(name, threads=args.threads, reps=args.reps, small=args.small, openvino=bool(ov_version))
+        row = measure(
+            name,
+            threads=args.threads,
+            reps=args.reps,
+            small=args.small,
+            openvino=bool(ov_version),
+            avx2=args.avx2,
+        )
+        row["avx2_cap"] = args.avx2
         rows.append(row)
         if not args.json:
             print(format_row(row), flush=True)
     if args.json:
         print(json.dumps(rows, indent=2))
+
+
+def avx2_line(openvino: bool) -> str:
+    """The header line of an `--avx2` run: what each contender runs. Stops the run when not even
+    oneDNN's convolution obeys the cap (every `f/ov` would then compare AVX2 with AVX-512)."""
+    if not openvino:
+        return "AVX2 cap: our kernels x86-64-v3; onnxruntime not capped (MLAS follows CPUID)"
+    probe = {isa for isa, ms in openvino_isa_times(*isa_probe_model(), threads=1).items() if ms > 0}
+    if "avx2" not in probe or probe & {"avx512", "amx"}:
+        raise SystemExit(
+            f"--avx2: OpenVINO ignores ONEDNN_MAX_CPU_ISA=AVX2 here (its probe kernels: {sorted(probe)})"
+        )
+    return (
+        "AVX2 cap: our kernels x86-64-v3, OpenVINO ONEDNN_MAX_CPU_ISA=AVX2 (a probe conv: "
+        f"{', '.join(sorted(probe))}; `ov>avx2`: the share of its time in kernels the cap does not reach, "
+        "MLAS GEMMs and AVX-512 JIT kernels); onnxruntime not capped (MLAS follows CPUID): f/ort is "
+        "not AVX2 to AVX2"
+    )
 
 
 def ms(value: float) -> str:
@@ -321,6 +433,11 @@ def format_row(row: dict[str, Any]) -> str:
         f"{row['fastest_fused_vs_ort_enable_all']:>9.2f} {min_f_ov} {ov_err} "
         f"{100 * row['unfused_anchor_share']:>7.1f} {arena:>19} {row['cold_compile_s']:>7.2f} "
         f"{row['warm_load_s']:>7.3f} {row['fused_reduced_team_runs']:>3}/{row['fused_runs']:<3}"
+        + (
+            f" {100 * uncapped:>6.1f}%"
+            if (uncapped := row.get("openvino_uncapped_share")) is not None
+            else ""
+        )
     )
 
 

@@ -70,3 +70,53 @@ def test_paced_blocks_wait_before_each_call() -> None:
     assert all(b - a >= 0.02 for a, b in itertools.pairwise(calls))
     assert {k: len(v) for k, v in times.items()} == {"a": 6, "b": 6}
     assert all(0 <= t < 20 for v in times.values() for t in v)
+
+
+def _in_a_fresh_process(code: str, **env: str) -> str:
+    """Run `code` with benchmarks/ importable in a new interpreter: the ISA variables are read once
+    per process (OpenVINO's oneDNN at its first kernel), so a cap set here would not hold."""
+    import os
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(REPO / 'benchmarks')!r})\n{code}"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_the_avx2_cap_reaches_openvinos_kernels() -> None:
+    """`--avx2` caps OpenVINO by oneDNN's variable, and the probe tells the two apart: on an
+    AVX-512 host the uncapped probe names avx512 kernels, the capped one avx2 kernels only."""
+    pytest.importorskip("openvino", reason="OpenVINO comes with the bench extra: pip install -e '.[bench]'")
+    from graph_autofusion.backend.cpu.isa import host_isa
+
+    probe = (
+        "import runtime_speed as r\n{}"
+        "times = r.openvino_isa_times(*r.isa_probe_model(), threads=1)\n"
+        "print(','.join(sorted(isa for isa, ms in times.items() if isa != 'other' and ms > 0)))"
+    )
+    capped = _in_a_fresh_process(probe.format("r.cap_at_avx2()\n")).split()[-1].split(",")
+    assert capped == ["avx2"]
+    if host_isa().level >= 4:
+        assert "avx512" in _in_a_fresh_process(probe.format("")).split()[-1].split(",")
+
+
+def test_an_avx2_run_builds_our_kernels_for_x86_64_v3() -> None:
+    out = _in_a_fresh_process(
+        "import runtime_speed\n"
+        "runtime_speed.main(['--models', 'mlp', '--reps', '3', '--small', '--avx2', '--json'])",
+        AUTOFUSION_ISA="",
+    )
+    (row,) = json.loads(out)
+    assert row["avx2_cap"] is True
+    if row["openvino_ms"] is not None:  # the share of OpenVINO's time the cap does not reach
+        assert 0.0 <= row["openvino_uncapped_share"] <= 1.0
+    built = row["host"].rsplit("(", 1)[-1]  # "kernels built for x86-64-v3)" or, on an AVX2 host, "... it)"
+    assert built == "kernels built for x86-64-v3)" or "ISA x86-64-v3 (kernels built for it)" in row["host"]
+    assert row["fused_ms"] > 0
