@@ -30,13 +30,15 @@ pre-packed: GPT-2's Gemms, a MatMul's constant weight; a chain's row by both its
 times summed), with GFLOP/s and the share of the ISA's FMA peak on those threads, the biggest
 losers (ms ours - ms onnxruntime) first. The runs are split into LAYER_ROUNDS rounds, each
 profiling onnxruntime's nodes, then OpenVINO's, then ours, in blocks of their own (its threads spin
-after a run): on a host whose speed drifts for minutes, one block each had put a slow stretch in
-one column only (ResNet-50's anchors read 1.20x onnxruntime in one such run, 1.04x in the next,
-same code, Zen 4). With OpenVINO installed, its contraction nodes
-(`PERF_COUNT`, fastest of `--reps`, configured as runtime_speed.py does) fill an `ov ms` column,
-paired in execution order in a conv net where it runs as many as we do, of the same kinds (conv or
-matrix product) in the same order (empty otherwise: a transformer's node count can agree with ours
-while their orders differ).
+after a run), each after runtime_speed.py's SETTLE_SECONDS of quiet: on a host whose speed drifts
+for minutes, one block each had put a slow stretch in one column only (ResNet-50's anchors read
+1.20x onnxruntime in one such run, 1.04x in the next, same code, Zen 4), and without the pause our
+block ran beside OpenVINO's spinning threads (ResNet-50's anchors 17.34 ms, 0.91x onnxruntime and
+0.94x OpenVINO; with it 15.71 ms, 0.86x and 0.88x; Zen 5, two threads). With OpenVINO installed,
+its contraction nodes (`PERF_COUNT`, fastest of `--reps`, configured as runtime_speed.py does)
+fill an `ov ms` column, paired in execution order in a conv net where it runs as many as we do, of
+the same kinds (conv or matrix product) in the same order (empty otherwise: a transformer's node
+count can agree with ours while their orders differ).
 
 With `--scaling` (and `--layers`), the per-layer profile is taken on one thread and on `--threads`
 and the table gives each paired layer's speedup from one thread to `--threads`, ours and
@@ -486,6 +488,9 @@ def compare_layers(
     import graph_autofusion as gaf
     from graph_autofusion.backend.cpu.extract import KernelStep
 
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # runtime_speed.py, beside this file
+    from runtime_speed import SETTLE_SECONDS
+
     fused = gaf.fuse(source)
     cm = compile_model(fused.model, threads=nthreads)
     cm(feeds)
@@ -496,14 +501,20 @@ def compare_layers(
     ov_times: list[tuple[str, float]] | None = None
     for share in _rounds(reps):
         # each round profiles onnxruntime, OpenVINO and ours in turn: a slow stretch of the host
-        # then lands in every column's minimum alike instead of in one column's whole block
+        # then lands in every column's minimum alike instead of in one column's whole block; each
+        # after SETTLE_SECONDS of quiet, so that none runs beside the previous one's spinning
+        # threads (without the pause, ResNet-50's 256 -> 1024 1x1s at 14x14 read 0.26-0.28 ms
+        # here, after OpenVINO's block, 0.22-0.23 with it, as in the model's own profile: Zen 5)
+        time.sleep(SETTLE_SECONDS)
         theirs = _fastest_rows(theirs, ort_node_times(source, feeds, nthreads, share))
+        time.sleep(SETTLE_SECONDS)
         ov_round = ov_node_times(fused.canonical_reference, feeds, nthreads, share)
         if ov_times is None or ov_round is None:
             ov_times = ov_round
         else:
             ov_times = [(a[0], min(a[1], b[1])) for a, b in zip(ov_times, ov_round, strict=True)]
         threads.set_omp_threads(nthreads)
+        time.sleep(SETTLE_SECONDS)
         for _ in range(share + 1):
             for i, (fn, argv) in enumerate(cm._per_kernel):
                 start = clock()

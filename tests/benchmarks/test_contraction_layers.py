@@ -119,6 +119,31 @@ def test_the_runs_split_into_alternating_rounds_and_keep_each_node_s_fastest() -
         contraction._fastest_rows(a, [{"node": "c9", "ms": 1.0}, b[1]])
 
 
+def test_each_runtime_s_profile_starts_after_a_quiet_pause(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every round pauses SETTLE_SECONDS before onnxruntime's, OpenVINO's and our profile, so
+    that none runs beside the previous one's spinning threads (ours read up to 20% slow without)."""
+    model, feeds = _two_convs()
+    events: list[object] = []
+    real_ort, real_ov = contraction.ort_node_times, contraction.ov_node_times
+    real_peak = contraction.peak_flops
+
+    def logged(tag: str, fn):  # type: ignore[no-untyped-def]
+        def call(*args, **kwargs):  # type: ignore[no-untyped-def]
+            events.append(tag)
+            return fn(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(contraction.time, "sleep", lambda seconds: events.append(seconds))
+    monkeypatch.setattr(contraction, "ort_node_times", logged("ort", real_ort))
+    monkeypatch.setattr(contraction, "ov_node_times", logged("ov", real_ov))
+    monkeypatch.setattr(contraction, "peak_flops", logged("ours done", real_peak))
+    contraction.compare_layers(model, feeds, nthreads=1, reps=4)
+    pause = sys.modules["runtime_speed"].SETTLE_SECONDS
+    assert pause >= 0.1
+    assert events == [pause, "ort", pause, "ov", pause, "ours done"] * len(contraction._rounds(4))
+
+
 def _row(x: list[int], ms: float, ort_ms: float) -> dict[str, object]:
     return {"x": x, "w": [8, x[1], 1, 1], "ms": ms, "ort_ms": ort_ms}
 
