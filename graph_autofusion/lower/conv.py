@@ -139,6 +139,7 @@ from .anchor import (
     epilogue_nest,
     pack_weights,
 )
+from .schedule import two_ended_makespan
 from .values import Unsupported, attrs_of
 
 # Floats in one per-thread im2col tile: 96K floats = 384 KiB, inside a 512 KiB-1 MiB L2 with
@@ -1497,31 +1498,13 @@ def winograd_tiles(g: ConvGeometry) -> tuple[int, int, int, int, int]:
                 size * tw * (kt + WINO_INPUT_MACS) + tw * WINO_INPUT_MACS + WINO_TASK_TILES * kt
                 for size in sizes
             ]
-            key = (robust and len(sizes) < ROBUST_TASKS, _two_ended_makespan(costs), len(sizes))
+            key = (robust and len(sizes) < ROBUST_TASKS, two_ended_makespan(costs), len(sizes))
             if best is None or key < best[0]:
                 best = (key, (rt, real, kt, kblocks))
     assert best is not None
     rt, real, kt, kblocks = best[1]
     tr = max(1, min(rt, WINO_BLOCK_FLOATS // (16 * tw * g.cin)))
     return rt, real, kt, kblocks, tr
-
-
-def _two_ended_makespan(costs: Sequence[float]) -> float:
-    """When the later of two threads finishes tasks of these costs handed out from both ends of
-    the loop (the thread pool's dynamic loops of two tasks: threadpool/pool.c), the first thread
-    from the front, the other from the back, each taking the next as it finishes. A short task
-    at the end goes early to the second thread and leaves the two meeting on a long one: with
-    bands of 2, 2, 2 and 1 tile rows, ResNet-50's 256-channel 3x3 at 14x14 ran 8 against 6 rows
-    (0.585 ms a call against 0.523 with one-ended hand-out, Zen 4)."""
-    front, back, i, j = 0.0, 0.0, 0, len(costs) - 1
-    while i <= j:
-        if front <= back:
-            front += costs[i]
-            i += 1
-        else:
-            back += costs[j]
-            j -= 1
-    return max(front, back)
 
 
 def _winograd_weights(values: _ConvValues, g: ConvGeometry, w: OperandView) -> tuple[Buffer, Loop, int]:

@@ -99,8 +99,8 @@ def test_reshape_between_and_gemm_trans_b(mode: str) -> None:
 
 
 def test_gelu_between_and_many_row_blocks(mode: str) -> None:
-    """GELU reads the first product on three branches; 300 rows make several row blocks (the
-    last one partial), run by the thread team."""
+    """GELU reads the first product on three branches; 610 rows make four row blocks of 156 (the
+    last one partial, 142), run by the thread team."""
     rng = np.random.default_rng(4)
     case = make_case(
         [
@@ -115,7 +115,7 @@ def test_gelu_between_and_many_row_blocks(mode: str) -> None:
             N("Add", ["y", "b2"], ["z"]),
             N("Add", ["z", "x"], ["o"]),
         ],
-        {"x": rand(rng, 300, 64)},
+        {"x": rand(rng, 610, 64)},
         ["o"],
         {
             "w1": rand(rng, 64, 200),
@@ -128,8 +128,30 @@ def test_gelu_between_and_many_row_blocks(mode: str) -> None:
     )
     spec, _ = spec_for(case, "probe")
     (loop,) = lower_chain(spec).body
-    assert isinstance(loop, Loop) and loop.parallel and loop.stop == 5
+    assert isinstance(loop, Loop) and loop.parallel and loop.stop == 4
     _check_chain(case, f"chain_gelu_{mode}", 200, mode)
+
+
+def test_row_blocks_balance_the_two_threads(mode: str) -> None:
+    """ViT-B/16's 197 tokens: two blocks of 100 rows (97 in the second), not blocks of 56, 56, 56
+    and 29 that leave one thread two blocks and the other one and a half (`row_blocks`)."""
+    rng = np.random.default_rng(5)
+    case = make_case(
+        [
+            N("MatMul", ["x", "w1"], ["h"]),
+            N("Relu", ["h"], ["a"]),
+            N("MatMul", ["a", "w2"], ["y"]),
+        ],
+        {"x": rand(rng, 197, 256)},
+        ["y"],
+        {"w1": rand(rng, 256, 512) * 0.1, "w2": rand(rng, 512, 64) * 0.1},
+        template="anchor_chain",
+    )
+    spec, _ = spec_for(case, "probe")
+    (loop,) = lower_chain(spec).body
+    assert isinstance(loop, Loop) and loop.parallel and loop.stop == 2
+    assert [b.size for b in loop.scratch] == [100 * 512]  # a block's intermediate, per thread
+    _check_chain(case, f"chain_balanced_{mode}", 512, mode)
 
 
 def test_residual_and_layer_norm_after_the_second_product(mode: str) -> None:
