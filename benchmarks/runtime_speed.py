@@ -45,9 +45,12 @@ probes a convolution and stops the run if even oneDNN ignores the cap. The silic
 AVX-512 host's (its caches, its clock, its FMA units used at half width): these figures add to an
 AVX2 host's, they do not replace them.
 
+`--style dynamo` builds the zoo as torch's dynamo exporter writes it (zoo.py) instead of the
+TorchScript exporter's graphs: what a user of torch.onnx.export's default now brings.
+
 Run: `.venv/bin/python benchmarks/runtime_speed.py [--models resnet50,bert_base] [--threads 2]
-[--reps 20] [--small] [--avx2] [--json]` (with `--json` the header goes to stderr and every row
-carries the host line).
+[--reps 20] [--small] [--avx2] [--style dynamo] [--json]` (with `--json` the header goes to
+stderr and every row carries the host line).
 """
 
 from __future__ import annotations
@@ -268,9 +271,16 @@ def block_times(
 
 
 def measure(
-    name: str, *, threads: int, reps: int, small: bool, openvino: bool, avx2: bool = False
+    name: str,
+    *,
+    threads: int,
+    reps: int,
+    small: bool,
+    openvino: bool,
+    avx2: bool = False,
+    style: str = "torchscript",
 ) -> dict[str, Any]:
-    source = zoo.build(name, **(SMALL[name] if small else {}))
+    source = zoo.build(name, style=style, **(SMALL[name] if small else {}))
     feeds = zoo.example_inputs(source)
     unfused = gaf.fuse(source, config=FusionConfig(max_fusion_size=0))
     fused = gaf.fuse(source)
@@ -316,6 +326,7 @@ def measure(
         "model": name,
         "host": describe_host(),
         "threads": threads,
+        "onnx_nodes": len(source.graph.node),
         "kernels_unfused": ours_unfused.stats["kernels"],
         "kernels_fused": ours_fused.stats["kernels"],
         "host_ops_fused": len(ours_fused.stats["host_ops"]),
@@ -348,6 +359,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--small", action="store_true", help="small variants (a smoke run of the script)")
     parser.add_argument("--avx2", action="store_true", help="our kernels and OpenVINO's at AVX2 (see above)")
+    parser.add_argument(
+        "--style",
+        default="torchscript",
+        choices=["torchscript", "dynamo"],
+        help="the exporter the zoo imitates",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.avx2:
@@ -361,7 +378,7 @@ def main(argv: list[str] | None = None) -> None:
         f"onnxruntime {ort.__version__}, "
         + (f"OpenVINO {ov_version}" if ov_version else "OpenVINO not installed (pip install -e '.[bench]')")
         + f"; {args.threads} threads, median of at least {args.reps} runs in alternating rounds"
-        + f" (blocks of at least {MIN_BLOCK_SECONDS * 1e3:.0f} ms)",
+        + f" (blocks of at least {MIN_BLOCK_SECONDS * 1e3:.0f} ms); {args.style}-style zoo exports",
         file=out,
         flush=True,
     )
@@ -383,8 +400,10 @@ def main(argv: list[str] | None = None) -> None:
             small=args.small,
             openvino=bool(ov_version),
             avx2=args.avx2,
+            style=args.style,
         )
         row["avx2_cap"] = args.avx2
+        row["style"] = args.style
         rows.append(row)
         if not args.json:
             print(format_row(row), flush=True)

@@ -120,3 +120,14 @@ def test_an_avx2_run_builds_our_kernels_for_x86_64_v3() -> None:
     built = row["host"].rsplit("(", 1)[-1]  # "kernels built for x86-64-v3)" or, on an AVX2 host, "... it)"
     assert built == "kernels built for x86-64-v3)" or "ISA x86-64-v3 (kernels built for it)" in row["host"]
     assert row["fused_ms"] > 0
+
+
+def test_a_dynamo_style_run_measures_the_dynamo_exports_graph(capsys: pytest.CaptureFixture[str]) -> None:
+    from graph_autofusion import zoo
+
+    runtime_speed.main(["--models", "bert_base", "--reps", "3", "--small", "--style", "dynamo", "--json"])
+    (row,) = json.loads(capsys.readouterr().out)
+    small = runtime_speed.SMALL["bert_base"]
+    assert row["style"] == "dynamo"
+    assert row["onnx_nodes"] == len(zoo.build("bert_base", style="dynamo", **small).graph.node)
+    assert row["onnx_nodes"] != len(zoo.build("bert_base", **small).graph.node)
