@@ -60,6 +60,12 @@ CHAIN_BLOCK_ROWS = 4
 # The most rows of a block: each thread's workspace holds one block's intermediate (3 MB of a
 # 3072-wide one), and a thread slowed for a while costs the kernel at most one block.
 CHAIN_MAX_ROWS = 2 * TILE_ROWS
+# Fewer rows than this run as one block: each row block streams both weights again, which so few
+# rows do not amortize.
+CHAIN_PARALLEL_MIN_ROWS = 32
+# Fewer rows than this make the products GEMV-shaped, bound by streaming their weights
+# (`_streams_alone`).
+CHAIN_STREAMING_ROWS = 8
 
 
 def sub_spec(
@@ -106,7 +112,8 @@ def row_blocks(p1: Contraction, p2: Contraction) -> tuple[int, int]:
     """(rows per block, blocks): of the splits into equal blocks of whole CHAIN_ROW_STEPs and at
     most CHAIN_MAX_ROWS rows, the one two threads finish soonest (`two_ended_makespan`, a block
     costing its rows and CHAIN_BLOCK_ROWS), then the one with blocks nearest CHAIN_ROWS rows;
-    one block where the chain is not worth parallelising.
+    blocks of CHAIN_ROWS, run in turn, where the chain is not worth parallelising or has fewer
+    than CHAIN_PARALLEL_MIN_ROWS rows.
 
     Blocks of about CHAIN_ROWS rounded up to 8 rows, at least four, had left ViT-B/16's 197
     tokens in blocks of 56, 56, 56 and 29: two blocks for one thread, one and a half for the
@@ -117,8 +124,9 @@ def row_blocks(p1: Contraction, p2: Contraction) -> tuple[int, int]:
     thread idle for a quarter of the kernel. GPT-2's 128 tokens (4 blocks of 32 before, 2 of 64
     now) measured even."""
     m, step = p1.m, CHAIN_ROW_STEP
-    if parallel_work(p1) + parallel_work(p2) < PARALLEL_MIN_MACS or m <= step:
-        return m, 1
+    if parallel_work(p1) + parallel_work(p2) < PARALLEL_MIN_MACS or m < CHAIN_PARALLEL_MIN_ROWS:
+        mb = min(m, CHAIN_ROWS)  # in turn on one thread: blocks only keep the intermediate in L2
+        return mb, -(-m // mb)
     best: tuple[tuple[float, int], int] | None = None
     for blocks in range(1, -(-m // step) + 1):
         mb = _round_up(-(-m // blocks), step)
@@ -165,11 +173,11 @@ class StreamingChain(Unsupported):
 
 
 def _streams_alone(p1: Contraction, blocks: int, work: int) -> bool:
-    """Whether one row block of GEMV-shaped products (fewer rows than CHAIN_ROW_STEP: streaming
+    """Whether one row block of GEMV-shaped products (fewer rows than CHAIN_STREAMING_ROWS: streaming
     their weights costs more than their multiply-adds) carries `work` (`parallel_work` of both)
     worth the thread team. A batch-1 MLP's two GEMVs then stream both weights from one core (MLP
     784 -> 512 -> 256: 43 us against onnxruntime's 30 on two threads, Emerald Rapids)."""
-    return blocks == 1 and p1.m < CHAIN_ROW_STEP and work >= PARALLEL_MIN_MACS
+    return blocks == 1 and p1.m < CHAIN_STREAMING_ROWS and work >= PARALLEL_MIN_MACS
 
 
 def lower_chain(spec: KernelSpec, chain: ChainMatch | None = None, decline_streaming: bool = True) -> Kernel:

@@ -1,7 +1,7 @@
 """How long two threads take over a parallel loop's tasks, as the thread pool hands them out.
 
-The lowerings that split work into tasks (conv tiles, Winograd bands, a matmul chain's row
-blocks) choose their splits by this model instead of each guessing at balance on its own.
+The lowerings that split work into few tasks (Winograd's bands and channel tiles, a matmul
+chain's row blocks) choose their splits by this model of the pool's hand-out.
 """
 
 from __future__ import annotations
