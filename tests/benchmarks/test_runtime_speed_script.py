@@ -115,7 +115,7 @@ def test_an_avx2_run_builds_our_kernels_for_x86_64_v3() -> None:
     )
     (row,) = json.loads(out)
     assert row["avx2_cap"] is True
-    if row["openvino_ms"] is not None:  # the share of OpenVINO's time the cap does not reach
+    if row.get("openvino_ms") is not None:  # the share of OpenVINO's time the cap does not reach
         assert 0.0 <= row["openvino_uncapped_share"] <= 1.0
     built = row["host"].rsplit("(", 1)[-1]  # "kernels built for x86-64-v3)" or, on an AVX2 host, "... it)"
     assert built == "kernels built for x86-64-v3)" or "ISA x86-64-v3 (kernels built for it)" in row["host"]
