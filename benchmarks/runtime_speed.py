@@ -39,7 +39,7 @@ for x86-64-v3 (`AUTOFUSION_ISA=v3`) and OpenVINO is capped by oneDNN's `ONEDNN_M
 does not reach everything: OpenVINO's fully connected layers may run MLAS, which picks its ISA by
 CPUID, and some of its own JIT kernels (MVN) stay AVX-512, so each row gives the share of
 OpenVINO's profiled time in such kernels (`ov>avx2`, `openvino_isa_times`): `f/ov` compares AVX2
-with AVX2 only where that share is small (the conv nets, not BERT-base, whose MLAS GEMMs are 37%
+with AVX2 only where that share is small (the conv nets, not BERT-base, whose MLAS GEMMs are 37-39%
 of it). onnxruntime has no switch at all (MLAS again), so its columns stay AVX-512. The header
 probes a convolution and stops the run if even oneDNN ignores the cap. The silicon stays the
 AVX-512 host's (its caches, its clock, its FMA units used at half width): these figures add to an
@@ -132,7 +132,7 @@ def openvino_isa_times(model: onnx.ModelProto, feeds: Mapping, threads: int) -> 
     """Milliseconds of one profiled OpenVINO run (`PERF_COUNT`, after a warm-up) by the ISA its
     nodes' kernel names give (`OV_KERNEL_ISAS`, else `other`: reorders, reference kernels). What
     `--avx2` checks its cap by: OpenVINO's reported capabilities do not change under the cap,
-    and some of its kernels ignore it (on a Zen 5 host, BERT-base's MLAS GEMMs, 37% of its time,
+    and some of its kernels ignore it (on a Zen 5 host, BERT-base's MLAS GEMMs, 37-39% of its time,
     and its MVN nodes stayed AVX-512 while every convolution and brgemm went AVX2)."""
     import openvino as ov
 
