@@ -428,6 +428,16 @@ OV_CONTRACTIONS = {
 }
 
 
+def _runtime_speed():  # type: ignore[no-untyped-def]
+    """runtime_speed.py, beside this file: OpenVINO's configuration and the settle pause are the
+    ones its whole-model runs use (imported on first use: it loads onnxruntime)."""
+    if os.path.dirname(os.path.abspath(__file__)) not in sys.path:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import runtime_speed
+
+    return runtime_speed
+
+
 def ov_node_times(
     model: onnx.ModelProto, feeds: dict[str, np.ndarray], nthreads: int, reps: int
 ) -> list[tuple[str, float]] | None:
@@ -440,13 +450,10 @@ def ov_node_times(
         import openvino as ov
     except ImportError:
         return None
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # runtime_speed.py, beside this file
-    from runtime_speed import OPENVINO_CONFIG
-
     path = os.path.join(tempfile.mkdtemp(prefix="ov-profile-"), "model.onnx")
     onnx.save(model, path)
     core = ov.Core()
-    config = {**OPENVINO_CONFIG, "INFERENCE_NUM_THREADS": nthreads, "PERF_COUNT": True}
+    config = {**_runtime_speed().OPENVINO_CONFIG, "INFERENCE_NUM_THREADS": nthreads, "PERF_COUNT": True}
     request = core.compile_model(core.read_model(path), "CPU", config).create_infer_request()
     request.infer(dict(feeds))  # warm-up, not kept
     best: dict[str, tuple[str, float]] = {}
@@ -488,8 +495,7 @@ def compare_layers(
     import graph_autofusion as gaf
     from graph_autofusion.backend.cpu.extract import KernelStep
 
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # runtime_speed.py, beside this file
-    from runtime_speed import SETTLE_SECONDS
+    pause = _runtime_speed().SETTLE_SECONDS
 
     fused = gaf.fuse(source)
     cm = compile_model(fused.model, threads=nthreads)
@@ -505,16 +511,16 @@ def compare_layers(
         # after SETTLE_SECONDS of quiet, so that none runs beside the previous one's spinning
         # threads (without the pause, ResNet-50's 256 -> 1024 1x1s at 14x14 read 0.26-0.28 ms
         # here, after OpenVINO's block, 0.22-0.23 with it, as in the model's own profile: Zen 5)
-        time.sleep(SETTLE_SECONDS)
+        time.sleep(pause)
         theirs = _fastest_rows(theirs, ort_node_times(source, feeds, nthreads, share))
-        time.sleep(SETTLE_SECONDS)
+        time.sleep(pause)
         ov_round = ov_node_times(fused.canonical_reference, feeds, nthreads, share)
         if ov_times is None or ov_round is None:
             ov_times = ov_round
         else:
             ov_times = [(a[0], min(a[1], b[1])) for a, b in zip(ov_times, ov_round, strict=True)]
         threads.set_omp_threads(nthreads)
-        time.sleep(SETTLE_SECONDS)
+        time.sleep(pause)
         for _ in range(share + 1):
             for i, (fn, argv) in enumerate(cm._per_kernel):
                 start = clock()

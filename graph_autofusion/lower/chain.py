@@ -35,6 +35,7 @@ from .anchor import (
     PackedPanels,
     _EpilogueValues,
     _is_raw,
+    _round_up,
     anchor_kernel,
     contraction,
     destination,
@@ -138,10 +139,6 @@ def row_blocks(p1: Contraction, p2: Contraction) -> tuple[int, int]:
             best = (key, mb)
     assert best is not None
     return best[1], -(-m // best[1])
-
-
-def _round_up(x: int, quantum: int) -> int:
-    return -(-x // quantum) * quantum
 
 
 def _weights(values: _EpilogueValues, p: Contraction, name: str) -> tuple[Buffer, Loop, int] | None:

@@ -133,6 +133,7 @@ from .anchor import (
     PackedPanels,
     _EpilogueValues,
     _is_raw,
+    _round_up,
     anchor_kernel,
     contraction,
     destination,
@@ -517,10 +518,6 @@ def band_row_tiles(g: ConvGeometry) -> tuple[int, int]:
     tile holding the product's padded rows of pixels)."""
     best = _balanced_rows(g, g.ow, g.n, g.cog + TILE_ROW_PAD, _band_min_rows(g))
     return best, -(-g.oh // best)
-
-
-def _round_up(x: int, q: int) -> int:
-    return -(-x // q) * q
 
 
 def _pixel_tile(pixels: int, kdim: int, quantum: int = 16, widest: int | None = None) -> int:
